@@ -1,0 +1,31 @@
+# The two entry points of the README. Both create .venv when it is missing.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e . --group dev
+	touch $@
+
+setup: $(VENV)/.installed
+
+## Train a small demo model on generated data and serve it on 127.0.0.1:8000.
+demo: setup
+	$(BIN)/tierserve demo
+
+## Lint, then run the whole test suite; the tests start the services they need.
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
