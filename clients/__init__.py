@@ -1,0 +1,1 @@
+"""Python clients and the ``tierserve`` command line."""

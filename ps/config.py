@@ -1,0 +1,355 @@
+"""The parameter-server configuration file ``ps.json`` as pydantic models.
+
+Field names and defaults are HugeCTR HPS's (DESIGN.md, Formats 4).  Each tier has its own
+model, chosen by its ``type`` field; unknown fields and impossible values are rejected with
+:class:`~tierserve.ps.errors.ConfigError` naming the field.  Relative paths in a file loaded
+with :func:`load_ps_config` are resolved against the file's folder.
+
+Beyond HugeCTR: ``type: "redis"`` is a standalone Redis server given by ``address`` (a
+``redis://`` URL or ``host:port``), for small deployments; and the older HugeCTR fields
+``max_get_batch_size`` / ``max_set_batch_size`` are accepted as spellings of ``max_batch_size``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+from .table_tag import NAME_PATTERN
+
+Name = Annotated[str, Field(pattern=rf"^{NAME_PATTERN}$")]
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+#: ``overflow_margin`` default: HugeCTR's 2^64 - 1, de-facto unbounded.
+UNBOUNDED = 2**64 - 1
+
+
+class DatabaseType_t(str, Enum):  # noqa: N801 - HugeCTR's name
+    """Kinds of storage tier (HugeCTR's ``DatabaseType_t``, plus standalone ``redis``)."""
+
+    disabled = "disabled"
+    hash_map = "hash_map"
+    parallel_hash_map = "parallel_hash_map"
+    redis_cluster = "redis_cluster"
+    redis = "redis"
+    rocks_db = "rocks_db"
+
+
+class DatabaseOverflowPolicy_t(str, Enum):  # noqa: N801 - HugeCTR's name
+    """What a volatile tier evicts when a partition exceeds ``overflow_margin``."""
+
+    evict_oldest = "evict_oldest"
+    evict_least_used = "evict_least_used"
+    evict_random = "evict_random"
+
+
+class UpdateSourceType_t(str, Enum):  # noqa: N801 - HugeCTR's name
+    """Where online embedding updates come from."""
+
+    null = "null"
+    kafka_message_queue = "kafka_message_queue"
+
+
+def default_num_partitions() -> int:
+    """HugeCTR's default partition count for parallel tiers: min(cores, 16)."""
+    return max(1, min(os.cpu_count() or 1, 16))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+
+def _legacy_batch_size(data: Any) -> Any:
+    """Fold HugeCTR's older ``max_get/set_batch_size`` into ``max_batch_size``."""
+    if isinstance(data, dict) and ("max_get_batch_size" in data or "max_set_batch_size" in data):
+        data = dict(data)
+        get = data.pop("max_get_batch_size", None)
+        put = data.pop("max_set_batch_size", None)
+        data.setdefault("max_batch_size", min(v for v in (get, put) if v is not None))
+    return data
+
+
+def _check_filters(filters: list[str]) -> list[str]:
+    for pattern in filters:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+    return filters
+
+
+# --- volatile tiers ------------------------------------------------------------------------
+
+
+class _VolatileBase(_Strict):
+    max_batch_size: PositiveInt = 65536
+    overflow_margin: PositiveInt = UNBOUNDED
+    overflow_policy: DatabaseOverflowPolicy_t = DatabaseOverflowPolicy_t.evict_oldest
+    overflow_resolution_target: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.8
+    initialize_after_startup: bool = True
+    initial_cache_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    cache_missed_embeddings: bool = False
+    refresh_time_after_fetch: bool = False
+    update_filters: list[str] = Field(default_factory=lambda: [".+"])
+
+    _legacy = model_validator(mode="before")(_legacy_batch_size)
+    _filters = field_validator("update_filters")(_check_filters)
+
+
+class DisabledConfig(_Strict):
+    """No tier at this level."""
+
+    type: Literal[DatabaseType_t.disabled] = DatabaseType_t.disabled
+
+
+class HashMapConfig(_VolatileBase):
+    """In-process hash map, one partition."""
+
+    type: Literal[DatabaseType_t.hash_map] = DatabaseType_t.hash_map
+    num_partitions: Literal[1] = 1
+
+
+class ParallelHashMapConfig(_VolatileBase):
+    """In-process hash map split into partitions that are worked in parallel."""
+
+    type: Literal[DatabaseType_t.parallel_hash_map] = DatabaseType_t.parallel_hash_map
+    num_partitions: PositiveInt = Field(default_factory=default_num_partitions)
+
+
+class _RedisBase(_VolatileBase):
+    user_name: str = "default"
+    password: str = ""
+    num_partitions: PositiveInt = Field(default_factory=default_num_partitions)
+    enable_tls: bool = False
+    tls_ca_certificate: str = "cacertbundle.crt"
+    tls_client_certificate: str = "client_cert.pem"
+    tls_client_key: str = "client_key.key"
+    tls_server_name_identification: str = "redis.localhost"
+
+
+class RedisClusterConfig(_RedisBase):
+    """An existing Redis Cluster; ``address`` lists seed nodes ``host:port[,host:port...]``."""
+
+    type: Literal[DatabaseType_t.redis_cluster] = DatabaseType_t.redis_cluster
+    address: str = "127.0.0.1:7000"
+
+    @field_validator("address")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        for node in re.split(r"[;,]", value):
+            host, sep, port = node.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{node!r} is not host:port")
+        return value
+
+
+class RedisConfig(_RedisBase):
+    """A standalone Redis server: ``address`` is a ``redis://`` URL or ``host:port``."""
+
+    type: Literal[DatabaseType_t.redis] = DatabaseType_t.redis
+    address: str = "127.0.0.1:6379"
+
+
+VolatileDBConfig = Annotated[
+    Union[DisabledConfig, HashMapConfig, ParallelHashMapConfig, RedisClusterConfig, RedisConfig],
+    Field(discriminator="type"),
+]
+
+
+# --- persistent tier -----------------------------------------------------------------------
+
+
+class RocksDBConfig(_Strict):
+    """An embedded RocksDB database at ``path`` (created when missing)."""
+
+    type: Literal[DatabaseType_t.rocks_db] = DatabaseType_t.rocks_db
+    path: str = "/tmp/rocksdb"
+    num_threads: PositiveInt = 16
+    read_only: bool = False
+    max_batch_size: PositiveInt = 10000
+    update_filters: list[str] = Field(default_factory=lambda: [".+"])
+
+    _legacy = model_validator(mode="before")(_legacy_batch_size)
+    _filters = field_validator("update_filters")(_check_filters)
+
+
+PersistentDBConfig = Annotated[Union[DisabledConfig, RocksDBConfig], Field(discriminator="type")]
+
+
+# --- update source -------------------------------------------------------------------------
+
+
+class NullUpdateSourceConfig(_Strict):
+    """No online updates."""
+
+    type: Literal[UpdateSourceType_t.null] = UpdateSourceType_t.null
+
+
+class KafkaUpdateSourceConfig(_Strict):
+    """Apache Kafka brokers ``host[:port][;host[:port]...]`` that carry embedding updates."""
+
+    type: Literal[UpdateSourceType_t.kafka_message_queue] = UpdateSourceType_t.kafka_message_queue
+    brokers: str = "127.0.0.1:9092"
+    metadata_refresh_interval_ms: PositiveInt = 30000
+    poll_timeout_ms: PositiveInt = 500
+    receive_buffer_size: PositiveInt = 2000
+    max_batch_size: PositiveInt = 1000
+    failure_backoff_ms: NonNegativeInt = 50
+    max_commit_interval: PositiveInt = 32
+
+
+UpdateSourceConfig = Annotated[
+    Union[NullUpdateSourceConfig, KafkaUpdateSourceConfig], Field(discriminator="type")
+]
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+class ModelConfig(_Strict):
+    """One served model: its files and per-table settings (``models[]`` in ``ps.json``)."""
+
+    model: Name
+    sparse_files: list[str]
+    dense_file: str = ""
+    network_file: str = ""
+    max_batch_size: PositiveInt = 64
+    deployed_device_list: list[NonNegativeInt] = Field(default_factory=lambda: [0])
+    default_value_for_each_table: list[float] | None = None
+    maxnum_des_feature_per_sample: NonNegativeInt = 26
+    maxnum_catfeature_query_per_table_per_sample: list[PositiveInt] = Field(default_factory=list)
+    embedding_vecsize_per_table: list[PositiveInt] = Field(default_factory=list)
+    embedding_table_names: list[Name] | None = None
+    hit_rate_threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
+    gpucache: bool = True
+    gpucacheper: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    embedding_cache_type: Literal["dynamic", "static"] = "dynamic"
+    use_static_table: bool = False
+    cache_refresh_percentage_per_iteration: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    refresh_interval: NonNegativeInt = 0
+    refresh_delay: NonNegativeInt = 0
+    num_of_worker_buffer_in_pool: PositiveInt = 1
+    num_of_refresher_buffer_in_pool: PositiveInt = 1
+    use_context_stream: bool = True
+    fuse_embedding_table: bool = False
+    use_mixed_precision: bool = False
+    label_dim: PositiveInt = 1
+    slot_num: PositiveInt = 10
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.sparse_files)
+
+    @model_validator(mode="after")
+    def _per_table_lists(self) -> ModelConfig:
+        n = len(self.sparse_files)
+        if n == 0:
+            raise ValueError("sparse_files must name at least one sparse model folder")
+        if self.default_value_for_each_table is None:
+            object.__setattr__(self, "default_value_for_each_table", [0.0] * n)
+        if self.embedding_table_names is None:
+            names = [f"sparse_embedding{i + 1}" for i in range(n)]
+            object.__setattr__(self, "embedding_table_names", names)
+        for field in (
+            "default_value_for_each_table",
+            "maxnum_catfeature_query_per_table_per_sample",
+            "embedding_vecsize_per_table",
+            "embedding_table_names",
+        ):
+            values = getattr(self, field)
+            if (
+                field
+                in ("maxnum_catfeature_query_per_table_per_sample", "embedding_vecsize_per_table")
+                and not values
+            ):
+                raise ValueError(f"{field} must give one value per table ({n} tables)")
+            if len(values) != n:
+                raise ValueError(f"{field} has {len(values)} entries, sparse_files has {n} tables")
+        if len(set(self.embedding_table_names)) != n:
+            raise ValueError("embedding_table_names must be unique")
+        return self
+
+
+class PSConfig(_Strict):
+    """The whole ``ps.json``: tiers shared by all models, update source, and the models."""
+
+    supportlonglong: bool = True
+    volatile_db: VolatileDBConfig = Field(default_factory=ParallelHashMapConfig)
+    persistent_db: PersistentDBConfig = Field(default_factory=DisabledConfig)
+    update_source: UpdateSourceConfig = Field(default_factory=NullUpdateSourceConfig)
+    models: list[ModelConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> PSConfig:
+        names = [m.model for m in self.models]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"model names must be unique, repeated: {sorted(dup)}")
+        return self
+
+    def model(self, name: str) -> ModelConfig:
+        """The config of model ``name`` (:class:`ConfigError` when absent)."""
+        for m in self.models:
+            if m.model == name:
+                return m
+        raise ConfigError(
+            f"ps config has no model {name!r}; it has {[m.model for m in self.models]}"
+        )
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown field")
+        else:
+            lines.append(f"{where}: {err['msg']}")
+    return f"invalid {source}:\n  " + "\n  ".join(lines)
+
+
+def parse_ps_config(data: dict[str, Any], source: str = "ps config") -> PSConfig:
+    """Validate a decoded ``ps.json``; errors name every bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid {source}: the top level must be a JSON object")
+    try:
+        return PSConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def _resolve(base: Path, value: str) -> str:
+    return value if not value or os.path.isabs(value) else str(base / value)
+
+
+def load_ps_config(path: str | os.PathLike) -> PSConfig:
+    """Read and validate a ``ps.json`` file; relative model paths resolve against its folder."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"ps config {path} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"ps config {path} is not valid JSON: {exc}") from None
+    config = parse_ps_config(data, source=str(path))
+    base = path.parent.resolve()
+    for m in config.models:
+        m.sparse_files = [_resolve(base, f) for f in m.sparse_files]
+        m.dense_file = _resolve(base, m.dense_file)
+        m.network_file = _resolve(base, m.network_file)
+    if isinstance(config.persistent_db, RocksDBConfig):
+        config.persistent_db.path = _resolve(base, config.persistent_db.path)
+    return config
+
+
+def dump_ps_config(config: PSConfig) -> dict[str, Any]:
+    """The JSON-ready form of ``config`` (enum members as their names)."""
+    return config.model_dump(mode="json")

@@ -1,0 +1,133 @@
+"""The error types shared by every tierserve package.
+
+Every error a caller can see derives from :class:`TierserveError`, which carries the HTTP
+status and the gRPC status name that the server's one exception handler and one gRPC
+interceptor map it to.  Retryable network faults (:class:`BackendUnavailableError` and its
+subclasses) are kept apart from data errors, which retrying cannot fix.
+"""
+
+from __future__ import annotations
+
+
+class TierserveError(Exception):
+    """Base of all tierserve errors.
+
+    ``http_status`` is the HTTP status code a front end answers with; ``grpc_status`` is the
+    *name* of a ``grpc.StatusCode`` member (kept as a string so this module imports nothing).
+    ``retryable`` tells retry strategies whether trying again can help.
+    """
+
+    http_status: int = 500
+    grpc_status: str = "INTERNAL"
+    retryable: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, str]:
+        """The JSON error body of the KServe v2 protocol."""
+        return {"error": self.message}
+
+
+# --- data errors: the request, file or message is wrong; retrying cannot help -------------
+
+
+class InvalidInputError(TierserveError):
+    """A request, argument or record is malformed or has the wrong shape or type."""
+
+    http_status = 400
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class ConfigError(InvalidInputError):
+    """A configuration (``ps.json``, parameter object, CLI option) is invalid."""
+
+
+class MalformedMessageError(InvalidInputError):
+    """A Kafka update message does not follow the wire format (DESIGN.md, Formats 6)."""
+
+
+class CorruptModelFileError(TierserveError):
+    """A model file or folder is missing, truncated or inconsistent."""
+
+    http_status = 400
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class NotFoundError(TierserveError):
+    """A model, version, table or route does not exist."""
+
+    http_status = 404
+    grpc_status = "NOT_FOUND"
+
+
+class ReadOnlyError(TierserveError):
+    """A write was sent to a tier or model that was opened read-only."""
+
+    http_status = 409
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class CapacityExceededError(TierserveError):
+    """A configured capacity bound (workspace, cache size, request size) would be exceeded."""
+
+    http_status = 507
+    grpc_status = "RESOURCE_EXHAUSTED"
+
+
+class PayloadTooLargeError(CapacityExceededError):
+    """A request body exceeds the configured size limit."""
+
+    http_status = 413
+
+
+class UnauthorizedError(TierserveError):
+    """A protected endpoint was called without a valid bearer token."""
+
+    http_status = 401
+    grpc_status = "UNAUTHENTICATED"
+
+
+# --- availability errors ------------------------------------------------------------------
+
+
+class NotReadyError(TierserveError):
+    """The model or server exists but cannot serve yet (loading, unloading)."""
+
+    http_status = 503
+    grpc_status = "UNAVAILABLE"
+    retryable = True
+
+
+class BackendUnavailableError(TierserveError):
+    """A storage backend or broker could not be reached; the same call may succeed later."""
+
+    http_status = 503
+    grpc_status = "UNAVAILABLE"
+    retryable = True
+
+
+class MissingExtraError(ImportError, TierserveError):
+    """An optional backend was requested but its extra is not installed."""
+
+    http_status = 501
+    grpc_status = "UNIMPLEMENTED"
+
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        TierserveError.__init__(
+            self,
+            f"{feature} needs the optional package {module!r}; "
+            f"install it with: pip install 'tierserve[{extra}]'",
+        )
+        self.extra = extra
+
+
+def require_extra(module: str, extra: str, feature: str):
+    """Import ``module`` or raise :class:`MissingExtraError` naming the extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(feature, extra, module) from exc

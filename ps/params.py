@@ -1,0 +1,108 @@
+"""HugeCTR's Python-side parameter objects for the tiers and the update source.
+
+``VolatileDatabaseParams``, ``PersistentDatabaseParams`` and ``UpdateSourceParams`` take
+HugeCTR's attribute names and defaults, accept keyword arguments or attribute assignment
+(validated at once), and turn into the typed configs of :mod:`tierserve.ps.config` with
+:meth:`to_config`.  Setting a field that the chosen ``type`` does not use is an error there.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from .config import (
+    UNBOUNDED,
+    DatabaseOverflowPolicy_t,
+    DatabaseType_t,
+    PersistentDBConfig,
+    UpdateSourceConfig,
+    UpdateSourceType_t,
+    VolatileDBConfig,
+    _format_errors,
+    default_num_partitions,
+)
+from .errors import ConfigError
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as exc:
+            raise ConfigError(_format_errors(exc, type(self).__name__)) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise ConfigError(_format_errors(exc, type(self).__name__)) from None
+
+    _target: Any = None  # the discriminated union this object converts into
+
+    def to_config(self):
+        """The typed config for ``self.type``; fields that type does not use must be unset."""
+        data = self.model_dump(include=self.model_fields_set | {"type"}, mode="json")
+        try:
+            return TypeAdapter(self._target).validate_python(data)
+        except ValidationError as exc:
+            raise ConfigError(
+                _format_errors(exc, f"{type(self).__name__} ({self.type.value})")
+            ) from None
+
+
+class VolatileDatabaseParams(_Params):
+    """The volatile (in-memory or Redis) tier: HugeCTR's ``VolatileDatabaseParams``."""
+
+    _target = VolatileDBConfig
+
+    type: DatabaseType_t = DatabaseType_t.parallel_hash_map
+    address: str = "127.0.0.1:7000"
+    user_name: str = "default"
+    password: str = ""
+    num_partitions: Annotated[int, Field(gt=0)] = Field(default_factory=default_num_partitions)
+    max_batch_size: Annotated[int, Field(gt=0)] = 65536
+    overflow_margin: Annotated[int, Field(gt=0)] = UNBOUNDED
+    overflow_policy: DatabaseOverflowPolicy_t = DatabaseOverflowPolicy_t.evict_oldest
+    overflow_resolution_target: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.8
+    initialize_after_startup: bool = True
+    initial_cache_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    cache_missed_embeddings: bool = False
+    refresh_time_after_fetch: bool = False
+    update_filters: list[str] = Field(default_factory=lambda: [".+"])
+    enable_tls: bool = False
+    tls_ca_certificate: str = "cacertbundle.crt"
+    tls_client_certificate: str = "client_cert.pem"
+    tls_client_key: str = "client_key.key"
+    tls_server_name_identification: str = "redis.localhost"
+
+
+class PersistentDatabaseParams(_Params):
+    """The persistent tier: HugeCTR's ``PersistentDatabaseParams`` (disabled by default)."""
+
+    _target = PersistentDBConfig
+
+    type: DatabaseType_t = DatabaseType_t.disabled
+    path: str = "/tmp/rocksdb"
+    num_threads: Annotated[int, Field(gt=0)] = 16
+    read_only: bool = False
+    max_batch_size: Annotated[int, Field(gt=0)] = 10000
+    update_filters: list[str] = Field(default_factory=lambda: [".+"])
+
+
+class UpdateSourceParams(_Params):
+    """The online update source: HugeCTR's ``UpdateSourceParams`` (none by default)."""
+
+    _target = UpdateSourceConfig
+
+    type: UpdateSourceType_t = UpdateSourceType_t.null
+    brokers: str = "127.0.0.1:9092"
+    metadata_refresh_interval_ms: Annotated[int, Field(gt=0)] = 30000
+    poll_timeout_ms: Annotated[int, Field(gt=0)] = 500
+    receive_buffer_size: Annotated[int, Field(gt=0)] = 2000
+    max_batch_size: Annotated[int, Field(gt=0)] = 1000
+    failure_backoff_ms: Annotated[int, Field(ge=0)] = 50
+    max_commit_interval: Annotated[int, Field(gt=0)] = 32

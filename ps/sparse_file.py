@@ -1,0 +1,161 @@
+"""The sparse model folder: one embedding table on disk (DESIGN.md, Formats 1).
+
+A folder ``<prefix><i>_sparse_<iter>.model/`` holds ``key`` (int64 LE, N x 8 bytes),
+``emb_vector`` (float32 LE, N x dim, row-major, in key order) and, for localized-slot
+embeddings, ``slot_id`` (int64 LE, N).  The layout is HugeCTR's.  Keys are always stored as
+int64; int32 keys are widened on write and can be narrowed again on read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import atomic_directory, write_file_synced
+from .errors import CorruptModelFileError, InvalidInputError
+
+KEY_FILE = "key"
+VECTOR_FILE = "emb_vector"
+SLOT_FILE = "slot_id"
+
+KEY_DTYPE = np.dtype("<i8")
+VECTOR_DTYPE = np.dtype("<f4")
+
+
+def sparse_model_name(prefix: str, index: int, iteration: int = 0) -> str:
+    """``<prefix><index>_sparse_<iteration>.model``, the folder name of table ``index``."""
+    return f"{prefix}{index}_sparse_{iteration}.model"
+
+
+def sparse_optimizer_name(prefix: str, index: int, iteration: int = 0) -> str:
+    """``<prefix><index>_opt_sparse_<iteration>.model``, the optimizer state of table ``index``."""
+    return f"{prefix}{index}_opt_sparse_{iteration}.model"
+
+
+@dataclass(frozen=True)
+class SparseTable:
+    """One embedding table as arrays: ``keys[i]`` owns ``embeddings[i]`` (and ``slot_ids[i]``)."""
+
+    keys: np.ndarray
+    embeddings: np.ndarray
+    slot_ids: np.ndarray | None = None
+
+    @property
+    def dim(self) -> int:
+        return int(self.embeddings.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+
+def _file_rows(path: Path, row_bytes: int, what: str) -> int:
+    if not path.is_file():
+        raise CorruptModelFileError(f"sparse model file {path} is missing")
+    size = path.stat().st_size
+    if row_bytes <= 0 or size % row_bytes:
+        raise CorruptModelFileError(
+            f"sparse model file {path} has {size} bytes, not a multiple of the "
+            f"{row_bytes}-byte {what}"
+        )
+    return size // row_bytes
+
+
+def _map(path: Path, dtype: np.dtype, count: int, mmap: bool) -> np.ndarray:
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    if mmap:
+        return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+    return np.fromfile(path, dtype=dtype, count=count)
+
+
+def read_sparse_model(
+    folder: str | os.PathLike,
+    embedding_vec_size: int | None = None,
+    *,
+    key_dtype: np.dtype | type = np.int64,
+    mmap: bool = True,
+) -> SparseTable:
+    """Read one sparse model folder, memory-mapped by default.
+
+    ``embedding_vec_size`` is checked when given and inferred from the file sizes otherwise
+    (an empty table with no size given reads as dim 0).  ``key_dtype=np.int32`` narrows the
+    keys and fails if one does not fit.  Any inconsistency raises
+    :class:`CorruptModelFileError` naming the file.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CorruptModelFileError(f"sparse model folder {folder} does not exist")
+    n = _file_rows(folder / KEY_FILE, KEY_DTYPE.itemsize, "int64 key")
+    vector_path = folder / VECTOR_FILE
+    vector_bytes = _file_rows(vector_path, VECTOR_DTYPE.itemsize, "float32 value")
+    if embedding_vec_size is None:
+        if n == 0:
+            if vector_bytes:
+                raise CorruptModelFileError(
+                    f"{vector_path} holds {vector_bytes} floats but {folder / KEY_FILE} no keys"
+                )
+            dim = 0
+        elif vector_bytes % n:
+            raise CorruptModelFileError(
+                f"{vector_path} holds {vector_bytes} floats, not a multiple of the {n} keys "
+                f"in {folder / KEY_FILE}"
+            )
+        else:
+            dim = vector_bytes // n
+    else:
+        dim = int(embedding_vec_size)
+        if vector_bytes != n * dim:
+            raise CorruptModelFileError(
+                f"{vector_path} holds {vector_bytes} floats; {n} keys x dim {dim} needs {n * dim}"
+            )
+    keys = _map(folder / KEY_FILE, KEY_DTYPE, n, mmap)
+    embeddings = _map(vector_path, VECTOR_DTYPE, n * dim, mmap).reshape(n, dim)
+    slot_ids = None
+    slot_path = folder / SLOT_FILE
+    if slot_path.exists():
+        slots = _file_rows(slot_path, KEY_DTYPE.itemsize, "int64 slot id")
+        if slots != n:
+            raise CorruptModelFileError(f"{slot_path} has {slots} slot ids for {n} keys")
+        slot_ids = _map(slot_path, KEY_DTYPE, n, mmap)
+    if np.dtype(key_dtype) == np.int32:
+        info = np.iinfo(np.int32)
+        if n and (keys.min() < info.min or keys.max() > info.max):
+            raise CorruptModelFileError(f"{folder / KEY_FILE} holds keys that do not fit int32")
+        keys = keys.astype(np.int32)
+    return SparseTable(keys, embeddings, slot_ids)
+
+
+def write_sparse_model(
+    folder: str | os.PathLike,
+    keys: np.ndarray,
+    embeddings: np.ndarray,
+    slot_ids: np.ndarray | None = None,
+) -> Path:
+    """Write one table as a sparse model folder, atomically (temp folder, fsync, rename)."""
+    keys = np.asarray(keys)
+    embeddings = np.asarray(embeddings)
+    if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
+        raise InvalidInputError(f"keys must be a 1-D integer array, got {keys.dtype}{keys.shape}")
+    if embeddings.ndim != 2 or embeddings.shape[0] != keys.shape[0]:
+        raise InvalidInputError(
+            f"embeddings must have shape [{keys.shape[0]}, dim], got {embeddings.shape}"
+        )
+    if slot_ids is not None:
+        slot_ids = np.asarray(slot_ids)
+        if slot_ids.shape != keys.shape:
+            raise InvalidInputError(f"slot_ids must have shape {keys.shape}, got {slot_ids.shape}")
+    folder = Path(folder)
+    with atomic_directory(folder) as tmp:
+        write_file_synced(tmp / KEY_FILE, [_le_bytes(keys, KEY_DTYPE)])
+        write_file_synced(tmp / VECTOR_FILE, [_le_bytes(embeddings, VECTOR_DTYPE)])
+        if slot_ids is not None:
+            write_file_synced(tmp / SLOT_FILE, [_le_bytes(slot_ids, KEY_DTYPE)])
+    return folder
+
+
+def _le_bytes(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The array's bytes in ``dtype`` (little-endian), without a copy when already so."""
+    return np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8)

@@ -1,0 +1,1 @@
+"""tierserve inference server: InferenceModel, data plane, REST and gRPC front ends."""

@@ -1,0 +1,1 @@
+"""tierserve's embedded trainer: HugeCTR's Python training API on numpy (and cupy)."""
