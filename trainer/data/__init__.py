@@ -1,0 +1,1 @@
+"""Data readers (Norm, Raw, Parquet), the data generator and the Criteo converter."""
