@@ -1,0 +1,109 @@
+"""Element-wise combinations and reductions: Add, Sub, ElementwiseMultiply, ReduceSum,
+ReduceMean."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Layer, Shape, register
+
+
+class _SameShape(Layer):
+    num_inputs = (2, None)
+
+    def infer_shapes(self) -> list[Shape]:
+        if len(set(self.input_shapes)) != 1:
+            raise self.error(f"inputs must have the same shape, got {self.input_shapes}")
+        return [self.input_shapes[0]]
+
+
+@register
+class Add(_SameShape):
+    type_name = "Add"
+
+    def forward(self, xp, inputs, params, state, training):
+        y = inputs[0] + inputs[1]
+        for x in inputs[2:]:
+            y += x
+        return [y], None
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        g = grad_outputs[0]
+        return [g] * len(self.bottom), []
+
+
+@register
+class Sub(_SameShape):
+    type_name = "Sub"
+    num_inputs = (2, 2)
+
+    def forward(self, xp, inputs, params, state, training):
+        return [inputs[0] - inputs[1]], None
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        g = grad_outputs[0]
+        return [g, -g], []
+
+
+@register
+class ElementwiseMultiply(_SameShape):
+    type_name = "ElementwiseMultiply"
+    aliases = ("ElementWiseMultiply",)
+
+    def forward(self, xp, inputs, params, state, training):
+        y = inputs[0] * inputs[1]
+        for x in inputs[2:]:
+            y *= x
+        return [y], inputs
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        g = grad_outputs[0]
+        out = []
+        for i in range(len(ctx)):
+            d = g
+            for j, x in enumerate(ctx):
+                if j != i:
+                    d = d * x
+            out.append(d)
+        return out, []
+
+
+@register
+class ReduceSum(Layer):
+    """Sums over ``axis`` (of the whole tensor, batch = 0; default 1), keeping it as size 1."""
+
+    type_name = "ReduceSum"
+    mean = False
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.axis = int(self.param("axis", 1))
+
+    def infer_shapes(self) -> list[Shape]:
+        shape = self.input_shapes[0]
+        if not 1 <= self.axis <= len(shape):
+            raise self.error(
+                f"axis {self.axis} is not a per-sample axis of a {len(shape) + 1}-D tensor"
+            )
+        out = list(shape)
+        out[self.axis - 1] = 1
+        return [tuple(out)]
+
+    def forward(self, xp, inputs, params, state, training):
+        x = inputs[0]
+        y = x.mean(axis=self.axis, keepdims=True) if self.mean else x.sum(self.axis, keepdims=True)
+        return [y], x.shape
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        g = grad_outputs[0]
+        if self.mean:
+            g = g / ctx[self.axis]
+        return [xp.broadcast_to(g, ctx).astype(g.dtype, copy=True)], []
+
+
+@register
+class ReduceMean(ReduceSum):
+    """Averages over ``axis`` (default 1), keeping it as size 1."""
+
+    type_name = "ReduceMean"
+    mean = True
