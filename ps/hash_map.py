@@ -1,0 +1,194 @@
+"""The in-process volatile tiers: ``hash_map`` (one partition) and ``parallel_hash_map``.
+
+Each table is split into ``num_partitions`` :class:`~tierserve.ps.hash_table.HashTable`
+partitions by :func:`~tierserve.ps.partition.partition_of`; the parallel variant works the
+partitions of one call in a thread pool (numpy releases the GIL in its gathers).  Overflow
+handling runs per partition after each insert.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .config import HashMapConfig, ParallelHashMapConfig
+from .errors import InvalidInputError, NotFoundError
+from .eviction import make_policy, resolution_size
+from .hash_table import HashTable
+from .partition import as_keys, group_by_partition
+from .tier import Tier
+
+
+class HashMapTier(Tier):
+    """``hash_map`` / ``parallel_hash_map``: embeddings in this process's memory."""
+
+    def __init__(self, config: HashMapConfig | ParallelHashMapConfig) -> None:
+        self.kind = config.type.value
+        super().__init__()
+        self.config = config
+        self.num_partitions = int(config.num_partitions)
+        self.policy = make_policy(config.overflow_policy)
+        self.overflow_margin = int(config.overflow_margin)
+        self.resolution_target = resolution_size(
+            self.overflow_margin, config.overflow_resolution_target
+        )
+        self._tables: dict[str, list[HashTable]] = {}
+        self._lock = threading.Lock()
+        self._rng = np.random.default_rng()
+        self._pool = None
+        if self.num_partitions > 1:
+            workers = min(self.num_partitions, os.cpu_count() or 1)
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"tierserve-{self.kind}")
+
+    # --- tables ----------------------------------------------------------------------------
+
+    def create_table(self, tag: str, dim: int) -> None:
+        with self._lock:
+            parts = self._tables.get(tag)
+            if parts is not None:
+                if parts[0].dim != dim:
+                    raise InvalidInputError(f"table {tag} exists with dim {parts[0].dim}, not {dim}")
+                return
+            self._tables[tag] = [
+                HashTable(dim, track=self.policy.track) for _ in range(self.num_partitions)
+            ]
+
+    def dim(self, tag: str) -> int | None:
+        parts = self._tables.get(tag)
+        return None if parts is None else parts[0].dim
+
+    def tables(self) -> list[str]:
+        return list(self._tables)
+
+    def drop_table(self, tag: str) -> None:
+        with self._lock:
+            self._tables.pop(tag, None)
+
+    def nbytes(self, tag: str) -> int:
+        """Bytes of memory table ``tag`` holds (index and vectors)."""
+        return sum(p.nbytes for p in self._parts(tag))
+
+    # --- data ------------------------------------------------------------------------------
+
+    def _parts(self, tag: str) -> list[HashTable]:
+        parts = self._tables.get(tag)
+        if parts is None:
+            raise NotFoundError(f"{self.kind} tier has no table {tag!r}")
+        return parts
+
+    def _map(self, fn, n: int) -> None:
+        if self._pool is None:
+            for p in range(n):
+                fn(p)
+        else:
+            for f in [self._pool.submit(fn, p) for p in range(n)]:
+                f.result()
+
+    def lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
+        parts = self._parts(tag)
+        keys = as_keys(keys)
+        with self.stats.timed("lookup"):
+            if len(parts) == 1:
+                emb, found = parts[0].lookup(keys)
+            else:
+                emb, found = self._lookup_partitioned(parts, keys)
+            hits = int(np.count_nonzero(found))
+            self.stats.hits += hits
+            self.stats.misses += keys.size - hits
+            return emb, found
+
+    def _lookup_partitioned(self, parts: list[HashTable], keys: np.ndarray):
+        order, bounds = group_by_partition(keys, len(parts))
+        sorted_keys = keys[order]
+        tmp = np.empty((keys.size, parts[0].dim), dtype=np.float32)
+        tmp_found = np.zeros(keys.size, dtype=bool)
+
+        def work(p: int) -> None:
+            b0, b1 = bounds[p], bounds[p + 1]
+            if b1 > b0:
+                _, f = parts[p].lookup(sorted_keys[b0:b1], out=tmp[b0:b1])
+                tmp_found[b0:b1] = f
+
+        self._map(work, len(parts))
+        emb = np.empty_like(tmp)
+        emb[order] = tmp
+        found = np.empty_like(tmp_found)
+        found[order] = tmp_found
+        return emb, found
+
+    def insert(self, tag: str, keys, embeddings) -> None:
+        parts = self._parts(tag)
+        keys, embeddings = self._check_insert(keys, embeddings, parts[0].dim, tag)
+        with self.stats.timed("insert"):
+            if len(parts) == 1:
+                parts[0].insert(keys, embeddings)
+                self._resolve_overflow(parts[0])
+            else:
+                order, bounds = group_by_partition(keys, len(parts))
+                sorted_keys, sorted_emb = keys[order], embeddings[order]
+
+                def work(p: int) -> None:
+                    b0, b1 = bounds[p], bounds[p + 1]
+                    if b1 > b0:
+                        parts[p].insert(sorted_keys[b0:b1], sorted_emb[b0:b1])
+                        self._resolve_overflow(parts[p])
+
+                self._map(work, len(parts))
+            self.stats.inserts += keys.size
+
+    def load_table(self, tag: str, keys, embeddings, chunk: int = 0) -> None:
+        """Replace table ``tag``'s content in one bulk pass per partition."""
+        parts = self._parts(tag)
+        keys, embeddings = self._check_insert(keys, embeddings, parts[0].dim, tag)
+        with self.stats.timed("load"):
+            if len(parts) == 1:
+                parts[0].load(keys, embeddings)
+                self._resolve_overflow(parts[0])
+            else:
+                order, bounds = group_by_partition(keys, len(parts))
+
+                def work(p: int) -> None:
+                    sel = order[bounds[p] : bounds[p + 1]]
+                    parts[p].load(keys[sel], embeddings[sel], copy=False)
+                    self._resolve_overflow(parts[p])
+
+                self._map(work, len(parts))
+            self.stats.inserts += keys.size
+
+    def _resolve_overflow(self, table: HashTable) -> None:
+        if len(table) > self.overflow_margin:
+            self.stats.evictions += table.evict_to(self.resolution_target, self.policy, self._rng)
+
+    def evict(self, tag: str, keys) -> int:
+        parts = self._parts(tag)
+        keys = as_keys(keys)
+        if len(parts) == 1:
+            return parts[0].remove(keys)
+        order, bounds = group_by_partition(keys, len(parts))
+        sorted_keys = keys[order]
+        return sum(
+            parts[p].remove(sorted_keys[bounds[p] : bounds[p + 1]]) for p in range(len(parts))
+        )
+
+    def size(self, tag: str) -> int:
+        parts = self._tables.get(tag)
+        return 0 if parts is None else sum(len(p) for p in parts)
+
+    def partition_sizes(self, tag: str) -> list[int]:
+        """How many keys each partition of ``tag`` holds."""
+        return [len(p) for p in self._parts(tag)]
+
+    def list_keys(self, tag: str) -> np.ndarray:
+        parts = self._tables.get(tag)
+        if not parts:
+            return np.empty(0, dtype=np.int64)
+        return np.concatenate([p.keys() for p in parts])
+
+    def close(self) -> None:
+        with self._lock:
+            self._tables.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)

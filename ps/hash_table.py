@@ -1,0 +1,376 @@
+"""A vectorised open-addressing hash table of embeddings, in numpy.
+
+One :class:`HashTable` maps int64 keys to rows of a dense float32 ``[rows, dim]`` slab.  The
+index is a linear-probing table of 16-byte slot records ``(key int64, row int32, stat
+int32)``: one gather fetches a slot's key, its row and its access statistic together, and
+the vectors stay contiguous so a lookup ends in a single ``np.take`` over the slab.
+
+Probing runs in vectorised rounds: every key looks at its home slot; the few that neither
+matched nor met an empty slot look at a window of the next slots, and so on.  Capacity is
+any integer (range reduction by multiply-shift), kept between 0.5 and 0.75 load, so the
+index costs about 32 bytes per key at most.
+
+Deleted slots become tombstones; bulk deletions (overflow eviction) and growth rebuild the
+index and compact the slab.  Writers are serialised by a lock; readers take no lock: they
+read one immutable reference to the current arrays, writers fill a row before publishing
+its key, and any resize builds new arrays and swaps the reference.
+
+The keys ``-2**63`` and ``-2**63 + 1`` mark empty and deleted slots and cannot be stored.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .errors import InvalidInputError
+
+EMPTY = np.int64(-(2**63))
+TOMB = np.int64(-(2**63) + 1)
+
+_FIB = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
+_U32 = np.uint64(32)
+_MAX_LOAD = 0.75
+_GROW_LOAD = 0.5
+_TICK_REBASE = 2**30
+_WINDOWS = (4, 32, 256, 256, 256, 256)
+#: Slots past ``cap`` that probes may run into; a probe that would leave them grows the table.
+_PAD = 2048
+
+
+def home_slots(keys: np.ndarray, capacity: int) -> np.ndarray:
+    """Each key's home slot in a table of ``capacity`` slots (int64 array)."""
+    h = np.multiply(keys.view(np.uint64), _FIB)
+    h >>= _U32
+    h *= np.uint64(capacity)
+    h >>= _U32
+    return h.view(np.int64)
+
+
+class _Overfull(Exception):
+    """A probe sequence reached the end of the padding: rebuild with more capacity."""
+
+
+class _State:
+    """The arrays of one table generation; replaced as a whole on resize."""
+
+    __slots__ = ("cap", "tab", "flat", "tab32", "values", "n_rows", "live", "used")
+
+    def __init__(self, cap: int, dim: int, row_cap: int, values: np.ndarray | None = None):
+        self.cap = cap
+        self.tab = np.empty((cap + _PAD, 2), dtype=np.int64)
+        self.tab[:, 0] = EMPTY
+        self.tab[:, 1] = 0
+        self.flat = self.tab.reshape(-1)
+        self.tab32 = self.flat.view(np.int32)  # per slot: key lo, key hi, row, stat
+        self.values = np.empty((row_cap, dim), dtype=np.float32) if values is None else values
+        self.n_rows = 0  # rows of the slab in use (live or dead)
+        self.live = 0  # slots holding a key
+        self.used = 0  # slots holding a key or a tombstone
+
+    def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(slots, found, records)`` of ``keys``; records are the slots' ``[n, 2]`` rows."""
+        slots = home_slots(keys, self.cap)
+        rec = self.tab.take(slots, axis=0)
+        gk = rec[:, 0]
+        found = gk == keys
+        if not found.all():
+            pending = ~found
+            pending &= gk != EMPTY
+            idx = np.flatnonzero(pending)
+            if idx.size:
+                self._probe(keys, slots, found, rec, idx)
+        if keys.size and keys.min() <= TOMB:
+            found &= keys > TOMB
+        return slots, found, rec
+
+    def _probe(self, keys, slots, found, rec, idx) -> None:
+        # Look at windows of the following slots' keys; the table's tail padding keeps
+        # every window inside the array, so no wrap-around arithmetic is needed.
+        start = slots[idx] + 1
+        for width in _WINDOWS:
+            ar = np.arange(0, 2 * width, 2)
+            wk = self.flat.take(2 * start[:, None] + ar)
+            hit = wk == keys[idx, None]
+            stop = hit | (wk == EMPTY)
+            first = stop.argmax(axis=1)
+            at = np.arange(idx.size) * width + first
+            is_hit = hit.reshape(-1).take(at)
+            hi = idx[is_hit]
+            hs = start[is_hit] + first[is_hit]
+            slots[hi] = hs
+            found[hi] = True
+            rec[hi] = self.tab.take(hs, axis=0)
+            more = ~stop.reshape(-1).take(at)
+            if not more.any():
+                return
+            idx = idx[more]
+            start = start[more] + width
+            if start.max() + _WINDOWS[-1] > self.tab.shape[0]:
+                raise RuntimeError("hash table probe ran past the padding")
+        raise RuntimeError("hash table probe did not terminate")
+
+    def place(
+        self,
+        keys: np.ndarray,
+        stat: np.ndarray | int,
+        values: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Add ``keys`` that are not in the table; return the row of each.
+
+        Either ``values`` (written to fresh rows) or ``rows`` (already filled) is given.
+        Repeated keys share one row; with ``values`` the last occurrence's vector wins.
+        """
+        n = keys.size
+        row_of = np.empty(n, dtype=np.int64)
+        pos = np.arange(n)
+        cand = home_slots(keys, self.cap)
+        stat_arr = np.broadcast_to(np.asarray(stat, dtype=np.int32), (n,))
+        repeated = False
+        while pos.size:
+            g = self.tab.take(cand, axis=0)
+            gk = g[:, 0]
+            same = gk == keys[pos]
+            if same.any():
+                repeated = True
+                row_of[pos[same]] = g[same].view(np.int32)[:, 2]
+            empty = gk == EMPTY
+            ce = np.flatnonzero(empty)
+            keep_c = np.zeros(0, dtype=np.int64)
+            keep_p = keep_c
+            if ce.size:
+                c_slots = cand[ce]
+                c_pos = pos[ce]
+                row_idx = c_slots * 4 + 2
+                # Claim: write our position into the empty slots' row field, read it back;
+                # one writer per slot wins, the others try the same slot again next round.
+                self.tab32[row_idx] = c_pos
+                won = self.tab32.take(row_idx) == c_pos
+                w_slots, w_pos = c_slots[won], c_pos[won]
+                if rows is None:
+                    w_rows = np.arange(self.n_rows, self.n_rows + w_pos.size)
+                    self.values[w_rows] = values[w_pos]
+                    self.n_rows += w_pos.size
+                else:
+                    w_rows = rows[w_pos]
+                self.tab32[w_slots * 4 + 2] = w_rows
+                self.tab32[w_slots * 4 + 3] = stat_arr[w_pos]
+                self.flat[w_slots * 2] = keys[w_pos]  # publish the key last
+                row_of[w_pos] = w_rows
+                self.live += w_pos.size
+                self.used += w_pos.size
+                keep_c, keep_p = c_slots[~won], c_pos[~won]
+            step = ~(same | empty)
+            adv_c = cand[step] + 1
+            if adv_c.size and adv_c.max() >= self.cap + _PAD - _WINDOWS[-1]:
+                raise _Overfull
+            cand = np.concatenate([keep_c, adv_c])
+            pos = np.concatenate([keep_p, pos[step]])
+        if repeated and values is not None:
+            self.values[row_of] = values  # in order, so the last repeat wins
+        return row_of
+
+
+class HashTable:
+    """One partition's embeddings: int64 key -> float32 vector of length ``dim``.
+
+    ``track`` selects the per-slot statistic kept for eviction: ``"recency"`` (last access
+    tick), ``"frequency"`` (access count) or ``None``.
+    """
+
+    def __init__(self, dim: int, track: str | None = None, capacity: int = 0) -> None:
+        if dim <= 0:
+            raise InvalidInputError(f"embedding dim must be positive, got {dim}")
+        if track not in (None, "recency", "frequency"):
+            raise ValueError(f"unknown statistic {track!r}")
+        self.dim = int(dim)
+        self.track = track
+        self._tick = 1
+        self._lock = threading.Lock()
+        self._state = _State(self._cap_for(capacity), self.dim, capacity)
+
+    # --- reads (no lock) -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._state.live
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the index and the slab."""
+        st = self._state
+        return st.tab.nbytes + st.values.nbytes
+
+    def lookup(self, keys: np.ndarray, out: np.ndarray | None = None):
+        """``(embeddings [n, dim], found [n])`` for int64 ``keys``.
+
+        Rows of keys not found hold arbitrary values.  ``out`` may receive the embeddings.
+        """
+        st = self._state
+        slots, found, rec = st.find(keys)
+        rows = rec.view(np.int32)[:, 2]
+        all_found = found.all()
+        if not all_found:
+            rows = rows.copy()
+            rows[~found] = 0
+        if st.n_rows == 0:
+            emb = out if out is not None else np.zeros((keys.size, self.dim), np.float32)
+            return emb, found
+        emb = st.values.take(rows, axis=0, out=out)
+        if self.track is not None:
+            hit = slots if all_found else slots[found]
+            idx = hit * 4 + 3
+            if self.track == "recency":
+                self._tick += 1
+                st.tab32.put(idx, self._tick)
+                if self._tick >= _TICK_REBASE:
+                    self._rebase()
+            else:
+                counts = rec.view(np.int32)[:, 3]
+                st.tab32.put(idx, (counts if all_found else counts[found]) + 1)
+        return emb, found
+
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        """A bool mask of the keys present."""
+        return self._state.find(keys)[1]
+
+    def keys(self) -> np.ndarray:
+        """All keys, in slot order (a copy)."""
+        k = self._state.tab[:, 0]
+        return k[k > TOMB].copy()
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def insert(self, keys: np.ndarray, embeddings: np.ndarray) -> int:
+        """Insert or overwrite; returns how many keys were new."""
+        if keys.size == 0:
+            return 0
+        if keys.min() <= TOMB:
+            raise InvalidInputError(f"keys {int(EMPTY)} and {int(TOMB)} are reserved")
+        with self._lock:
+            try:
+                return self._insert(keys, embeddings)
+            except _Overfull:
+                self._rebuild(2 * (self._state.live + keys.size), spare_rows=keys.size)
+                return self._insert(keys, embeddings)
+
+    def _insert(self, keys: np.ndarray, embeddings: np.ndarray) -> int:
+        if True:
+            self._reserve(keys.size)
+            st = self._state
+            slots, found, rec = st.find(keys)
+            self._tick += 1
+            stat = self._tick if self.track == "recency" else (1 if self.track else 0)
+            if found.all():
+                st.values[rec.view(np.int32)[:, 2]] = embeddings
+                if self.track == "recency":
+                    st.tab32.put(slots * 4 + 3, stat)
+                return 0
+            fi = np.flatnonzero(found)
+            if fi.size:
+                st.values[rec[fi].view(np.int32)[:, 2]] = embeddings[fi]
+                if self.track == "recency":
+                    st.tab32.put(slots[fi] * 4 + 3, stat)
+            ni = np.flatnonzero(~found)
+            before = st.live
+            st.place(np.ascontiguousarray(keys[ni]), stat, values=embeddings[ni])
+            return st.live - before
+
+    def load(self, keys: np.ndarray, embeddings: np.ndarray, copy: bool = True) -> None:
+        """Replace the whole content with ``keys`` and ``embeddings`` in one pass.
+
+        The vectors are copied once into a slab of exactly their size (``copy=False`` adopts
+        a contiguous float32 array instead).  Keys should be unique; of repeated keys one
+        row is kept.
+        """
+        if keys.size and keys.min() <= TOMB:
+            raise InvalidInputError(f"keys {int(EMPTY)} and {int(TOMB)} are reserved")
+        n = keys.size
+        if copy or embeddings.dtype != np.float32 or not embeddings.flags.c_contiguous:
+            values = np.empty((n, self.dim), dtype=np.float32)
+            values[...] = embeddings
+        else:
+            values = embeddings
+        with self._lock:
+            self._tick += 1
+            stat = self._tick if self.track == "recency" else (1 if self.track else 0)
+            self._state = self._build(keys, stat, values, self._cap_for(n))
+
+    def remove(self, keys: np.ndarray) -> int:
+        """Delete ``keys``; returns how many were present."""
+        if keys.size == 0:
+            return 0
+        with self._lock:
+            st = self._state
+            slots, found, _ = st.find(keys)
+            gone = np.unique(slots[found])
+            st.flat[gone * 2] = TOMB
+            st.live -= gone.size
+            if st.n_rows - st.live > max(st.live // 4, 1024):
+                self._rebuild(st.live)
+            return int(gone.size)
+
+    def evict_to(self, target: int, policy, rng: np.random.Generator) -> int:
+        """Evict by ``policy`` until at most ``target`` keys remain; returns how many went."""
+        with self._lock:
+            st = self._state
+            excess = st.live - int(target)
+            if excess <= 0:
+                return 0
+            live = np.flatnonzero(st.tab[:, 0] > TOMB)
+            stats = st.tab32.take(live * 4 + 3) if self.track else None
+            victims = live[policy.select(stats, live.size, excess, rng)]
+            st.flat[victims * 2] = TOMB
+            st.live -= victims.size
+            self._rebuild(st.live)
+            return int(victims.size)
+
+    def clear(self) -> None:
+        """Drop every key and free the slab."""
+        with self._lock:
+            self._state = _State(self._cap_for(0), self.dim, 0)
+
+    # --- internals -------------------------------------------------------------------------
+
+    @staticmethod
+    def _cap_for(n: int) -> int:
+        return max(16, int(n / _GROW_LOAD) + 1)
+
+    def _reserve(self, incoming: int) -> None:
+        st = self._state
+        if st.used + incoming > _MAX_LOAD * st.cap or st.n_rows + incoming > st.values.shape[0]:
+            self._rebuild(st.live + incoming, spare_rows=incoming)
+
+    def _rebuild(self, expected: int, spare_rows: int = 0) -> None:
+        """Rehash the live keys into fresh arrays sized for ``expected`` keys; compact rows."""
+        old = self._state
+        live = np.flatnonzero(old.tab[:, 0] > TOMB)
+        keys = old.tab[live, 0]
+        rows = old.tab32.take(live * 4 + 2)
+        stats = old.tab32.take(live * 4 + 3)
+        row_cap = live.size + spare_rows
+        if spare_rows:
+            row_cap = max(row_cap, live.size + live.size // 4)  # amortise slab growth
+        values = np.empty((row_cap, self.dim), dtype=np.float32)
+        values[: live.size] = old.values.take(rows, axis=0)
+        self._state = self._build(keys, stats, values, self._cap_for(max(expected, row_cap)))
+
+    def _build(self, keys, stats, values: np.ndarray, cap: int) -> _State:
+        """A new state whose first ``keys.size`` slab rows (already in ``values``) are indexed."""
+        while True:
+            st = _State(cap, self.dim, 0, values=values)
+            st.n_rows = keys.size
+            try:
+                st.place(keys, stats, rows=np.arange(keys.size))
+                return st
+            except _Overfull:
+                cap *= 2
+
+    def _rebase(self) -> None:
+        with self._lock:
+            st = self._state
+            s = st.tab32[3::4]
+            np.subtract(s, _TICK_REBASE // 2, out=s)
+            np.maximum(s, 0, out=s)
+            self._tick -= _TICK_REBASE // 2

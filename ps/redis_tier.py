@@ -1,0 +1,387 @@
+"""The Redis volatile tier: ``redis_cluster`` (HugeCTR's) and standalone ``redis`` (ours).
+
+Layout (DESIGN.md, Formats 7): each table is split into ``num_partitions`` partitions by
+:func:`~tierserve.ps.partition.partition_of`; partition ``N`` of table ``<tag>`` is the hash
+``hps_et{<tag>/pN}v`` (field: the key's 8 little-endian bytes; value: the vector's float32
+bytes) and, when the overflow policy needs it, ``hps_et{<tag>/pN}t`` (field: the same key
+bytes; value: last write/access time in microseconds for ``evict_oldest``, access count for
+``evict_least_used``).  The ``{...}`` hash tag keeps both hashes of a partition on one slot.
+
+Calls group keys by partition, chunk them at ``max_batch_size`` fields per command, and send
+one pipeline per node.  A node that cannot be reached during a lookup costs its keys only:
+they are reported as not found (the hierarchy falls through), the error counter rises and a
+warning is logged; the node is then skipped for a short, growing backoff.  Writes to an
+unreachable node raise :class:`~tierserve.ps.errors.BackendUnavailableError` (retryable).
+
+As in HugeCTR, reads refresh the ``t`` hash only when ``refresh_time_after_fetch`` is set
+(it costs a write per read); writes always do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+import numpy as np
+
+from .codec import decode_values, key_fields, vector_values
+from .config import RedisClusterConfig, RedisConfig
+from .errors import BackendUnavailableError, InvalidInputError, require_extra
+from .eviction import make_policy, resolution_size
+from .partition import as_keys, group_by_partition
+from .retry import ExponentialBackoff, NodeHealth
+from .tier import Tier
+
+log = logging.getLogger(__name__)
+
+#: Adds 1 to the access count of every field in ARGV (one round trip for many fields).
+_COUNT_SCRIPT = (
+    "for i = 1, #ARGV do redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end return #ARGV"
+)
+
+
+def value_hash(tag: str, partition: int) -> str:
+    """The name of partition ``partition``'s vector hash of table ``tag``."""
+    return f"hps_et{{{tag}/p{partition}}}v"
+
+
+def stat_hash(tag: str, partition: int) -> str:
+    """The name of partition ``partition``'s access-statistics hash of table ``tag``."""
+    return f"hps_et{{{tag}/p{partition}}}t"
+
+
+def _interleave(a: list, b: list) -> list:
+    out = [None] * (2 * len(a))
+    out[::2] = a
+    out[1::2] = b
+    return out
+
+
+class RedisTier(Tier):
+    """``redis_cluster`` / ``redis``: embeddings in a Redis Cluster or one Redis server."""
+
+    def __init__(self, config: RedisClusterConfig | RedisConfig) -> None:
+        self.kind = config.type.value
+        super().__init__()
+        redis = require_extra("redis", "redis", f"The {self.kind} tier")
+        self._redis = redis
+        self.config = config
+        self.num_partitions = int(config.num_partitions)
+        self.max_batch_size = int(config.max_batch_size)
+        self.policy = make_policy(config.overflow_policy)
+        self.overflow_margin = int(config.overflow_margin)
+        self.resolution_target = resolution_size(
+            self.overflow_margin, config.overflow_resolution_target
+        )
+        self.refresh_after_fetch = bool(config.refresh_time_after_fetch)
+        self.health = NodeHealth(ExponentialBackoff(0.05, 1.0))
+        self._dims: dict[str, int] = {}
+        self._rng = np.random.default_rng()
+        self._lock = threading.Lock()
+        e = redis.exceptions
+        self._network_errors = (
+            e.ConnectionError,
+            e.TimeoutError,
+            e.ClusterDownError,
+            e.BusyLoadingError,
+            e.TryAgainError,
+            e.MovedError,
+            e.AskError,
+            OSError,
+        )
+        self._cluster = config.type.value == "redis_cluster"
+        kwargs = self._connection_kwargs(config)
+        try:
+            if self._cluster:
+                from redis.cluster import ClusterNode, RedisCluster
+
+                nodes = []
+                for part in config.address.replace(";", ",").split(","):
+                    host, _, port = part.strip().rpartition(":")
+                    nodes.append(ClusterNode(host, int(port)))
+                self._client = RedisCluster(
+                    startup_nodes=nodes, require_full_coverage=False, **kwargs
+                )
+            else:
+                address = config.address
+                if "://" in address:
+                    self._client = redis.Redis.from_url(address, **kwargs)
+                else:
+                    host, _, port = address.rpartition(":")
+                    self._client = redis.Redis(host=host or "127.0.0.1", port=int(port), **kwargs)
+                self._client.ping()
+        except self._network_errors as exc:
+            raise BackendUnavailableError(
+                f"cannot reach the {self.kind} at {config.address}: {exc}"
+            ) from exc
+
+    def _connection_kwargs(self, config) -> dict:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        kwargs: dict = {
+            "socket_timeout": 5.0,
+            "socket_connect_timeout": 1.0,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        if config.password:
+            kwargs["username"] = config.user_name or None
+            kwargs["password"] = config.password
+        if config.enable_tls:
+            kwargs.update(
+                ssl=True,
+                ssl_ca_certs=config.tls_ca_certificate,
+                ssl_certfile=config.tls_client_certificate,
+                ssl_keyfile=config.tls_client_key,
+                ssl_check_hostname=False,
+            )
+        return kwargs
+
+    # --- routing ---------------------------------------------------------------------------
+
+    def _routes(self, tag: str, partitions) -> dict[str, tuple[object, list[int]]]:
+        """``{node name: (client of that node, [partitions it serves])}``."""
+        routes: dict[str, tuple[object, list[int]]] = {}
+        for p in partitions:
+            if self._cluster:
+                node = self._client.get_node_from_key(value_hash(tag, p))
+                name = node.name
+                if name not in routes:
+                    routes[name] = (self._client.get_redis_connection(node), [])
+            else:
+                name = "standalone"
+                if name not in routes:
+                    routes[name] = (self._client, [])
+            routes[name][1].append(p)
+        return routes
+
+    def _node_failed(self, name: str, exc: Exception, what: str) -> None:
+        self.stats.errors += 1
+        self.health.failed(name)
+        if isinstance(exc, (self._redis.exceptions.MovedError, self._redis.exceptions.AskError)):
+            self._refresh_topology()
+        log.warning("%s tier: %s on node %s failed: %s", self.kind, what, name, exc)
+
+    def _refresh_topology(self) -> None:
+        if self._cluster:
+            try:
+                self._client.nodes_manager.initialize()
+            except self._network_errors as exc:  # pragma: no cover - best effort
+                log.warning("%s tier: cannot refresh the cluster topology: %s", self.kind, exc)
+
+    def _spans(self, b0: int, b1: int):
+        mb = self.max_batch_size
+        return [(c0, min(b1, c0 + mb)) for c0 in range(b0, b1, mb)]
+
+    # --- tables ----------------------------------------------------------------------------
+
+    def create_table(self, tag: str, dim: int) -> None:
+        with self._lock:
+            old = self._dims.get(tag)
+            if old is not None and old != dim:
+                raise InvalidInputError(f"table {tag} exists with dim {old}, not {dim}")
+            self._dims[tag] = int(dim)
+
+    def dim(self, tag: str) -> int | None:
+        return self._dims.get(tag)
+
+    def tables(self) -> list[str]:
+        return list(self._dims)
+
+    def drop_table(self, tag: str) -> None:
+        names = []
+        for p in range(self.num_partitions):
+            names += [value_hash(tag, p), stat_hash(tag, p)]
+        for name, (conn, parts) in self._routes(tag, range(self.num_partitions)).items():
+            pipe = conn.pipeline(transaction=False)
+            for p in parts:
+                pipe.delete(value_hash(tag, p), stat_hash(tag, p))
+            try:
+                pipe.execute()
+            except self._network_errors as exc:
+                self._node_failed(name, exc, "drop")
+                raise BackendUnavailableError(f"{self.kind}: cannot drop {tag}: {exc}") from exc
+        with self._lock:
+            self._dims.pop(tag, None)
+
+    # --- data ------------------------------------------------------------------------------
+
+    def lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
+        dim = self._require_dim(tag)
+        keys = as_keys(keys)
+        n = keys.size
+        with self.stats.timed("lookup"):
+            order, bounds = group_by_partition(keys, self.num_partitions)
+            fields = key_fields(keys[order])
+            values: list = [None] * n
+            parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
+            for name, (conn, node_parts) in self._routes(tag, parts).items():
+                if not self.health.available(name):
+                    self.stats.errors += 1
+                    continue
+                pipe = conn.pipeline(transaction=False)
+                spans = []
+                for p in node_parts:
+                    vname = value_hash(tag, p)
+                    for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
+                        pipe.execute_command("HMGET", vname, *fields[c0:c1])
+                        spans.append((c0, c1))
+                try:
+                    results = pipe.execute()
+                except self._network_errors as exc:
+                    self._node_failed(name, exc, "lookup")
+                    continue
+                self.health.succeeded(name)
+                for (c0, c1), res in zip(spans, results):
+                    values[c0:c1] = res
+            ok, found_emb = decode_values(values, dim, f"{self.kind} table {tag}")
+            emb = np.zeros((n, dim), dtype=np.float32)
+            found = np.zeros(n, dtype=bool)
+            pos = order[ok]
+            emb[pos] = found_emb
+            found[pos] = True
+            hits = found_emb.shape[0]
+            self.stats.hits += hits
+            self.stats.misses += n - hits
+            if self.refresh_after_fetch and self.policy.track and hits:
+                self._touch(tag, keys[pos])
+            return emb, found
+
+    def _touch(self, tag: str, keys: np.ndarray) -> None:
+        """Record an access to ``keys`` in the statistics hashes (best effort)."""
+        order, bounds = group_by_partition(keys, self.num_partitions)
+        fields = key_fields(keys[order])
+        parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
+        now = time.time_ns() // 1000
+        for name, (conn, node_parts) in self._routes(tag, parts).items():
+            pipe = conn.pipeline(transaction=False)
+            for p in node_parts:
+                for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
+                    self._queue_stat(pipe, tag, p, fields[c0:c1], now)
+            try:
+                pipe.execute()
+            except self._network_errors as exc:
+                self._node_failed(name, exc, "access-time refresh")
+
+    def _queue_stat(self, pipe, tag: str, p: int, fields: list, now: int) -> int:
+        """Queue the statistics update of ``fields``; returns how many commands it queued."""
+        if self.policy.track == "recency":
+            pipe.execute_command("HSET", stat_hash(tag, p), *_interleave(fields, [now] * len(fields)))
+            return 1
+        if self.policy.track == "frequency":
+            pipe.eval(_COUNT_SCRIPT, 1, stat_hash(tag, p), *fields)
+            return 1
+        return 0
+
+    def insert(self, tag: str, keys, embeddings) -> None:
+        dim = self._require_dim(tag)
+        keys, embeddings = self._check_insert(keys, embeddings, dim, tag)
+        if keys.size == 0:
+            return
+        with self.stats.timed("insert"):
+            order, bounds = group_by_partition(keys, self.num_partitions)
+            fields = key_fields(keys[order])
+            vals = vector_values(embeddings[order])
+            parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
+            now = time.time_ns() // 1000
+            for name, (conn, node_parts) in self._routes(tag, parts).items():
+                pipe = conn.pipeline(transaction=False)
+                hlen_at = []  # (partition, position of its HLEN reply)
+                queued = 0
+                for p in node_parts:
+                    vname = value_hash(tag, p)
+                    for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
+                        pipe.execute_command("HSET", vname, *_interleave(fields[c0:c1], vals[c0:c1]))
+                        queued += 1 + self._queue_stat(pipe, tag, p, fields[c0:c1], now)
+                    pipe.hlen(vname)
+                    hlen_at.append((p, queued))
+                    queued += 1
+                try:
+                    results = pipe.execute()
+                except self._network_errors as exc:
+                    self._node_failed(name, exc, "insert")
+                    raise BackendUnavailableError(
+                        f"{self.kind} node {name} is unreachable: {exc}"
+                    ) from exc
+                self.health.succeeded(name)
+                for p, idx in hlen_at:
+                    if int(results[idx]) > self.overflow_margin:
+                        self._resolve_overflow(conn, tag, p, int(results[idx]))
+            self.stats.inserts += keys.size
+
+    def _resolve_overflow(self, conn, tag: str, p: int, size: int) -> None:
+        excess = size - self.resolution_target
+        vname, tname = value_hash(tag, p), stat_hash(tag, p)
+        if self.policy.track is None:
+            victims = conn.hrandfield(vname, excess) or []
+        else:
+            stats = conn.hgetall(tname)
+            names = list(stats)
+            counts = np.fromiter(map(int, stats.values()), dtype=np.int64, count=len(names))
+            chosen = self.policy.select(counts, len(names), min(excess, len(names)), self._rng)
+            victims = [names[i] for i in chosen.tolist()]
+        removed = 0
+        for c0 in range(0, len(victims), self.max_batch_size):
+            chunk = victims[c0 : c0 + self.max_batch_size]
+            pipe = conn.pipeline(transaction=False)
+            pipe.hdel(vname, *chunk)
+            pipe.hdel(tname, *chunk)
+            removed += int(pipe.execute()[0])
+        self.stats.evictions += removed
+
+    def evict(self, tag: str, keys) -> int:
+        keys = as_keys(keys)
+        if keys.size == 0:
+            return 0
+        order, bounds = group_by_partition(keys, self.num_partitions)
+        fields = key_fields(keys[order])
+        parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
+        removed = 0
+        for name, (conn, node_parts) in self._routes(tag, parts).items():
+            pipe = conn.pipeline(transaction=False)
+            for p in node_parts:
+                for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
+                    pipe.hdel(value_hash(tag, p), *fields[c0:c1])
+                    pipe.hdel(stat_hash(tag, p), *fields[c0:c1])
+            try:
+                results = pipe.execute()
+            except self._network_errors as exc:
+                self._node_failed(name, exc, "evict")
+                raise BackendUnavailableError(f"{self.kind} node {name}: {exc}") from exc
+            removed += sum(int(r) for r in results[::2])
+        return removed
+
+    def partition_sizes(self, tag: str) -> list[int]:
+        """How many keys each partition of ``tag`` holds."""
+        sizes = [0] * self.num_partitions
+        for name, (conn, parts) in self._routes(tag, range(self.num_partitions)).items():
+            pipe = conn.pipeline(transaction=False)
+            for p in parts:
+                pipe.hlen(value_hash(tag, p))
+            try:
+                for p, n in zip(parts, pipe.execute()):
+                    sizes[p] = int(n)
+            except self._network_errors as exc:
+                self._node_failed(name, exc, "size")
+                raise BackendUnavailableError(f"{self.kind} node {name}: {exc}") from exc
+        return sizes
+
+    def size(self, tag: str) -> int:
+        return sum(self.partition_sizes(tag))
+
+    def list_keys(self, tag: str) -> np.ndarray:
+        chunks = []
+        for name, (conn, parts) in self._routes(tag, range(self.num_partitions)).items():
+            try:
+                for p in parts:
+                    chunks.extend(conn.hkeys(value_hash(tag, p)))
+            except self._network_errors as exc:
+                self._node_failed(name, exc, "list keys")
+                raise BackendUnavailableError(f"{self.kind} node {name}: {exc}") from exc
+        return np.frombuffer(b"".join(chunks), dtype="<i8").astype(np.int64)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a dead connection may fail
+            self._client.close()

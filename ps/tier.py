@@ -1,0 +1,140 @@
+"""The one small interface every storage tier implements, and the factory that builds tiers.
+
+A tier stores embedding tables addressed by a *table tag* (``hps_et.<model>.<table>``, or a
+versioned storage name derived from it by the hierarchy).  Keys are int64; embeddings are
+float32 ``[n, dim]``.  The hierarchy composes tiers through this interface only.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+from .config import (
+    DisabledConfig,
+    HashMapConfig,
+    ParallelHashMapConfig,
+    RedisClusterConfig,
+    RedisConfig,
+    RocksDBConfig,
+)
+from .errors import ConfigError, InvalidInputError, NotFoundError
+from .partition import as_keys
+from .stats import TierStats
+
+
+class Tier(abc.ABC):
+    """A store of embedding tables.
+
+    ``lookup`` never raises for unknown keys: it reports them in the ``found`` mask.  Tiers
+    that talk to a network raise :class:`~tierserve.ps.errors.BackendUnavailableError` for
+    connection faults on writes; on lookups they may instead report the unreachable keys as
+    not found and count an error (the hierarchy then falls through to the next tier).
+    """
+
+    #: The ``ps.json`` type name of this tier.
+    kind: str = ""
+    #: Whether writes are refused (:class:`~tierserve.ps.errors.ReadOnlyError`).
+    read_only: bool = False
+
+    def __init__(self) -> None:
+        self.stats = TierStats(self.kind)
+
+    # --- tables ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_table(self, tag: str, dim: int) -> None:
+        """Make table ``tag`` with vectors of ``dim`` floats (no-op if it exists with that dim)."""
+
+    @abc.abstractmethod
+    def dim(self, tag: str) -> int | None:
+        """The vector length of table ``tag``, or None when this tier does not know it."""
+
+    @abc.abstractmethod
+    def tables(self) -> list[str]:
+        """The tags of the tables this tier holds."""
+
+    @abc.abstractmethod
+    def drop_table(self, tag: str) -> None:
+        """Delete table ``tag`` and free what it holds (no-op if absent)."""
+
+    # --- data ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def lookup(self, tag: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(embeddings float32 [n, dim], found bool [n])``; rows not found are unspecified."""
+
+    @abc.abstractmethod
+    def insert(self, tag: str, keys: np.ndarray, embeddings: np.ndarray) -> None:
+        """Insert or overwrite ``keys``; may evict others when a partition overflows."""
+
+    @abc.abstractmethod
+    def evict(self, tag: str, keys: np.ndarray) -> int:
+        """Remove ``keys``; returns how many were present."""
+
+    @abc.abstractmethod
+    def size(self, tag: str) -> int:
+        """How many keys table ``tag`` holds (0 when absent)."""
+
+    @abc.abstractmethod
+    def list_keys(self, tag: str) -> np.ndarray:
+        """All keys of table ``tag`` as int64 (order unspecified)."""
+
+    def load_table(
+        self, tag: str, keys: np.ndarray, embeddings: np.ndarray, chunk: int = 1 << 18
+    ) -> None:
+        """Fill a new table in bulk from a sparse model (chunked inserts by default)."""
+        for start in range(0, keys.shape[0], chunk):
+            self.insert(tag, keys[start : start + chunk], embeddings[start : start + chunk])
+
+    def close(self) -> None:  # noqa: B027 - most tiers have nothing to release
+        """Release connections, files and threads."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- helpers for implementations --------------------------------------------------------
+
+    def _require_dim(self, tag: str) -> int:
+        dim = self.dim(tag)
+        if dim is None:
+            raise NotFoundError(f"{self.kind} tier has no table {tag!r}")
+        return dim
+
+    @staticmethod
+    def _check_insert(
+        keys, embeddings, dim: int, tag: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        keys = as_keys(keys)
+        embeddings = np.asarray(embeddings)
+        if embeddings.ndim != 2 or embeddings.shape != (keys.shape[0], dim):
+            raise InvalidInputError(
+                f"embeddings for {tag} must have shape [{keys.shape[0]}, {dim}], "
+                f"got {list(embeddings.shape)}"
+            )
+        if embeddings.dtype != np.float32 or not embeddings.flags.c_contiguous:
+            embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        return keys, embeddings
+
+
+def create_tier(config) -> Tier | None:
+    """Build the tier a ``volatile_db`` / ``persistent_db`` config selects (None: disabled)."""
+    if isinstance(config, DisabledConfig) or config is None:
+        return None
+    if isinstance(config, (HashMapConfig, ParallelHashMapConfig)):
+        from .hash_map import HashMapTier
+
+        return HashMapTier(config)
+    if isinstance(config, (RedisClusterConfig, RedisConfig)):
+        from .redis_tier import RedisTier
+
+        return RedisTier(config)
+    if isinstance(config, RocksDBConfig):
+        from .rocksdb_tier import RocksDBTier
+
+        return RocksDBTier(config)
+    raise ConfigError(f"no tier implements {type(config).__name__}")
