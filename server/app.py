@@ -1,0 +1,196 @@
+"""The app factory: one FastAPI app that also runs the gRPC server on its event loop.
+
+``create_app(settings)`` builds the data plane over a model repository (or a ``ps.json``);
+its lifespan loads the models, starts the gRPC server and the repository poller, and tears
+everything down again.  :func:`serve` runs it under uvicorn; :class:`BackgroundServer` runs
+it in a thread (tests, benchmarks, the demo).  Nothing here reads arguments at import time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import uvicorn
+from fastapi import FastAPI
+
+from .dataplane import DataPlane
+from .grpc_server import create_grpc_server
+from .metrics import ServerMetrics
+from .repository import Loader, ModelRepository
+from .rest import build_router, install_error_handler
+from .settings import Settings
+
+log = logging.getLogger("tierserve.server")
+
+
+def _stats_source(plane: DataPlane):
+    def collect():
+        for entry in list(plane.repository.entries.values()):
+            handle = entry.handle
+            stats = getattr(handle.servable, "stats", None) if handle else None
+            if callable(stats):
+                try:
+                    yield {"model": entry.name, **stats()}
+                except Exception:  # a scrape never fails because one model misbehaves
+                    log.exception("statistics of model %s failed", entry.name)
+
+    return collect
+
+
+def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
+    """The server app for ``settings``; ``loader`` builds servables (default: InferenceModel)."""
+    if loader is None:
+        from .loader import load_servable as loader
+    if settings.model_repository is None and settings.config is None:
+        from tierserve.ps.errors import ConfigError
+
+        raise ConfigError("the server needs --model-repository DIR or --config ps.json")
+    executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="tierserve-infer")
+    loads = ThreadPoolExecutor(1, thread_name_prefix="tierserve-load")
+    repository = ModelRepository(
+        loader, root=settings.model_repository, config_path=settings.config
+    )
+    metrics = ServerMetrics()
+    plane = DataPlane(
+        repository,
+        executor,
+        metrics,
+        dynamic_batching=settings.dynamic_batching,
+        max_batch_delay_s=settings.max_batch_delay_ms / 1000.0,
+    )
+    metrics.add_source(_stats_source(plane))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(loads, repository.load_all)
+        plane.started = True
+        grpc_server = None
+        if settings.grpc_port is not None:
+            grpc_server, port = create_grpc_server(
+                plane,
+                f"{settings.host}:{settings.grpc_port}",
+                settings.admin_token,
+                settings.max_request_bytes,
+            )
+            await grpc_server.start()
+            app.state.grpc_port = port
+            log.info("gRPC listening on %s:%d", settings.host, port)
+
+        async def poll():
+            while True:
+                await asyncio.sleep(settings.poll_interval_s)
+                try:
+                    await loop.run_in_executor(loads, repository.poll)
+                except Exception:
+                    log.exception("repository poll failed")
+
+        poller = (
+            loop.create_task(poll())
+            if settings.poll_interval_s > 0 and settings.model_repository is not None
+            else None
+        )
+        try:
+            yield
+        finally:
+            if poller is not None:
+                poller.cancel()
+            if grpc_server is not None:
+                await grpc_server.stop(grace=1.0)
+            repository.close()
+            executor.shutdown(wait=False, cancel_futures=True)
+            loads.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(
+        title="tierserve",
+        summary="KServe v2 inference for CTR models with tiered embedding storage",
+        lifespan=lifespan,
+    )
+    app.state.plane = plane
+    app.state.settings = settings
+    app.state.grpc_port = None
+    install_error_handler(app)
+    app.include_router(build_router(plane, settings.admin_token, settings.max_request_bytes))
+    return app
+
+
+def serve(settings: Settings, loader: Loader | None = None) -> None:
+    """Run the server in the foreground until interrupted."""
+    app = create_app(settings, loader)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.http_port,
+        log_level=settings.log_level,
+        lifespan="on",
+        access_log=False,
+    )
+    uvicorn.Server(config).run()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class BackgroundServer:
+    """The server running in a daemon thread, for tests, benchmarks and the demo.
+
+    ``with BackgroundServer(settings) as server: ...`` waits until it answers, and exposes
+    ``http_url`` (``host:port``), ``grpc_url`` and ``plane``.  Port 0 picks free ports.
+    """
+
+    def __init__(self, settings: Settings, loader: Loader | None = None) -> None:
+        updates = {}
+        if settings.http_port == 0:
+            updates["http_port"] = free_port(settings.host)
+        if settings.grpc_port == 0:
+            updates["grpc_port"] = free_port(settings.host)
+        self.settings = settings.model_copy(update=updates)
+        self.app = create_app(self.settings, loader)
+        self.plane: DataPlane = self.app.state.plane
+        config = uvicorn.Config(
+            self.app,
+            host=self.settings.host,
+            port=self.settings.http_port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True, name="tierserve")
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.settings.host}:{self.settings.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.settings.host}:{self.settings.grpc_port}"
+
+    def start(self, timeout: float = 60.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start; see its log")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,310 @@
+"""The one data plane behind REST and gRPC: health, metadata, repository and inference.
+
+Front ends only convert formats: they hand decoded numpy tensors to :meth:`DataPlane.infer`
+and turn the dicts the other methods return into their wire format.  Every failure is a
+:class:`~tierserve.ps.errors.TierserveError`, which each front end maps in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tierserve.ps.errors import InvalidInputError
+
+from .batching import DynamicBatcher
+from .metrics import ServerMetrics
+from .repository import Handle, ModelEntry, ModelRepository
+from .servables import Servable
+from .tensors import DecodedRequest
+
+SERVER_NAME = "tierserve"
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "model_configuration"]
+
+
+def _server_version() -> str:
+    from tierserve.clients.cli import version
+
+    return version()
+
+
+@dataclass
+class InferResult:
+    """What a front end encodes: the version that answered and the requested outputs."""
+
+    model_name: str
+    model_version: str
+    id: str
+    outputs: dict[str, np.ndarray]
+    binary: dict[str, bool]
+
+
+@dataclass
+class _Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+    def to_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class ModelStats:
+    """Triton-style statistics of one model version."""
+
+    last_inference: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: _Duration = field(default_factory=_Duration)
+    fail: _Duration = field(default_factory=_Duration)
+    compute_infer: _Duration = field(default_factory=_Duration)
+    batches: dict[int, _Duration] = field(default_factory=dict)
+
+
+class DataPlane:
+    """Serves the models of a :class:`ModelRepository`; see the module docstring."""
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        executor: Executor | None,
+        metrics: ServerMetrics | None = None,
+        dynamic_batching: bool = True,
+        max_batch_delay_s: float = 0.001,
+    ) -> None:
+        self.repository = repository
+        self.executor = executor
+        self.metrics = metrics or ServerMetrics()
+        self.dynamic_batching = dynamic_batching
+        self.max_batch_delay_s = max_batch_delay_s
+        self.stats: dict[tuple[str, str], ModelStats] = {}
+        self._stats_lock = threading.Lock()
+        self.started = False
+        repository.on_swap = self._on_swap
+
+    # -- health and metadata ----------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        """Started, and every model that is not unloaded serves."""
+        return self.started and all(
+            e.state == "READY" or e.unloaded for e in self.repository.entries.values()
+        )
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": _server_version(), "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        handle = self.repository.acquire(name, version)
+        handle.release()
+        return True
+
+    def _with_servable(self, name: str, version: str, fn):
+        handle = self.repository.acquire(name, version)
+        try:
+            return fn(handle.servable)
+        finally:
+            handle.release()
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        def meta(s: Servable) -> dict[str, Any]:
+            return {
+                "name": s.name,
+                "versions": [s.version],
+                "platform": s.platform,
+                "inputs": [t.metadata() for t in s.inputs],
+                "outputs": [t.metadata() for t in s.outputs],
+            }
+
+        return self._with_servable(name, version, meta)
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        """The model's configuration in Triton's JSON form (dims without the batch dim)."""
+
+        def config(s: Servable) -> dict[str, Any]:
+            batched = s.max_batch_size > 0
+
+            def dims(shape):
+                return list(shape[1:]) if batched else list(shape)
+
+            out: dict[str, Any] = {
+                "name": s.name,
+                "platform": s.platform,
+                "backend": "tierserve",
+                "version_policy": {"latest": {"num_versions": 1}},
+                "max_batch_size": s.max_batch_size,
+                "input": [
+                    {
+                        "name": t.name,
+                        "data_type": f"TYPE_{t.datatype}",
+                        "dims": dims(t.shape),
+                        **({"optional": True} if t.optional else {}),
+                    }
+                    for t in s.inputs
+                ],  # fmt: skip
+                "output": [
+                    {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": dims(t.shape)}
+                    for t in s.outputs
+                ],
+                "parameters": {k: {"string_value": str(v)} for k, v in s.config().items()},
+            }
+            if batched and self.dynamic_batching:
+                out["dynamic_batching"] = {
+                    "max_queue_delay_microseconds": int(self.max_batch_delay_s * 1e6)
+                }
+            return out
+
+        return self._with_servable(name, version, config)
+
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension for one model or, with no name, all loaded ones."""
+        if name:
+            handle = self.repository.acquire(name, version)
+            handle.release()
+            keys = [(name, handle.servable.version)]
+        else:
+            keys = [(e.name, e.version) for e in self.repository.entries.values() if e.handle]
+        stats = []
+        with self._stats_lock:
+            for key in keys:
+                st = self.stats.get(key) or ModelStats()
+                zero = _Duration().to_dict()
+                stats.append(
+                    {
+                        "name": key[0],
+                        "version": key[1],
+                        "last_inference": st.last_inference,
+                        "inference_count": st.inference_count,
+                        "execution_count": st.execution_count,
+                        "inference_stats": {
+                            "success": st.success.to_dict(),
+                            "fail": st.fail.to_dict(),
+                            "queue": zero,
+                            "compute_input": zero,
+                            "compute_infer": st.compute_infer.to_dict(),
+                            "compute_output": zero,
+                            "cache_hit": zero,
+                            "cache_miss": zero,
+                        },
+                        "batch_stats": [
+                            {
+                                "batch_size": size,
+                                "compute_input": zero,
+                                "compute_infer": d.to_dict(),
+                                "compute_output": zero,
+                            }
+                            for size, d in sorted(st.batches.items())
+                        ],
+                    }
+                )
+        return {"model_stats": stats}
+
+    # -- repository -------------------------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        index = self.repository.index()
+        return [m for m in index if m["state"] == "READY"] if ready_only else index
+
+    async def load(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.repository.load, name)
+
+    async def unload(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.repository.unload, name)
+
+    def _on_swap(self, entry: ModelEntry, old: Handle | None) -> None:
+        new = entry.handle
+        if new is not None and self.dynamic_batching and new.servable.max_batch_size > 0:
+            name = new.servable.name
+            new.extras["batcher"] = DynamicBatcher(
+                new.servable,
+                self.executor,
+                max_delay_s=self.max_batch_delay_s,
+                on_batch=lambda rows, n: self._on_batch(name, new.servable.version, rows, n),
+            )
+
+    # -- inference --------------------------------------------------------------------------
+
+    def _on_batch(self, name: str, version: str, rows: int, requests: int) -> None:
+        self.metrics.observe_batch(name, rows, requests)
+        with self._stats_lock:
+            st = self.stats.setdefault((name, version), ModelStats())
+            st.execution_count += 1
+
+    def _execute_timed(self, servable: Servable, unit: Any) -> dict[str, np.ndarray]:
+        out = servable.execute(unit)
+        self._on_batch(servable.name, servable.version, int(getattr(unit, "batch_size", 1)), 1)
+        return out
+
+    async def infer(self, name: str, version: str, request: DecodedRequest) -> InferResult:
+        """Run one request; raises a TierserveError for anything a caller got wrong."""
+        started = time.perf_counter_ns()
+        handle = self.repository.acquire(name, version)
+        servable = handle.servable
+        ok = False
+        try:
+            servable.check(request.inputs, request.declared)
+            wanted = self._requested(servable, request)
+            unit = servable.prepare(request.inputs)
+            batcher: DynamicBatcher | None = handle.extras.get("batcher")
+            t0 = time.perf_counter_ns()
+            if batcher is not None:
+                outputs = await batcher.submit(unit)
+            else:
+                loop = asyncio.get_running_loop()
+                outputs = await loop.run_in_executor(
+                    self.executor, self._execute_timed, servable, unit
+                )
+            compute = time.perf_counter_ns() - t0
+            ok = True
+        finally:
+            handle.release()
+            self._record(servable, request, ok, started, compute if ok else 0)
+        return InferResult(
+            model_name=servable.name,
+            model_version=servable.version,
+            id=request.id,
+            outputs={n: outputs[n] for n in wanted},
+            binary=wanted,
+        )
+
+    def _requested(self, servable: Servable, request: DecodedRequest) -> dict[str, bool]:
+        names = [t.name for t in servable.outputs]
+        if request.outputs is None:
+            return {n: request.binary_output for n in names}
+        wanted = {}
+        for out in request.outputs:
+            if out.name not in names:
+                raise InvalidInputError(
+                    f"unknown output {out.name!r}; the model's outputs are {names}"
+                )
+            wanted[out.name] = request.binary_output if out.binary is None else bool(out.binary)
+        return wanted
+
+    def _record(self, servable: Servable, request, ok: bool, started: int, compute: int) -> None:
+        now = time.perf_counter_ns()
+        rows = next(iter(request.inputs.values())).shape[0] if request.inputs else 1
+        with self._stats_lock:
+            st = self.stats.setdefault((servable.name, servable.version), ModelStats())
+            st.last_inference = int(time.time() * 1000)
+            if ok:
+                st.inference_count += rows if servable.max_batch_size > 0 else 1
+                st.success.add(now - started)
+                st.compute_infer.add(compute)
+                size = rows if servable.max_batch_size > 0 else 1
+                st.batches.setdefault(size, _Duration()).add(compute)
+            else:
+                st.fail.add(now - started)

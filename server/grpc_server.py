@@ -1,0 +1,262 @@
+"""The KServe v2 gRPC front end: ``inference.GRPCInferenceService`` on ``grpc.aio``.
+
+The servicer only converts protobuf messages to data-plane calls and back; it runs on the
+same event loop as the REST front end, so both feed the same dynamic batchers.  One
+interceptor maps every :class:`TierserveError` to ``grpc.StatusCode[error.grpc_status]``.
+
+The messages come from ``server/proto/grpc_predict_v2.proto`` (Triton's field numbers, in
+package ``tierserve.v2`` so they coexist with tritonclient's generated ``inference.*``
+modules in one process); the handlers are registered under Triton's service name, which is
+all a client sees.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+
+from tierserve.ps.errors import InvalidInputError, NotFoundError, TierserveError, UnauthorizedError
+from tierserve.ps.table_tag import check_name
+
+from .dataplane import DataPlane
+from .grpc_gen import grpc_predict_v2_pb2 as pb
+from .tensors import DATATYPES, DecodedRequest, RequestedOutput, array_from_bytes, datatype_of
+
+SERVICE = "inference.GRPCInferenceService"
+
+#: Which InferTensorContents field carries each datatype.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def _param_value(p: Any) -> Any:
+    which = p.WhichOneof("parameter_choice")
+    return getattr(p, which) if which else None
+
+
+def decode_infer_request(request: pb.ModelInferRequest) -> DecodedRequest:
+    """A ``ModelInferRequest`` as numpy arrays (raw contents or typed contents)."""
+    if not request.inputs:
+        raise InvalidInputError("the request needs at least one input")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInputError(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+            "give every input in raw form or none"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    declared: dict[str, str] = {}
+    for i, tensor in enumerate(request.inputs):
+        name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
+        if name in inputs:
+            raise InvalidInputError(f"input {name!r} is given twice")
+        if datatype not in DATATYPES:
+            raise InvalidInputError(
+                f"input {name!r}: datatype {datatype!r} is not supported; "
+                f"use one of {sorted(DATATYPES)}"
+            )
+        if raw:
+            array = array_from_bytes(name, datatype, shape, raw[i])
+        else:
+            values = getattr(tensor.contents, _CONTENTS_FIELD[datatype])
+            array = np.asarray(values, dtype=DATATYPES[datatype])
+            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            if array.size != count:
+                raise InvalidInputError(
+                    f"input {name!r}: contents hold {array.size} values; shape {shape} "
+                    f"needs {count}"
+                )
+            array = array.reshape(shape)
+        inputs[name] = array
+        declared[name] = datatype
+    outputs = [RequestedOutput(o.name, True) for o in request.outputs] or None
+    return DecodedRequest(
+        inputs=inputs,
+        declared=declared,
+        outputs=outputs,
+        id=request.id,
+        parameters={k: _param_value(v) for k, v in request.parameters.items()},
+        binary_output=True,
+    )
+
+
+def encode_infer_response(result) -> pb.ModelInferResponse:
+    """Outputs as ``raw_output_contents`` (what tritonclient reads first)."""
+    response = pb.ModelInferResponse(
+        model_name=result.model_name, model_version=result.model_version, id=result.id
+    )
+    for name, array in result.outputs.items():
+        array = np.ascontiguousarray(array)
+        response.outputs.add(name=name, datatype=datatype_of(array), shape=list(array.shape))
+        response.raw_output_contents.append(array.astype(array.dtype.newbyteorder("<")).tobytes())
+    return response
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """The one mapping of :class:`TierserveError` to a gRPC status."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+
+        async def behavior(request, context):
+            try:
+                return await inner(request, context)
+            except TierserveError as exc:
+                await context.abort(grpc.StatusCode[exc.grpc_status], exc.message)
+
+        return grpc.unary_unary_rpc_method_handler(
+            behavior,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def _name(model: str) -> str:
+    try:
+        return check_name(model, "model name")
+    except InvalidInputError as exc:
+        raise NotFoundError(exc.message) from None
+
+
+class InferenceServicer:
+    """The RPCs of ``inference.GRPCInferenceService`` over a :class:`DataPlane`."""
+
+    def __init__(self, plane: DataPlane, admin_token: str | None = None) -> None:
+        self.plane = plane
+        self.admin_token = admin_token
+
+    def _authorize(self, context) -> None:
+        if self.admin_token is None:
+            return
+        given = dict(context.invocation_metadata() or ()).get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), self.admin_token):
+            raise UnauthorizedError(
+                "repository load and unload need metadata 'authorization: Bearer <token>'"
+            )
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.plane.live())
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.plane.ready())
+
+    async def ModelReady(self, request, context):
+        try:
+            ready = self.plane.model_ready(_name(request.name), request.version)
+        except TierserveError:
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(self, request, context):
+        return json_format.ParseDict(self.plane.server_metadata(), pb.ServerMetadataResponse())
+
+    async def ModelMetadata(self, request, context):
+        meta = self.plane.model_metadata(_name(request.name), request.version)
+        return json_format.ParseDict(meta, pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request, context):
+        config = self.plane.model_config(_name(request.name), request.version)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
+
+    async def ModelStatistics(self, request, context):
+        name = _name(request.name) if request.name else ""
+        stats = self.plane.model_statistics(name, request.version)
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+
+    async def RepositoryIndex(self, request, context):
+        index = self.plane.repository_index(request.ready)
+        return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
+
+    async def RepositoryModelLoad(self, request, context):
+        self._authorize(context)
+        await self.plane.load(check_name(request.model_name, "model name"))
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):
+        self._authorize(context)
+        await self.plane.unload(check_name(request.model_name, "model name"))
+        return pb.RepositoryModelUnloadResponse()
+
+    async def ModelInfer(self, request, context):
+        started = time.perf_counter()
+        status = None
+        label = request.model_name[:120] or "unknown"
+        try:
+            decoded = decode_infer_request(request)
+            result = await self.plane.infer(
+                _name(request.model_name), request.model_version, decoded
+            )
+            return encode_infer_response(result)
+        except TierserveError as exc:
+            status = exc.grpc_status
+            raise
+        finally:
+            self.plane.metrics.observe_request(label, "grpc", time.perf_counter() - started, status)
+
+
+_METHODS = {
+    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
+    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
+    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
+    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+    "ModelInfer": (pb.ModelInferRequest, pb.ModelInferResponse),
+    "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
+    "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
+    "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
+    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
+}
+
+
+def service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    """The method handlers of ``inference.GRPCInferenceService`` bound to ``servicer``."""
+    handlers = {
+        method: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method),
+            request_deserializer=req.FromString,
+            response_serializer=resp.SerializeToString,
+        )
+        for method, (req, resp) in _METHODS.items()
+    }
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+def create_grpc_server(
+    plane: DataPlane,
+    address: str,
+    admin_token: str | None = None,
+    max_message_bytes: int = 64 * 1024 * 1024,
+) -> tuple[grpc.aio.Server, int]:
+    """An unstarted ``grpc.aio`` server bound to ``address`` (``host:port``), and its port."""
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    server.add_generic_rpc_handlers((service_handler(InferenceServicer(plane, admin_token)),))
+    port = server.add_insecure_port(address)
+    return server, port

@@ -1,0 +1,124 @@
+"""Prometheus metrics of one server, in a registry of its own (so tests can build many apps).
+
+Requests, errors and latency by model and protocol; batch sizes by model; embedding cache hit
+rate and per-tier lookup latency and errors, read at scrape time from the loaded models
+through :meth:`ServerMetrics.add_source`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (
+    0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+#: A source returns a dict per model: ``{"model": name, "cache_hit_rate": {table: rate},
+#: "tiers": {tier: {"lookups": n, "errors": n, "seconds_sum": s, "buckets": [(le, count)]}}}``.
+StatsSource = Callable[[], Iterable[dict[str, Any]]]
+
+
+class _TierCollector(Collector):
+    def __init__(self) -> None:
+        self.sources: list[StatsSource] = []
+
+    def collect(self):
+        hit = GaugeMetricFamily(
+            "tierserve_cache_hit_rate",
+            "Embedding cache hit rate since the model version loaded",
+            labels=["model", "table"],
+        )
+        errors = CounterMetricFamily(
+            "tierserve_tier_lookup_errors",
+            "Failed lookups per storage tier",
+            labels=["model", "tier"],
+        )
+        latency = HistogramMetricFamily(
+            "tierserve_tier_lookup_latency_seconds",
+            "Lookup latency per storage tier",
+            labels=["model", "tier"],
+        )
+        for source in list(self.sources):
+            for stats in source():
+                model = stats["model"]
+                for table, rate in stats.get("cache_hit_rate", {}).items():
+                    hit.add_metric([model, table], rate)
+                for tier, t in stats.get("tiers", {}).items():
+                    errors.add_metric([model, tier], t.get("errors", 0))
+                    latency.add_metric(
+                        [model, tier],
+                        buckets=[(str(le), n) for le, n in t.get("buckets", [])]
+                        + [("+Inf", t.get("lookups", 0))],
+                        sum_value=t.get("seconds_sum", 0.0),
+                    )
+        yield hit
+        yield errors
+        yield latency
+
+
+class ServerMetrics:
+    """The server's metrics and their registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "tierserve_requests",
+            "Inference and control requests",
+            ["model", "protocol"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "tierserve_request_errors",
+            "Requests that failed, by status",
+            ["model", "protocol", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "tierserve_request_latency_seconds",
+            "End-to-end request latency inside the server",
+            ["model", "protocol"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "tierserve_batch_size",
+            "Rows per model execution (after dynamic batching)",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_requests = Histogram(
+            "tierserve_batch_requests",
+            "Requests merged into one model execution",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self._tiers = _TierCollector()
+        self.registry.register(self._tiers)
+
+    def add_source(self, source: StatsSource) -> None:
+        """Read cache and tier statistics from ``source`` at every scrape."""
+        self._tiers.sources.append(source)
+
+    def observe_batch(self, model: str, rows: int, requests: int) -> None:
+        self.batch_size.labels(model).observe(rows)
+        self.batch_requests.labels(model).observe(requests)
+
+    def observe_request(
+        self, model: str, protocol: str, seconds: float, status: str | None = None
+    ) -> None:
+        self.requests.labels(model, protocol).inc()
+        self.latency.labels(model, protocol).observe(seconds)
+        if status is not None:
+            self.errors.labels(model, protocol, status).inc()
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

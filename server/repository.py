@@ -1,0 +1,317 @@
+"""The model repository: which version of which model serves, loading, polling and swapping.
+
+Layout ``DIR/<model>/<version>/`` (a version is a folder named by a positive integer holding
+the graph JSON, the dense file and the sparse folders) plus ``DIR/ps.json`` for the tiers and
+each model's settings.  The highest version serves.  :meth:`ModelRepository.poll` picks up a
+new version once its files have stopped changing between two polls, loads it beside the
+serving one, and swaps it in atomically; requests in flight finish on the version they
+started with, which is closed once the last of them is done.  A version that fails to load is
+logged, remembered as failed (until its files change) and the old version keeps serving.
+
+Model names must match the table-tag pattern, so a name never escapes the repository folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tierserve.ps.config import PSConfig, load_ps_config
+from tierserve.ps.errors import InvalidInputError, NotFoundError, NotReadyError, TierserveError
+from tierserve.ps.table_tag import check_name, is_valid_name
+
+from .servables import Servable
+
+log = logging.getLogger("tierserve.server.repository")
+
+#: Builds the servable of ``model`` from ``version_dir`` (None in ``--config`` mode) and the
+#: repository's ps config.
+Loader = Callable[[str, str, "Path | None", PSConfig], Servable]
+
+
+class Handle:
+    """A servable plus the count of requests using it; closed when retired and idle."""
+
+    def __init__(self, servable: Servable, on_close: Callable[[Handle], None] | None = None):
+        self.servable = servable
+        self.extras: dict[str, Any] = {}  # the data plane keeps its batcher here
+        self._users = 0
+        self._retired = False
+        self._lock = threading.Lock()
+        self._on_close = on_close
+
+    def acquire(self) -> Handle:
+        with self._lock:
+            self._users += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            close = self._retired and self._users == 0
+        if close:
+            self._close()
+
+    def retire(self) -> None:
+        """No new requests; close once the current ones are done."""
+        with self._lock:
+            self._retired = True
+            close = self._users == 0
+        if close:
+            self._close()
+
+    def _close(self) -> None:
+        if self._on_close is not None:
+            self._on_close(self)
+        try:
+            self.servable.close()
+        except Exception:
+            log.exception("closing %s version %s failed", self.servable.name, self.servable.version)
+
+
+@dataclass
+class ModelEntry:
+    """One model's state in the repository."""
+
+    name: str
+    handle: Handle | None = None
+    state: str = "UNAVAILABLE"  # READY | LOADING | UNAVAILABLE
+    reason: str = ""
+    failed: dict[str, tuple] = field(default_factory=dict)  # version -> files signature
+    unloaded: bool = False  # unloaded through the API: polling leaves it alone
+
+    @property
+    def version(self) -> str:
+        return self.handle.servable.version if self.handle else ""
+
+
+def _signature(path: Path) -> tuple:
+    items = []
+    for p in sorted(path.rglob("*")):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        items.append((str(p.relative_to(path)), st.st_size, st.st_mtime_ns))
+    return tuple(items)
+
+
+class ModelRepository:
+    """Loads, serves, polls and swaps model versions; see the module docstring."""
+
+    def __init__(
+        self,
+        loader: Loader,
+        root: Path | None = None,
+        config_path: Path | None = None,
+        on_swap: Callable[[ModelEntry, Handle | None], None] | None = None,
+    ) -> None:
+        if (root is None) == (config_path is None):
+            raise InvalidInputError("give a model repository folder or a ps.json, not both")
+        self.loader = loader
+        self.root = Path(root).resolve() if root is not None else None
+        self.config_path = Path(config_path) if config_path is not None else None
+        self.on_swap = on_swap
+        self.entries: dict[str, ModelEntry] = {}
+        self._lock = threading.RLock()
+        self._load_lock = threading.Lock()  # one load at a time: tiers are shared
+        self._seen: dict[tuple[str, str], tuple] = {}
+
+    # -- discovery ------------------------------------------------------------------------
+
+    def ps_config(self) -> PSConfig:
+        path = self.config_path if self.root is None else self.root / "ps.json"
+        return load_ps_config(path)
+
+    def model_names(self) -> list[str]:
+        """Models on disk (repository mode) or in ps.json (config mode)."""
+        if self.root is None:
+            return [m.model for m in self.ps_config().models]
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and is_valid_name(p.name))
+
+    def versions(self, name: str) -> list[str]:
+        """The model's version folders on disk, oldest first."""
+        if self.root is None:
+            return ["1"]
+        folder = self.root / name
+        if not folder.is_dir():
+            return []
+        nums = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+        return [str(n) for n in nums if n > 0]
+
+    # -- serving --------------------------------------------------------------------------
+
+    def acquire(self, name: str, version: str = "") -> Handle:
+        """The serving handle of ``name`` (acquired: call ``release``)."""
+        check_name(name, "model name")
+        with self._lock:
+            entry = self.entries.get(name)
+            if entry is None or (entry.handle is None and entry.state != "LOADING"):
+                if entry is not None and entry.reason:
+                    raise NotReadyError(f"model {name!r} is not ready: {entry.reason}")
+                raise NotFoundError(f"unknown model {name!r}")
+            if entry.handle is None:
+                raise NotReadyError(f"model {name!r} is loading")
+            if version and version != entry.version:
+                raise NotFoundError(
+                    f"model {name!r} has no version {version!r} loaded "
+                    f"(serving version {entry.version})"
+                )
+            return entry.handle.acquire()
+
+    def index(self) -> list[dict[str, str]]:
+        """Every model on disk or loaded: name, version, state, reason."""
+        with self._lock:
+            names = set(self.entries)
+        with contextlib.suppress(TierserveError):
+            names.update(self.model_names())
+        out = []
+        for name in sorted(names):
+            entry = self.entries.get(name)
+            if entry is None:
+                out.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": ""})
+            else:
+                out.append(
+                    {"name": name, "version": entry.version, "state": entry.state,
+                     "reason": entry.reason}
+                )  # fmt: skip
+        return out
+
+    # -- loading --------------------------------------------------------------------------
+
+    def load_all(self) -> None:
+        """Load the latest version of every model (startup); failures are logged, not raised."""
+        for name in self.model_names():
+            try:
+                self.load(name)
+            except TierserveError as exc:
+                log.error("model %s: not loaded: %s", name, exc)
+
+    def load(self, name: str, version: str | None = None) -> ModelEntry:
+        """Load the latest (or given) version of ``name`` and swap it in."""
+        check_name(name, "model name")
+        versions = self.versions(name)
+        if not versions and name not in self.model_names():
+            raise NotFoundError(f"model {name!r} is not in the repository")
+        if not versions:
+            raise NotFoundError(f"model {name!r} has no version folder")
+        version = version or versions[-1]
+        with self._lock:
+            entry = self.entries.setdefault(name, ModelEntry(name))
+            entry.unloaded = False
+            if entry.handle is None:
+                entry.state = "LOADING"
+        self._load_version(entry, version, raise_errors=True)
+        return entry
+
+    def _version_dir(self, name: str, version: str) -> Path | None:
+        return None if self.root is None else self.root / name / version
+
+    def _load_version(self, entry: ModelEntry, version: str, raise_errors: bool) -> bool:
+        folder = self._version_dir(entry.name, version)
+        signature = _signature(folder) if folder is not None else ()
+        with self._load_lock:
+            started = time.perf_counter()
+            try:
+                servable = self.loader(entry.name, version, folder, self.ps_config())
+            except Exception as exc:
+                reason = str(exc) if isinstance(exc, TierserveError) else repr(exc)
+                serving = f"; version {entry.version} keeps serving" if entry.handle else ""
+                log.error(
+                    "model %s version %s failed to load and is refused: %s%s",
+                    entry.name, version, reason, serving,
+                )  # fmt: skip
+                with self._lock:
+                    entry.failed[version] = signature
+                    if entry.handle is None:
+                        entry.state, entry.reason = "UNAVAILABLE", f"version {version}: {reason}"
+                if raise_errors:
+                    if isinstance(exc, TierserveError):
+                        raise
+                    raise InvalidInputError(
+                        f"model {entry.name!r} version {version} failed to load: {reason}"
+                    ) from exc
+                return False
+        new = Handle(servable)
+        with self._lock:
+            old = entry.handle
+            entry.handle, entry.state, entry.reason = new, "READY", ""
+            entry.failed.pop(version, None)
+        if self.on_swap is not None:
+            self.on_swap(entry, old)
+        if old is not None:
+            old.retire()
+        log.info(
+            "model %s version %s is serving (loaded in %.2f s%s)",
+            entry.name, version, time.perf_counter() - started,
+            f", replacing version {old.servable.version}" if old else "",
+        )  # fmt: skip
+        return True
+
+    def unload(self, name: str) -> None:
+        """Stop serving ``name``; requests in flight finish first."""
+        check_name(name, "model name")
+        with self._lock:
+            entry = self.entries.get(name)
+            if entry is None or entry.handle is None:
+                if name not in self.model_names():
+                    raise NotFoundError(f"unknown model {name!r}")
+                if entry is not None:
+                    entry.unloaded = True
+                return
+            old = entry.handle
+            entry.handle, entry.state, entry.reason, entry.unloaded = (
+                None,
+                "UNAVAILABLE",
+                "unloaded",
+                True,
+            )
+        if self.on_swap is not None:
+            self.on_swap(entry, old)
+        old.retire()
+        log.info("model %s unloaded", name)
+
+    def poll(self) -> None:
+        """Load new models and newer versions whose files have settled (repository mode)."""
+        if self.root is None:
+            return
+        for name in self.model_names():
+            with self._lock:
+                entry = self.entries.get(name)
+            if entry is not None and entry.unloaded:
+                continue
+            versions = self.versions(name)
+            if not versions:
+                continue
+            latest = versions[-1]
+            if entry is not None and entry.handle is not None and int(latest) <= int(entry.version):
+                continue
+            folder = self.root / name / latest
+            signature = _signature(folder)
+            key = (name, latest)
+            settled = self._seen.get(key) == signature
+            self._seen[key] = signature
+            if not settled:
+                continue  # written right now, perhaps: look again next poll
+            if entry is not None and entry.failed.get(latest) == signature:
+                continue  # already refused, unchanged since
+            with self._lock:
+                entry = self.entries.setdefault(name, ModelEntry(name))
+            self._load_version(entry, latest, raise_errors=False)
+
+    def close(self) -> None:
+        """Retire every version."""
+        with self._lock:
+            handles = [e.handle for e in self.entries.values() if e.handle is not None]
+            for e in self.entries.values():
+                e.handle, e.state = None, "UNAVAILABLE"
+        for h in handles:
+            h.retire()

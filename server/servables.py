@@ -1,0 +1,280 @@
+"""What the data plane serves: a model version behind a uniform tensor interface.
+
+A :class:`Servable` declares its input and output :class:`~tierserve.server.tensors.TensorSpec`
+and runs in three steps so the dynamic batcher can coalesce requests: ``prepare`` turns one
+request's checked arrays into a batch-first unit, ``merge`` joins units, ``execute`` runs one
+unit and returns batch-first outputs, which the batcher splits back by batch size.
+
+Two kinds exist:
+
+- :class:`RankingServable`, a CTR model (DESIGN.md, Requests): ``DES`` FP32 ``[B, dense_dim]``,
+  ``CATCOLUMN`` INT64 ``[B, slots]`` (one key per slot) or, with ``ROWINDEX`` INT32, the keys of
+  every table flattened with per-table CSR row pointers (``B * slots_t + 1`` per table, table
+  after table) -> ``OUTPUT0`` FP32 ``[B, label_dim]``;
+- :class:`EmbeddingLookupServable`, the parameter server as an embedding store: ``KEYS`` INT64
+  ``[n]`` (the keys of table 0, then table 1, ...) and ``NUMKEYS`` INT32 ``[num_tables]`` (how
+  many keys each table gets) -> ``OUTPUT0`` FP32 ``[sum(n_t * dim_t)]``, the embeddings
+  row-major, table after table.  Unknown keys get the table's default vector.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from tierserve.ps.errors import InvalidInputError
+from tierserve.trainer.data.batch import Batch, SparseInput
+
+from .tensors import TensorSpec, check_inputs
+
+
+class Servable(ABC):
+    """One loaded model version; see the module docstring."""
+
+    name: str
+    version: str
+    platform: str = "tierserve"
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    #: Largest batch one request (and one merged execution) may carry; 0: no batch dimension.
+    max_batch_size: int = 0
+
+    def check(self, inputs: dict[str, np.ndarray], declared: dict[str, str] | None = None) -> None:
+        """Check names, datatypes and shapes against the declared specs."""
+        check_inputs(self.inputs, inputs, declared)
+
+    @abstractmethod
+    def prepare(self, inputs: dict[str, np.ndarray]) -> Any:
+        """One request's checked inputs as a unit with a ``batch_size``."""
+
+    def merge(self, units: Sequence[Any]) -> Any:
+        """Several units as one (only called when ``max_batch_size > 0``)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def execute(self, unit: Any) -> dict[str, np.ndarray]:
+        """Run one unit; outputs are batch-first when ``max_batch_size > 0``."""
+
+    def config(self) -> dict[str, Any]:
+        """Extra model-config fields (``parameters``) for the config endpoint."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the version holds (tiers, caches, threads)."""
+
+
+# --- ranking models ------------------------------------------------------------------------
+
+
+class Predictor(Protocol):
+    """What :class:`RankingServable` runs: an ``InferenceModel`` or anything alike."""
+
+    dense_dim: int
+    label_dim: int
+    slot_nums: list[int]
+    max_batchsize: int
+
+    def predict_batch(self, batch: Batch) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A batch and its size (the batcher reads ``batch_size``)."""
+
+    batch: Batch
+
+    @property
+    def batch_size(self) -> int:
+        return self.batch.batch_size
+
+
+def merge_batches(batches: Sequence[Batch]) -> Batch:
+    """Concatenate batches sample-wise (CSR row pointers shifted)."""
+    if len(batches) == 1:
+        return batches[0]
+    sparse = []
+    for t in range(len(batches[0].sparse)):
+        parts = [b.sparse[t] for b in batches]
+        keys = np.concatenate([p.keys for p in parts])
+        starts = np.cumsum([0] + [len(p.keys) for p in parts[:-1]])
+        offsets = np.concatenate(
+            [parts[0].row_offsets[:1]] + [p.row_offsets[1:] + s for p, s in zip(parts, starts)]
+        )
+        sparse.append(SparseInput(keys=keys, row_offsets=offsets, slot_num=parts[0].slot_num))
+    return Batch(
+        label=np.concatenate([b.label for b in batches]),
+        dense=np.concatenate([b.dense for b in batches]),
+        sparse=tuple(sparse),
+    )
+
+
+class RankingServable(Servable):
+    """A CTR model: ``DES``, ``CATCOLUMN`` [, ``ROWINDEX``] -> ``OUTPUT0``."""
+
+    def __init__(self, name: str, version: str, model: Predictor, closer=None) -> None:
+        self.name, self.version, self.model = name, version, model
+        self.max_batch_size = int(model.max_batchsize)
+        self._closer = closer
+        self.slot_nums = list(model.slot_nums)
+        self.total_slots = sum(self.slot_nums)
+        self.inputs = [
+            TensorSpec("DES", "FP32", (-1, model.dense_dim)),
+            TensorSpec("CATCOLUMN", "INT64", (-1, self.total_slots), alternatives=((-1,),)),
+            TensorSpec("ROWINDEX", "INT32", (-1,), optional=True),
+        ]
+        self.outputs = [TensorSpec("OUTPUT0", "FP32", (-1, model.label_dim))]
+
+    def prepare(self, inputs: dict[str, np.ndarray]) -> Unit:
+        dense = np.ascontiguousarray(inputs["DES"], dtype=np.float32)
+        batch_size = dense.shape[0]
+        if batch_size > self.max_batch_size:
+            raise InvalidInputError(
+                f"input 'DES' has batch size {batch_size}, over the model's "
+                f"max_batch_size {self.max_batch_size}"
+            )
+        keys = inputs["CATCOLUMN"]
+        rowindex = inputs.get("ROWINDEX")
+        if rowindex is None:
+            sparse = self._one_hot(keys, batch_size)
+        else:
+            sparse = self._csr(keys.reshape(-1), rowindex, batch_size)
+        label = np.zeros((batch_size, self.model.label_dim), dtype=np.float32)
+        return Unit(Batch(label=label, dense=dense, sparse=tuple(sparse)))
+
+    def _one_hot(self, keys: np.ndarray, batch_size: int) -> list[SparseInput]:
+        if keys.shape != (batch_size, self.total_slots):
+            raise InvalidInputError(
+                f"input 'CATCOLUMN' has shape {list(keys.shape)}; without ROWINDEX it must be "
+                f"[{batch_size}, {self.total_slots}] (one key per slot, batch of DES)"
+            )
+        keys = keys.astype(np.int64, copy=False)
+        out, start = [], 0
+        for slots in self.slot_nums:
+            part = np.ascontiguousarray(keys[:, start : start + slots]).reshape(-1)
+            offsets = np.arange(batch_size * slots + 1, dtype=np.int64)
+            out.append(SparseInput(keys=part, row_offsets=offsets, slot_num=slots))
+            start += slots
+        return out
+
+    def _csr(self, keys: np.ndarray, rowindex: np.ndarray, batch_size: int) -> list[SparseInput]:
+        lengths = [batch_size * s + 1 for s in self.slot_nums]
+        if rowindex.shape[0] != sum(lengths):
+            raise InvalidInputError(
+                f"input 'ROWINDEX' has {rowindex.shape[0]} row pointers; a batch of "
+                f"{batch_size} needs {sum(lengths)} (batch * slots + 1 per table, "
+                f"slots per table {self.slot_nums})"
+            )
+        rowindex = rowindex.astype(np.int64, copy=False)
+        out, at, key_start = [], 0, 0
+        for t, (slots, n) in enumerate(zip(self.slot_nums, lengths)):
+            offsets = rowindex[at : at + n]
+            at += n
+            if offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+                raise InvalidInputError(
+                    f"input 'ROWINDEX': the row pointers of table {t} must start at 0 and "
+                    f"never decrease"
+                )
+            nnz = int(offsets[-1])
+            if key_start + nnz > keys.shape[0]:
+                raise InvalidInputError(
+                    f"input 'ROWINDEX': table {t} points past the end of CATCOLUMN "
+                    f"({keys.shape[0]} keys)"
+                )
+            out.append(
+                SparseInput(
+                    keys=keys[key_start : key_start + nnz].astype(np.int64, copy=False),
+                    row_offsets=offsets,
+                    slot_num=slots,
+                )
+            )
+            key_start += nnz
+        if key_start != keys.shape[0]:
+            raise InvalidInputError(
+                f"input 'CATCOLUMN' has {keys.shape[0]} keys; ROWINDEX accounts for {key_start}"
+            )
+        return out
+
+    def merge(self, units: Sequence[Unit]) -> Unit:
+        return Unit(merge_batches([u.batch for u in units]))
+
+    def execute(self, unit: Unit) -> dict[str, np.ndarray]:
+        return {"OUTPUT0": np.asarray(self.model.predict_batch(unit.batch), dtype=np.float32)}
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer()
+
+
+# --- embedding lookup ------------------------------------------------------------------------
+
+
+class EmbeddingSource(Protocol):
+    """Looks up embeddings: float32 ``[len(keys), dim]``, default vectors for unknown keys."""
+
+    def lookup(self, table: int, keys: np.ndarray) -> np.ndarray: ...
+
+
+class EmbeddingLookupServable(Servable):
+    """The embedding-lookup model: ``KEYS``, ``NUMKEYS`` -> ``OUTPUT0`` (no batch dimension)."""
+
+    max_batch_size = 0
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        source: EmbeddingSource,
+        table_names: Sequence[str],
+        dims: Sequence[int],
+        max_keys: int = 1 << 20,
+        closer=None,
+    ) -> None:
+        self.name, self.version, self.source = name, version, source
+        self.table_names, self.dims = list(table_names), [int(d) for d in dims]
+        self.max_keys = max_keys
+        self._closer = closer
+        n = len(self.dims)
+        self.inputs = [
+            TensorSpec("KEYS", "INT64", (-1,), alternatives=((1, -1),)),
+            TensorSpec("NUMKEYS", "INT32", (n,), alternatives=((1, n),)),
+        ]
+        self.outputs = [TensorSpec("OUTPUT0", "FP32", (-1,))]
+
+    def prepare(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        keys = inputs["KEYS"].reshape(-1).astype(np.int64, copy=False)
+        counts = inputs["NUMKEYS"].reshape(-1).astype(np.int64)
+        if np.any(counts < 0) or int(counts.sum()) != keys.shape[0]:
+            raise InvalidInputError(
+                f"input 'NUMKEYS' {counts.tolist()} must be non-negative and add up to the "
+                f"{keys.shape[0]} entries of KEYS"
+            )
+        if keys.shape[0] > self.max_keys:
+            raise InvalidInputError(
+                f"input 'KEYS' has {keys.shape[0]} keys, over the limit of {self.max_keys}"
+            )
+        return keys, counts
+
+    def execute(self, unit: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+        keys, counts = unit
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        parts = [
+            np.asarray(
+                self.source.lookup(t, keys[bounds[t] : bounds[t + 1]]), dtype=np.float32
+            ).reshape(-1)
+            for t in range(len(self.dims))
+        ]
+        return {"OUTPUT0": np.concatenate(parts) if parts else np.zeros(0, np.float32)}
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "embedding_table_names": ",".join(self.table_names),
+            "embedding_vecsize_per_table": ",".join(map(str, self.dims)),
+        }
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer()

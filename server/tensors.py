@@ -1,0 +1,322 @@
+"""Tensors of the KServe v2 protocol: datatypes, specs, validation and the REST codec.
+
+A request's tensors become numpy arrays here, whatever transport carried them: JSON ``data``
+lists, or Triton's binary tensor extension (a JSON header of ``Inference-Header-Content-Length``
+bytes followed by the raw little-endian tensors, each input naming its
+``parameters.binary_data_size``).  Every error is an
+:class:`~tierserve.ps.errors.InvalidInputError` that names the tensor and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tierserve.ps.errors import InvalidInputError
+
+#: KServe v2 datatype name -> numpy dtype (little-endian, as the binary extension sends it).
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("?"),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+
+_BY_KIND = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items()}
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The KServe v2 datatype name of ``array``'s dtype."""
+    try:
+        return _BY_KIND[(array.dtype.kind, array.dtype.itemsize)]
+    except KeyError:
+        raise InvalidInputError(f"dtype {array.dtype} has no KServe v2 datatype") from None
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """``[-1, 13]`` as a message shows it."""
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input or output a model declares: name, datatype and shape (-1 = any size).
+
+    For a model that batches (``max_batch_size > 0``) the first dimension is the batch.
+    ``alternatives`` lists other accepted shapes (as for CSR inputs); ``optional`` inputs may
+    be left out.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    optional: bool = False
+    alternatives: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    def accepts_shape(self, shape: Sequence[int]) -> bool:
+        return any(_fits(shape, s) for s in (self.shape, *self.alternatives))
+
+    def expected_shapes(self) -> str:
+        return " or ".join(shape_text(s) for s in (self.shape, *self.alternatives))
+
+
+def _fits(shape: Sequence[int], pattern: Sequence[int]) -> bool:
+    return len(shape) == len(pattern) and all(p < 0 or p == s for s, p in zip(shape, pattern))
+
+
+def check_inputs(
+    specs: Sequence[TensorSpec],
+    inputs: dict[str, np.ndarray],
+    declared: dict[str, str] | None = None,
+) -> None:
+    """Check that ``inputs`` match ``specs``: names, datatypes and shapes.
+
+    ``declared`` maps input names to the datatype the request declared (which may differ from
+    the array's when JSON numbers were parsed); it defaults to the arrays' own datatypes.
+    """
+    known = {s.name: s for s in specs}
+    for name in inputs:
+        if name not in known:
+            raise InvalidInputError(
+                f"unexpected input {name!r}; the model's inputs are {sorted(known)}"
+            )
+    for spec in specs:
+        if spec.name not in inputs:
+            if spec.optional:
+                continue
+            raise InvalidInputError(
+                f"input {spec.name!r} is missing: expected {spec.datatype} "
+                f"with shape {spec.expected_shapes()}"
+            )
+        array = inputs[spec.name]
+        datatype = (declared or {}).get(spec.name) or datatype_of(array)
+        if datatype != spec.datatype:
+            raise InvalidInputError(
+                f"input {spec.name!r} has datatype {datatype}; expected {spec.datatype} "
+                f"with shape {spec.expected_shapes()}"
+            )
+        if not spec.accepts_shape(array.shape):
+            raise InvalidInputError(
+                f"input {spec.name!r} has shape {shape_text(array.shape)}; expected "
+                f"{spec.datatype} with shape {spec.expected_shapes()}"
+            )
+
+
+def _element_count(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
+    if not isinstance(shape, (list, tuple)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise InvalidInputError(
+            f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}"
+        )
+    return tuple(shape), int(np.prod(shape, dtype=np.int64))
+
+
+def array_from_bytes(name: str, datatype: str, shape: Any, raw: bytes | memoryview) -> np.ndarray:
+    """The array of ``shape`` and ``datatype`` held in ``raw`` (little-endian, row-major)."""
+    dtype = _dtype(name, datatype)
+    dims, count = _element_count(name, shape)
+    if len(raw) != count * dtype.itemsize:
+        raise InvalidInputError(
+            f"input {name!r}: {len(raw)} bytes of {datatype} data do not fill shape "
+            f"{shape_text(dims)} ({count * dtype.itemsize} bytes)"
+        )
+    return np.frombuffer(raw, dtype=dtype).reshape(dims)
+
+
+def array_from_list(name: str, datatype: str, shape: Any, data: Any) -> np.ndarray:
+    """The array of ``shape`` and ``datatype`` from a JSON ``data`` list (flat or nested)."""
+    dtype = _dtype(name, datatype)
+    dims, count = _element_count(name, shape)
+    if not isinstance(data, list):
+        raise InvalidInputError(f"input {name!r}: 'data' must be a JSON list")
+    try:
+        array = np.asarray(data)
+    except (ValueError, TypeError):
+        raise InvalidInputError(f"input {name!r}: 'data' is a ragged or mixed list") from None
+    if array.size != count:
+        raise InvalidInputError(
+            f"input {name!r}: 'data' holds {array.size} values; shape {shape_text(dims)} "
+            f"needs {count}"
+        )
+    if array.size and not _json_kind_fits(array.dtype, dtype):
+        raise InvalidInputError(
+            f"input {name!r}: 'data' holds {array.dtype.name} values, not {datatype}"
+        )
+    try:
+        return array.astype(dtype, casting="unsafe").reshape(dims)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidInputError(f"input {name!r}: 'data' cannot be read as {datatype}") from None
+
+
+def _json_kind_fits(got: np.dtype, want: np.dtype) -> bool:
+    if want.kind == "b":
+        return got.kind == "b"
+    if want.kind in "iu":
+        return got.kind in "iu"
+    if want.kind == "f":
+        return got.kind in "iuf"
+    return False
+
+
+def _dtype(name: str, datatype: Any) -> np.dtype:
+    if datatype not in DATATYPES:
+        raise InvalidInputError(
+            f"input {name!r}: datatype {datatype!r} is not supported; use one of {sorted(DATATYPES)}"
+        )
+    return DATATYPES[datatype]
+
+
+# --- REST: JSON and the binary tensor extension --------------------------------------------
+
+
+@dataclass
+class RequestedOutput:
+    """An output a request asked for, and whether it wants it as binary data."""
+
+    name: str
+    binary: bool | None = None
+
+
+@dataclass
+class DecodedRequest:
+    """A transport-neutral infer request: arrays by input name, plus what to send back."""
+
+    inputs: dict[str, np.ndarray]
+    declared: dict[str, str]
+    outputs: list[RequestedOutput] | None
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    binary_output: bool = False
+
+
+def decode_rest_request(body: bytes, header_length: int | None) -> DecodedRequest:
+    """Decode a KServe v2 REST infer body (JSON, or JSON header + binary tensors)."""
+    if header_length is None:
+        header, binary = body, memoryview(b"")
+    else:
+        if header_length < 0 or header_length > len(body):
+            raise InvalidInputError(
+                f"Inference-Header-Content-Length is {header_length} but the body has only "
+                f"{len(body)} bytes"
+            )
+        view = memoryview(body)
+        header, binary = view[:header_length], view[header_length:]
+    try:
+        request = json.loads(bytes(header))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise InvalidInputError("the request body must be a JSON object")
+    raw_inputs = request.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInputError("the request needs a non-empty 'inputs' list")
+    parameters = request.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInputError("'parameters' must be a JSON object")
+
+    inputs: dict[str, np.ndarray] = {}
+    declared: dict[str, str] = {}
+    offset = 0
+    for i, spec in enumerate(raw_inputs):
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise InvalidInputError(f"inputs[{i}] must be an object with a 'name'")
+        name = spec["name"]
+        if name in inputs:
+            raise InvalidInputError(f"input {name!r} is given twice")
+        datatype = spec.get("datatype")
+        shape = spec.get("shape")
+        params = spec.get("parameters") or {}
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if size is not None:
+            if not isinstance(size, int) or size < 0:
+                raise InvalidInputError(
+                    f"input {name!r}: binary_data_size must be a non-negative integer"
+                )
+            if offset + size > len(binary):
+                raise InvalidInputError(
+                    f"input {name!r}: binary_data_size is {size} bytes but only "
+                    f"{len(binary) - offset} bytes of binary data remain (truncated body?)"
+                )
+            array = array_from_bytes(name, datatype, shape, binary[offset : offset + size])
+            offset += size
+        elif "data" in spec:
+            array = array_from_list(name, datatype, shape, spec["data"])
+        else:
+            raise InvalidInputError(f"input {name!r} has neither 'data' nor binary_data_size")
+        inputs[name] = array
+        declared[name] = datatype
+    if offset != len(binary):
+        raise InvalidInputError(
+            f"the body carries {len(binary) - offset} bytes of binary data that no input claims"
+        )
+
+    outputs = None
+    raw_outputs = request.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise InvalidInputError("'outputs' must be a list")
+        outputs = []
+        for i, out in enumerate(raw_outputs):
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise InvalidInputError(f"outputs[{i}] must be an object with a 'name'")
+            params = out.get("parameters") or {}
+            binary_flag = params.get("binary_data") if isinstance(params, dict) else None
+            outputs.append(RequestedOutput(out["name"], binary_flag))
+    request_id = request.get("id", "")
+    return DecodedRequest(
+        inputs=inputs,
+        declared=declared,
+        outputs=outputs,
+        id=request_id if isinstance(request_id, str) else str(request_id),
+        parameters=parameters,
+        binary_output=bool(parameters.get("binary_data_output", False)),
+    )
+
+
+def encode_rest_response(
+    model_name: str,
+    model_version: str,
+    request_id: str,
+    outputs: dict[str, np.ndarray],
+    binary: dict[str, bool],
+) -> tuple[bytes, int | None]:
+    """The REST infer response body, and its JSON header length when any output is binary."""
+    tensors, chunks = [], []
+    for name, array in outputs.items():
+        array = np.ascontiguousarray(array)
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": datatype_of(array),
+            "shape": list(array.shape),
+        }
+        if binary.get(name):
+            raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = array.reshape(-1).tolist()
+        tensors.append(entry)
+    body: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id:
+        body["id"] = request_id
+    body["outputs"] = tensors
+    header = json.dumps(body, separators=(",", ":")).encode()
+    if not chunks:
+        return header, None
+    return header + b"".join(chunks), len(header)
