@@ -18,31 +18,45 @@ from .errors import (
     NotReadyError,
     TierserveError,
 )
+from .eviction import EvictionPolicy, make_policy
+from .hierarchy import CreateParameterServer, HierarchicalParameterServer, ServedModel, TableSpec
 from .params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
 from .sparse_file import SparseTable, read_sparse_model, write_sparse_model
+from .stats import LatencyHistogram, TierStats
 from .table_tag import parse_table_tag, table_tag
+from .tier import Tier, create_tier
 from .update_message import decode_update, encode_update
 
 __all__ = [
     "BackendUnavailableError",
     "ConfigError",
+    "CreateParameterServer",
     "CorruptModelFileError",
     "DatabaseOverflowPolicy_t",
     "DatabaseType_t",
+    "EvictionPolicy",
+    "HierarchicalParameterServer",
     "InvalidInputError",
+    "LatencyHistogram",
     "MalformedMessageError",
     "NotFoundError",
     "NotReadyError",
     "PSConfig",
     "PersistentDatabaseParams",
+    "ServedModel",
     "SparseTable",
+    "TableSpec",
+    "Tier",
+    "TierStats",
     "TierserveError",
     "UpdateSourceParams",
     "UpdateSourceType_t",
     "VolatileDatabaseParams",
     "decode_update",
+    "create_tier",
     "encode_update",
     "load_ps_config",
+    "make_policy",
     "parse_ps_config",
     "parse_table_tag",
     "read_sparse_model",

@@ -382,6 +382,19 @@ class RedisTier(Tier):
                 raise BackendUnavailableError(f"{self.kind} node {name}: {exc}") from exc
         return np.frombuffer(b"".join(chunks), dtype="<i8").astype(np.int64)
 
+    def get_meta(self, name: str) -> str | None:
+        try:
+            raw = self._client.get(f"hps_meta{{{name}}}")
+        except self._network_errors as exc:
+            raise BackendUnavailableError(f"{self.kind}: cannot read {name}: {exc}") from exc
+        return None if raw is None else raw.decode()
+
+    def set_meta(self, name: str, value: str) -> None:
+        try:
+            self._client.set(f"hps_meta{{{name}}}", value)
+        except self._network_errors as exc:
+            raise BackendUnavailableError(f"{self.kind}: cannot write {name}: {exc}") from exc
+
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a dead connection may fail
             self._client.close()

@@ -183,6 +183,15 @@ class RocksDBTier(Tier):
             return np.empty(0, dtype=np.int64)
         return np.frombuffer(b"".join(cf.keys()), dtype="<i8").astype(np.int64)
 
+    def get_meta(self, name: str) -> str | None:
+        raw = self._db.get(b"hps_meta/" + name.encode())
+        return None if raw is None else raw.decode()
+
+    def set_meta(self, name: str, value: str) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"rocks_db at {self.path} is read-only")
+        self._db.put(b"hps_meta/" + name.encode(), value.encode())
+
     def flush(self) -> None:
         """Flush memtables to disk."""
         if not self.read_only:

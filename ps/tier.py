@@ -88,6 +88,20 @@ class Tier(abc.ABC):
         for start in range(0, keys.shape[0], chunk):
             self.insert(tag, keys[start : start + chunk], embeddings[start : start + chunk])
 
+    def get_meta(self, name: str) -> str | None:
+        """A small string this tier keeps beside its tables (None when unset).
+
+        Shared and persistent tiers store it with the data, so another process (or this one
+        after a restart) sees it; the hierarchy records which storage name is live there.
+        """
+        return getattr(self, "_meta", {}).get(name)
+
+    def set_meta(self, name: str, value: str) -> None:
+        """Set :meth:`get_meta`'s ``name``."""
+        if not hasattr(self, "_meta"):
+            self._meta = {}
+        self._meta[name] = value
+
     def close(self) -> None:  # noqa: B027 - most tiers have nothing to release
         """Release connections, files and threads."""
 

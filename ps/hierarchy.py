@@ -1,0 +1,448 @@
+"""The hierarchical parameter server: a volatile tier in front of a persistent tier.
+
+:class:`HierarchicalParameterServer` is built from a ``ps.json`` (:class:`PSConfig`).  For
+each model it loads every sparse file into the persistent tier (when configured) and the
+first ``initial_cache_rate`` of each table into the volatile tier; with
+``initialize_after_startup: false`` (or a read-only RocksDB) it attaches to what an existing
+Redis or RocksDB already holds instead.
+
+A lookup asks the volatile tier, then the persistent tier for what was missing, and fills
+the rest with the table's ``default_value_for_each_table``; with ``cache_missed_embeddings``
+persistent hits are copied up into the volatile tier.  A tier that cannot be reached is
+counted and logged and treated as a miss: lookups never fail because a backend is down.
+
+Versions: loading a model that is already served builds the new version's tables beside the
+old ones (under the storage name ``<tag>@<generation>``), swaps one dictionary reference,
+waits for lookups still running on the old version, then drops the old tables.  Every call
+takes one model reference, so a call never mixes versions.  Shared tiers record the live
+storage name under ``active/<tag>`` (:meth:`Tier.set_meta`) for processes that attach later.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig, PSConfig, RocksDBConfig, load_ps_config
+from .errors import (
+    BackendUnavailableError,
+    ConfigError,
+    InvalidInputError,
+    NotFoundError,
+    NotReadyError,
+    ReadOnlyError,
+)
+from .sparse_file import read_sparse_model
+from .table_tag import table_tag
+from .tier import Tier, create_tier
+
+log = logging.getLogger(__name__)
+
+#: How long unloading waits for lookups still running on a replaced version.
+RETIRE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One served table: its names, where it is stored, its vector length and default."""
+
+    name: str
+    tag: str
+    storage: str
+    dim: int
+    default: float
+
+
+class ServedModel:
+    """One loaded version of a model; lookups hold a reference while they run."""
+
+    def __init__(self, config: ModelConfig, generation: int, tables: dict[str, TableSpec]):
+        self.config = config
+        self.name = config.model
+        self.generation = generation
+        self.tables = tables
+        self._cond = threading.Condition()
+        self._refs = 0
+        self._retired = False
+
+    def table(self, name: str) -> TableSpec:
+        spec = self.tables.get(name)
+        if spec is None:
+            raise NotFoundError(
+                f"model {self.name!r} has no table {name!r}; it has {list(self.tables)}"
+            )
+        return spec
+
+    def acquire(self) -> bool:
+        with self._cond:
+            if self._retired:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self._refs -= 1
+            if self._refs == 0:
+                self._cond.notify_all()
+
+    def retire(self, timeout: float) -> bool:
+        """Refuse new lookups and wait until running ones finish; False on timeout."""
+        with self._cond:
+            self._retired = True
+            return self._cond.wait_for(lambda: self._refs == 0, timeout)
+
+
+class HierarchicalParameterServer:
+    """Every embedding table of the served models, in a volatile and a persistent tier."""
+
+    def __init__(self, config: PSConfig, *, load: bool = True) -> None:
+        self.config = config
+        self.volatile: Tier | None = create_tier(config.volatile_db)
+        try:
+            self.persistent: Tier | None = create_tier(config.persistent_db)
+        except BaseException:
+            if self.volatile is not None:
+                self.volatile.close()
+            raise
+        vdb = config.volatile_db
+        self._cache_missed = bool(getattr(vdb, "cache_missed_embeddings", False))
+        self._initial_cache_rate = float(getattr(vdb, "initial_cache_rate", 1.0))
+        self._attach = not getattr(vdb, "initialize_after_startup", True) or (
+            isinstance(config.persistent_db, RocksDBConfig) and config.persistent_db.read_only
+        )
+        self._filters = {
+            "volatile": [re.compile(f) for f in getattr(vdb, "update_filters", [])],
+            "persistent": [
+                re.compile(f) for f in getattr(config.persistent_db, "update_filters", [])
+            ],
+        }
+        self._models: dict[str, ServedModel] = {}
+        self._load_lock = threading.Lock()
+        self._generation = 0
+        if load:
+            try:
+                for model in config.models:
+                    self.load_model(model)
+            except BaseException:
+                self.close()
+                raise
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, **kwargs) -> HierarchicalParameterServer:
+        """Build from a ``ps.json`` file."""
+        return cls(load_ps_config(path), **kwargs)
+
+    # --- models ----------------------------------------------------------------------------
+
+    @property
+    def tiers(self) -> dict[str, Tier]:
+        """The configured tiers by level: ``volatile`` and/or ``persistent``."""
+        return {
+            level: tier
+            for level, tier in (("volatile", self.volatile), ("persistent", self.persistent))
+            if tier is not None
+        }
+
+    def models(self) -> list[str]:
+        """Names of the models being served."""
+        return list(self._models)
+
+    def model(self, name: str) -> ServedModel:
+        """The version of ``name`` being served."""
+        m = self._models.get(name)
+        if m is None:
+            raise NotFoundError(f"no model {name!r} is loaded; loaded: {list(self._models)}")
+        return m
+
+    def load_model(self, config: ModelConfig | str) -> ServedModel:
+        """Load (or reload) a model; on any error the version already served stays served.
+
+        ``config`` is a :class:`ModelConfig` or the name of a model in this server's config.
+        """
+        if isinstance(config, str):
+            config = self.config.model(config)
+        with self._load_lock:
+            old = self._models.get(config.model)
+            self._generation += 1
+            gen = self._generation
+            attach = self._attach and old is None
+            tables = self._read_tables(config) if not attach else None
+            specs: dict[str, TableSpec] = {}
+            created: list[tuple[Tier, str]] = []
+            try:
+                for i, name in enumerate(config.embedding_table_names):
+                    tag = table_tag(config.model, name)
+                    dim = int(config.embedding_vecsize_per_table[i])
+                    if attach:
+                        storage = self._attached_storage(tag)
+                    else:
+                        storage = tag if old is None else f"{tag}@{gen}"
+                    spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i])
+                    if attach:
+                        for tier in self.tiers.values():
+                            tier.create_table(storage, dim)
+                    else:
+                        keys, emb = tables[i]
+                        self._fill(spec, keys, emb, created)
+                    specs[name] = spec
+            except BaseException:
+                for tier, storage in created:
+                    try:
+                        tier.drop_table(storage)
+                    except Exception as exc:  # noqa: BLE001 - cleanup must not mask the cause
+                        log.warning("could not drop half-loaded table %s: %s", storage, exc)
+                raise
+            served = ServedModel(config, gen, specs)
+            self._models = {**self._models, config.model: served}
+            if not attach:
+                self._publish(served)
+        if old is not None:
+            self._retire(old, keep={s.storage for s in specs.values()})
+        log.info("model %s loaded (generation %d, %d tables)", config.model, gen, len(specs))
+        return served
+
+    def _read_tables(self, config: ModelConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Open every sparse file first, so a corrupt one fails before any tier changes."""
+        out = []
+        for i, path in enumerate(config.sparse_files):
+            table = read_sparse_model(path, int(config.embedding_vecsize_per_table[i]))
+            keys = np.asarray(table.keys)
+            if not self.config.supportlonglong and keys.size:
+                info = np.iinfo(np.int32)
+                if keys.min() < info.min or keys.max() > info.max:
+                    raise ConfigError(
+                        f"{path} holds keys beyond int32 but supportlonglong is false"
+                    )
+            out.append((keys, table.embeddings))
+        return out
+
+    def _fill(self, spec: TableSpec, keys, emb, created: list) -> None:
+        n = keys.shape[0]
+        for level, tier in self.tiers.items():
+            if level == "persistent" and tier.read_only:
+                continue
+            tier.drop_table(spec.storage)  # what an earlier run or interrupted load left
+            tier.create_table(spec.storage, spec.dim)
+            created.append((tier, spec.storage))
+            if level == "volatile" and self.persistent is not None:
+                count = min(n, int(math.ceil(self._initial_cache_rate * n)))
+            else:
+                count = n
+            if count:
+                tier.load_table(spec.storage, keys[:count], emb[:count])
+
+    def _attached_storage(self, tag: str) -> str:
+        for tier in self.tiers.values():
+            try:
+                active = tier.get_meta(f"active/{tag}")
+            except BackendUnavailableError as exc:
+                log.warning("cannot read the live storage name of %s: %s", tag, exc)
+                continue
+            if active:
+                return active
+        return tag
+
+    def _publish(self, served: ServedModel) -> None:
+        for tier in self.tiers.values():
+            if tier.read_only:
+                continue
+            for spec in served.tables.values():
+                try:
+                    tier.set_meta(f"active/{spec.tag}", spec.storage)
+                except (BackendUnavailableError, ReadOnlyError) as exc:
+                    log.warning("cannot record the live storage of %s: %s", spec.tag, exc)
+
+    def _retire(self, old: ServedModel, keep: set[str] = frozenset()) -> None:
+        if not old.retire(RETIRE_TIMEOUT_S):
+            log.warning("lookups on %s generation %d still running", old.name, old.generation)
+        for spec in old.tables.values():
+            if spec.storage in keep:
+                continue
+            for tier in self.tiers.values():
+                if tier.read_only:
+                    continue
+                try:
+                    tier.drop_table(spec.storage)
+                except BackendUnavailableError as exc:
+                    log.warning("could not drop %s from %s: %s", spec.storage, tier.kind, exc)
+
+    def unload_model(self, name: str) -> None:
+        """Stop serving ``name`` and free its tables in this process's and shared tiers."""
+        with self._load_lock:
+            old = self.model(name)
+            models = dict(self._models)
+            del models[name]
+            self._models = models
+        self._retire(old)
+
+    # --- lookups ---------------------------------------------------------------------------
+
+    def _acquire(self, name: str) -> ServedModel:
+        for _ in range(1000):
+            m = self.model(name)
+            if m.acquire():
+                return m
+        raise NotReadyError(f"model {name!r} is being replaced")  # pragma: no cover
+
+    def _keys(self, keys) -> np.ndarray:
+        keys = np.asarray(keys)
+        if keys.ndim != 1:
+            keys = keys.reshape(-1)
+        if keys.dtype == np.int64:
+            if not self.config.supportlonglong:
+                raise InvalidInputError("keys must be int32: this server has supportlonglong false")
+            return np.ascontiguousarray(keys)
+        if keys.dtype == np.int32 or (keys.size == 0 and keys.dtype != np.int64):
+            return keys.astype(np.int64)
+        raise InvalidInputError(
+            f"keys must be int64{'' if self.config.supportlonglong else ' or int32'}, "
+            f"got {keys.dtype}"
+        )
+
+    def lookup(self, model: str, table: str, keys) -> np.ndarray:
+        """The embeddings ``float32 [n, dim]`` of ``keys`` in ``model``'s ``table``."""
+        m = self._acquire(model)
+        try:
+            return self._lookup(m.table(table), self._keys(keys))
+        finally:
+            m.release()
+
+    def lookup_tables(self, model: str, keys_per_table: Sequence) -> list[np.ndarray]:
+        """Look up one key array per table (in ``embedding_table_names`` order), one version."""
+        m = self._acquire(model)
+        try:
+            specs = list(m.tables.values())
+            if len(keys_per_table) != len(specs):
+                raise InvalidInputError(
+                    f"model {model!r} has {len(specs)} tables, got {len(keys_per_table)} key arrays"
+                )
+            return [self._lookup(s, self._keys(k)) for s, k in zip(specs, keys_per_table)]
+        finally:
+            m.release()
+
+    def _tier_lookup(self, tier: Tier, storage: str, keys: np.ndarray, dim: int):
+        try:
+            return tier.lookup(storage, keys)
+        except BackendUnavailableError as exc:
+            tier.stats.errors += 1
+            log.warning("%s tier unavailable for %s, falling through: %s", tier.kind, storage, exc)
+            return np.zeros((keys.size, dim), np.float32), np.zeros(keys.size, dtype=bool)
+
+    def _lookup(self, spec: TableSpec, keys: np.ndarray) -> np.ndarray:
+        n = keys.size
+        if self.volatile is not None:
+            out, found = self._tier_lookup(self.volatile, spec.storage, keys, spec.dim)
+            if found.all():
+                return out
+            missing = np.flatnonzero(~found)
+        else:
+            out = np.empty((n, spec.dim), dtype=np.float32)
+            missing = np.arange(n)
+        if self.persistent is not None and missing.size:
+            mkeys = keys[missing]
+            emb, found = self._tier_lookup(self.persistent, spec.storage, mkeys, spec.dim)
+            if found.any():
+                out[missing[found]] = emb[found]
+                if self._cache_missed and self.volatile is not None:
+                    try:
+                        self.volatile.insert(spec.storage, mkeys[found], emb[found])
+                    except BackendUnavailableError as exc:
+                        self.volatile.stats.errors += 1
+                        log.warning("could not cache missed embeddings of %s: %s", spec.tag, exc)
+                missing = missing[~found]
+        if missing.size:
+            out[missing] = spec.default
+        return out
+
+    # --- online updates --------------------------------------------------------------------
+
+    def update_filters(self, level: str) -> list[str]:
+        """The ``update_filters`` regular expressions of tier level ``volatile``/``persistent``."""
+        return [f.pattern for f in self._filters[level]]
+
+    def accepts_updates(self, level: str, model: str) -> bool:
+        """Whether tier ``level`` takes online updates of ``model`` (its filters match)."""
+        tier = self.tiers.get(level)
+        if tier is None or tier.read_only:
+            return False
+        return any(f.fullmatch(model) for f in self._filters[level])
+
+    def insert(
+        self, model: str, table: str, keys, embeddings, *, level: str | None = None
+    ) -> None:
+        """Write embeddings into the served version of ``model``'s ``table``.
+
+        ``level`` limits the write to one tier (``"volatile"`` or ``"persistent"``); by
+        default every tier whose ``update_filters`` match the model name is written.
+        A tier that cannot be reached raises :class:`BackendUnavailableError` (retryable).
+        """
+        m = self._acquire(model)
+        try:
+            spec = m.table(table)
+            keys = self._keys(keys)
+            levels = [level] if level is not None else list(self.tiers)
+            for lv in levels:
+                if lv not in self._filters:
+                    raise InvalidInputError(f"level must be volatile or persistent, got {lv!r}")
+                if self.accepts_updates(lv, model):
+                    self.tiers[lv].insert(spec.storage, keys, embeddings)
+        finally:
+            m.release()
+
+    update = insert
+
+    def evict(self, model: str, table: str, keys) -> None:
+        """Remove ``keys`` from every writable tier (they then read as defaults)."""
+        m = self._acquire(model)
+        try:
+            spec = m.table(table)
+            keys = self._keys(keys)
+            for tier in self.tiers.values():
+                if not tier.read_only:
+                    tier.evict(spec.storage, keys)
+        finally:
+            m.release()
+
+    # --- monitoring and lifetime ----------------------------------------------------------
+
+    def tier_stats(self) -> dict[str, object]:
+        """``{"volatile": TierStats, "persistent": TierStats}`` for the configured tiers."""
+        return {level: tier.stats for level, tier in self.tiers.items()}
+
+    def close(self) -> None:
+        """Close the tiers (shared tiers keep their data)."""
+        for tier in self.tiers.values():
+            tier.close()
+
+    def __enter__(self) -> HierarchicalParameterServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def CreateParameterServer(  # noqa: N802 - HugeCTR's name
+    model_config_paths: Sequence[str | os.PathLike],
+    model_names: Sequence[str],
+    i64_input_key: bool = True,
+) -> HierarchicalParameterServer:
+    """HugeCTR's factory: ``ps.json`` files and the model to serve from each.
+
+    The tiers and update source come from the first file; ``i64_input_key`` sets
+    ``supportlonglong``.
+    """
+    if len(model_config_paths) != len(model_names) or not model_names:
+        raise ConfigError("model_config_paths and model_names must be non-empty and of equal length")
+    configs = [load_ps_config(p) for p in model_config_paths]
+    models = [cfg.model(name) for cfg, name in zip(configs, model_names)]
+    data = configs[0].model_dump()
+    data.update(models=[m.model_dump() for m in models], supportlonglong=bool(i64_input_key))
+    return HierarchicalParameterServer(PSConfig.model_validate(data))
