@@ -1,0 +1,156 @@
+"""HugeCTR's data-reader parameter objects: ``DataReaderType_t``, ``Check_t``,
+``DataReaderSparseParam`` and ``DataReaderParams``.
+
+Names, argument order and defaults follow HugeCTR's Python API, so HugeCTR scripts build them
+unchanged (keyword or positional).  Invalid values raise :class:`ConfigError` at once.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tierserve.ps.errors import ConfigError
+
+
+class DataReaderType_t(str, Enum):  # noqa: N801 - HugeCTR's name
+    """Dataset formats.  ``RawAsync`` (HugeCTR's MLPerf reader) is read like ``Raw`` here."""
+
+    Norm = "Norm"
+    Raw = "Raw"
+    Parquet = "Parquet"
+    RawAsync = "RawAsync"
+
+
+class Check_t(str, Enum):  # noqa: N801 - HugeCTR's name
+    """Per-record error detection of Norm files: ``Sum`` (checksum byte) or ``Non``."""
+
+    Sum = "Sum"
+    Non = "Non"
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"{where}: {msg}")
+    return f"invalid {source}:\n  " + "\n  ".join(lines)
+
+
+class _Params(BaseModel):
+    """Keyword or positional (HugeCTR order = field order) construction, validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = list(type(self).model_fields)
+        if len(args) > len(names):
+            raise ConfigError(
+                f"{type(self).__name__} takes at most {len(names)} positional arguments"
+            )
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise ConfigError(f"{type(self).__name__}: {name} given twice")
+            kwargs[name] = value
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as exc:
+            raise ConfigError(_format_errors(exc, type(self).__name__)) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise ConfigError(_format_errors(exc, type(self).__name__)) from None
+
+
+class DataReaderSparseParam(_Params):
+    """One sparse input of the ``Input`` layer: ``slot_num`` consecutive slots.
+
+    ``nnz_per_slot`` as an int is the average number of keys per slot (a sample holds at most
+    ``nnz_per_slot * slot_num`` keys of this input); as a list it is each slot's maximum.
+    ``is_fixed_length`` promises exactly that many keys per slot in every sample.
+    """
+
+    sparse_name: str
+    nnz_per_slot: Annotated[int, Field(ge=1)] | list[Annotated[int, Field(ge=1)]]
+    is_fixed_length: bool
+    slot_num: Annotated[int, Field(ge=1)]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if "name" in kwargs:  # tierserve's one-name-per-concept alias
+            kwargs["sparse_name"] = kwargs.pop("name")
+        super().__init__(*args, **kwargs)
+        if isinstance(self.nnz_per_slot, list) and len(self.nnz_per_slot) != self.slot_num:
+            raise ConfigError(
+                f"DataReaderSparseParam {self.sparse_name!r}: nnz_per_slot has "
+                f"{len(self.nnz_per_slot)} entries but slot_num is {self.slot_num}"
+            )
+
+    @property
+    def name(self) -> str:
+        """The sparse input's name (``sparse_name``)."""
+        return self.sparse_name
+
+    @property
+    def max_nnz(self) -> int:
+        """The most keys one sample can hold in this input."""
+        if isinstance(self.nnz_per_slot, list):
+            return sum(self.nnz_per_slot)
+        return self.nnz_per_slot * self.slot_num
+
+
+class AsyncParam(_Params):
+    """HugeCTR's MLPerf-only async raw reader settings; accepted and ignored here."""
+
+    num_threads: int
+    num_batches_per_thread: int
+    io_block_size: int
+    io_depth: int
+    io_alignment: int
+    shuffle: bool
+    aligned_type: Any = None
+
+
+Source = str | list[str]
+
+
+class DataReaderParams(_Params):
+    """HugeCTR's ``DataReaderParams``: the format, the train and eval sources and reading options.
+
+    ``source`` / ``eval_source``: for Norm and Parquet a file list (first line the number of
+    files, then one path per line), for Raw a single data file.  A list of sources is read one
+    after the other as one dataset.  ``num_samples`` / ``eval_num_samples`` (Raw only): records to
+    read, 0 = as many as the file holds.  ``slot_size_array``: when non-empty, the key of slot
+    ``s`` must lie in ``[0, slot_size_array[s])`` and the reader adds
+    ``sum(slot_size_array[:s])`` to it.  ``num_workers``: reading threads (HugeCTR's default 12;
+    capped at the number of CPU cores and of files).  ``cache_eval_data``, ``keyset``,
+    ``data_source_params`` and ``async_param`` are accepted for compatibility and not used.
+    """
+
+    data_reader_type: DataReaderType_t
+    source: Source
+    keyset: Source = Field(default_factory=list)
+    eval_source: str = ""
+    check_type: Check_t = Check_t.Non
+    cache_eval_data: Annotated[int, Field(ge=0)] = 0
+    num_samples: Annotated[int, Field(ge=0)] = 0
+    eval_num_samples: Annotated[int, Field(ge=0)] = 0
+    float_label_dense: bool = False
+    num_workers: Annotated[int, Field(ge=1)] = 12
+    slot_size_array: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    data_source_params: Any = None
+    async_param: Any = None
+
+    @field_validator("source", "keyset", "eval_source", mode="before")
+    @classmethod
+    def _paths(cls, value: Any) -> Any:
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if isinstance(value, (list, tuple)):
+            return [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
+        return value
