@@ -1,0 +1,423 @@
+"""One table's embedding cache on one device, in front of the parameter server.
+
+:class:`EmbeddingCache` answers :meth:`~EmbeddingCache.query` from its table (numpy on the
+CPU, cupy on a GPU) and fetches the misses from the parameter server in one batched
+``lookup``.  A ``dynamic`` cache then inserts what it fetched: synchronously while the
+running hit rate is below ``hit_rate_threshold`` (warming up), else through a background
+worker with a bounded queue, so a warm cache never waits on inserts.  A ``static`` cache
+holds a whole table and never inserts.
+
+Consistency.  Writers (inserts, updates, refreshes) hold one lock and bump a sequence
+number before and after they change the table; readers take no lock, and retry (then lock)
+when the sequence number moved while they read, so a query never mixes a key with another
+key's vector.  An update applied to the parameter server reaches the cache through
+:meth:`~EmbeddingCache.on_update` before the update returns (see
+:class:`~tierserve.cache.protocols.UpdateNotifier`), and :class:`~tierserve.cache.freshness.
+UpdateLog` keeps a vector fetched before an update from being inserted after it.  So a
+query that starts after an update was applied never returns the old vector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Literal
+
+import numpy as np
+
+from tierserve.ps.errors import ConfigError, InvalidInputError
+
+from .device import array_module, device_context, to_host
+from .freshness import UpdateLog
+from .insert_worker import InsertWorker
+from .metrics import CacheMetrics
+from .protocols import ParameterServerLike, UpdateNotifier
+from .set_associative import SetAssociativeTable
+from .static_table import StaticTable
+
+log = logging.getLogger(__name__)
+
+CacheType = Literal["dynamic", "static"]
+_EMA = 0.2  # weight of the newest batch in the running hit rate
+_REFRESH_CHUNK = 65536
+
+
+class EmbeddingCache:
+    """The cache of table ``table`` of model ``model`` (vectors of length ``dim``).
+
+    ``capacity`` is the most embeddings it holds (the dynamic table rounds it down to a
+    multiple of ``ways``).  ``refresh_interval`` / ``refresh_delay`` (seconds, 0 = never)
+    re-pull every cached row from the parameter server periodically, starting after the
+    delay.  ``use_gpu`` puts the table on CUDA device ``device_id`` with cupy (extra
+    ``gpu``); ``use_kernel`` picks the CUDA lookup kernel there (``None``: when it compiles).
+    A static cache needs ``static_keys``, every key of the table; their vectors are read from
+    the parameter server.  ``on_update_mode`` says what an update does to a cached row:
+    ``"overwrite"`` it with the new vector or ``"invalidate"`` it.  When the parameter
+    server is an :class:`~tierserve.cache.protocols.UpdateNotifier` and ``listen`` is true,
+    the cache registers itself for updates.
+    """
+
+    def __init__(
+        self,
+        parameter_server: ParameterServerLike,
+        model: str,
+        table: str,
+        dim: int,
+        capacity: int,
+        *,
+        cache_type: CacheType = "dynamic",
+        hit_rate_threshold: float = 0.9,
+        refresh_interval: float = 0.0,
+        refresh_delay: float = 0.0,
+        use_gpu: bool = False,
+        device_id: int = 0,
+        ways: int = 4,
+        max_queued_inserts: int = 64,
+        i64_input_key: bool = True,
+        use_kernel: bool | None = None,
+        static_keys: np.ndarray | None = None,
+        on_update_mode: Literal["overwrite", "invalidate"] = "overwrite",
+        listen: bool = True,
+    ) -> None:
+        if cache_type not in ("dynamic", "static"):
+            raise ConfigError(f"embedding_cache_type must be 'dynamic' or 'static', got {cache_type!r}")
+        if on_update_mode not in ("overwrite", "invalidate"):
+            raise ConfigError(f"on_update_mode must be 'overwrite' or 'invalidate', got {on_update_mode!r}")
+        if not 0.0 <= hit_rate_threshold <= 1.0:
+            raise ConfigError(f"hit_rate_threshold must be in [0, 1], got {hit_rate_threshold}")
+        if dim <= 0:
+            raise ConfigError(f"dim must be positive, got {dim}")
+        if capacity <= 0:
+            raise ConfigError(f"cache capacity must be positive, got {capacity}")
+        if refresh_interval < 0 or refresh_delay < 0:
+            raise ConfigError("refresh_interval and refresh_delay must not be negative")
+        self.model = model
+        self.table = table
+        self.dim = int(dim)
+        self.cache_type = cache_type
+        self.hit_rate_threshold = float(hit_rate_threshold)
+        self.i64_input_key = i64_input_key
+        self.on_update_mode = on_update_mode
+        self.device = f"cuda:{device_id}" if use_gpu else "cpu"
+        self.xp = array_module(use_gpu, device_id)
+        self._ps = parameter_server
+        self._device = device_context(self.xp, device_id)
+        self._lock = threading.Lock()  # writers
+        self._seq = 0  # odd while a writer changes the table
+        self._stats = threading.Lock()
+        self._log = UpdateLog()
+        self._tick = 0
+        self._hits = self._misses = 0
+        self._running = 0.0
+        self._inserted = self._evicted = self._stale = self._updates = self._refreshed = 0
+        self._closed = False
+        self._kernel = None
+        with self._device:
+            if cache_type == "static":
+                if static_keys is None:
+                    raise ConfigError("a static embedding cache needs the table's keys (static_keys)")
+                keys = self._as_keys(static_keys, "static_keys")
+                self._table = StaticTable(
+                    keys, np.zeros((keys.size, self.dim), np.float32), capacity, self.xp,
+                    what=f"table {table!r} of model {model!r}",
+                )
+            else:
+                self._table = SetAssociativeTable(capacity, self.dim, ways, self.xp)
+            if self.xp is not np and use_kernel is not False:
+                from .kernels import load_lookup_kernel
+
+                self._kernel = load_lookup_kernel(required=bool(use_kernel))
+        self.capacity = self._table.capacity
+        self._listening = False
+        if listen and isinstance(parameter_server, UpdateNotifier):
+            parameter_server.add_update_listener(self.on_update)
+            self._listening = True
+        if cache_type == "static":
+            self._fill_static()
+        self._worker = (
+            InsertWorker(self._insert_fetched, max_queued_inserts, name=f"cache-insert-{table}")
+            if cache_type == "dynamic"
+            else None
+        )
+        self._stop = threading.Event()
+        self._refresher = None
+        if refresh_interval > 0:
+            self._refresher = threading.Thread(
+                target=self._refresh_loop, args=(refresh_delay, refresh_interval),
+                name=f"cache-refresh-{table}", daemon=True,
+            )
+            self._refresher.start()
+
+    # --- queries ----------------------------------------------------------------------------
+
+    def query(self, keys):
+        """float32 ``[len(keys), dim]`` embeddings of ``keys`` (an ``xp`` array).
+
+        Hits come from the cache, misses from one parameter-server lookup (defaults for
+        keys it does not know).  ``keys`` is a 1-D integer array (numpy, or cupy on a GPU).
+        """
+        xp = self.xp
+        with self._device:
+            if xp is not np and isinstance(keys, xp.ndarray):
+                keys_d = self._as_device_keys(keys)
+                keys_h = None
+            else:
+                keys_h = self._as_keys(keys, "keys")
+                keys_d = keys_h if xp is np else xp.asarray(keys_h)
+            n = int(keys_d.size)
+            with self._stats:
+                self._tick += 1
+                tick = self._tick
+            out, hit, hits = self._read(keys_d, tick)
+            misses = n - hits
+            if misses:
+                miss_idx = xp.flatnonzero(~hit)
+                miss_keys = to_host(keys_d[miss_idx]) if keys_h is None else keys_h[to_host(miss_idx)]
+                unique, inverse = np.unique(miss_keys, return_inverse=True)
+                epoch = self._log.epoch  # before the fetch: updates after it make it stale
+                fetched = self._fetch(unique)
+                if xp is np:
+                    out[miss_idx] = fetched[inverse]
+                else:
+                    out[miss_idx] = xp.asarray(fetched)[xp.asarray(inverse)]
+            self._account(n, hits)
+            if misses and self._worker is not None:
+                if self._running < self.hit_rate_threshold:
+                    self._insert_fetched(unique, fetched, epoch)
+                else:
+                    self._worker.submit(unique, fetched, epoch)
+            return out
+
+    lookup = query
+
+    def _read(self, keys, tick: int):
+        for _ in range(3):
+            seq = self._seq
+            if seq & 1:
+                continue
+            result = self._lookup(keys, tick)
+            if self._seq == seq:
+                return result
+        with self._lock:
+            return self._lookup(keys, tick)
+
+    def _lookup(self, keys, tick: int):
+        if self._kernel is not None and self.cache_type == "dynamic":
+            return self._kernel.lookup(self._table, keys, tick)
+        return self._table.lookup(keys, tick)
+
+    def _fetch(self, keys: np.ndarray) -> np.ndarray:
+        vectors = np.asarray(self._ps.lookup(self.model, self.table, keys), dtype=np.float32)
+        if vectors.shape != (keys.size, self.dim):
+            raise InvalidInputError(
+                f"parameter server returned shape {vectors.shape} for {keys.size} keys of table "
+                f"{self.table!r}; expected ({keys.size}, {self.dim})"
+            )
+        return vectors
+
+    def _account(self, n: int, hits: int) -> None:
+        with self._stats:
+            self._hits += hits
+            self._misses += n - hits
+            if n:
+                rate = hits / n
+                first = self._hits + self._misses == n
+                self._running = rate if first else (1 - _EMA) * self._running + _EMA * rate
+
+    # --- writes -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _writing(self):
+        with self._lock:
+            self._seq += 1
+            try:
+                yield
+            finally:
+                self._seq += 1
+
+    def _insert_fetched(self, keys: np.ndarray, vectors: np.ndarray, epoch: int) -> None:
+        """Insert fetched ``vectors`` unless an update overtook them (see UpdateLog)."""
+        xp = self.xp
+        with self._device, self._writing():
+            fresh = self._log.fresh(keys, epoch)
+            if fresh is not None:
+                with self._stats:
+                    self._stale += int(keys.size - np.count_nonzero(fresh))
+                keys, vectors = keys[fresh], vectors[fresh]
+            if not keys.size:
+                return
+            keys_d = xp.asarray(keys)
+            _, _, _, cached = self._table.probe(keys_d)
+            absent = xp.flatnonzero(~cached)
+            if not absent.size:
+                return
+            vectors_d = xp.asarray(vectors)
+            if absent.size != keys.size:
+                keys_d, vectors_d = keys_d[absent], vectors_d[absent]
+            inserted, evicted = self._table.place(keys_d, vectors_d, self._tick)
+        with self._stats:
+            self._inserted += inserted
+            self._evicted += evicted
+
+    def on_update(self, model: str, table: str, keys, embeddings=None) -> None:
+        """Apply an update the parameter server has just stored (the listener hook).
+
+        Updates of other tables are ignored.  Cached rows of ``keys`` are overwritten with
+        ``embeddings`` (or dropped, with ``embeddings=None`` or ``on_update_mode
+        "invalidate"``) before this returns; repeated keys keep their last vector.
+        """
+        if model != self.model or table != self.table or self._closed:
+            return
+        keys_h = self._as_keys(keys, "keys")
+        vectors = None
+        if embeddings is not None and self.on_update_mode == "overwrite":
+            vectors = np.asarray(embeddings, dtype=np.float32)
+            if vectors.shape != (keys_h.size, self.dim):
+                raise InvalidInputError(
+                    f"update of table {table!r} has embeddings of shape {vectors.shape}; "
+                    f"expected ({keys_h.size}, {self.dim})"
+                )
+            keys_h, last = np.unique(keys_h[::-1], return_index=True)
+            vectors = vectors[::-1][last]
+        xp = self.xp
+        with self._device, self._writing():
+            self._log.record(keys_h)
+            keys_d = xp.asarray(keys_h)
+            if vectors is None:
+                self._table.invalidate(keys_d)
+            else:
+                self._table.overwrite(keys_d, xp.asarray(vectors))
+        with self._stats:
+            self._updates += 1
+
+    def update(self, keys, embeddings) -> None:
+        """Write through: store in the parameter server, then in this cache (online update)."""
+        keys_h = self._as_keys(keys, "keys")
+        vectors = np.asarray(embeddings, dtype=np.float32)
+        self._ps.insert(self.model, self.table, keys_h, vectors)
+        if not self._listening:
+            self.on_update(self.model, self.table, keys_h, vectors)
+
+    def invalidate(self, keys) -> None:
+        """Drop ``keys`` from the cache (and treat fetches in flight for them as stale)."""
+        self.on_update(self.model, self.table, keys, None)
+
+    def refresh(self) -> int:
+        """Re-pull every cached row from the parameter server; return how many were refreshed."""
+        xp = self.xp
+        with self._device:
+            with self._lock:
+                cached = to_host(self._table.cached_keys())
+                epoch = self._log.epoch
+            total = 0
+            for start in range(0, cached.size, _REFRESH_CHUNK):
+                keys = cached[start : start + _REFRESH_CHUNK]
+                vectors = self._fetch(keys)
+                with self._writing():
+                    fresh = self._log.fresh(keys, epoch)
+                    if fresh is not None:  # updated since: the cache already has newer rows
+                        keys, vectors = keys[fresh], vectors[fresh]
+                    total += self._table.overwrite(xp.asarray(keys), xp.asarray(vectors))
+        with self._stats:
+            self._refreshed += total
+        return total
+
+    def _refresh_loop(self, delay: float, interval: float) -> None:
+        if self._stop.wait(delay):
+            return
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("embedding cache %s/%s: refresh failed", self.model, self.table)
+            if self._stop.wait(interval):
+                return
+
+    def _fill_static(self) -> None:
+        keys = to_host(self._table._keys)
+        for start in range(0, keys.size, _REFRESH_CHUNK):
+            chunk = keys[start : start + _REFRESH_CHUNK]
+            epoch = self._log.epoch
+            vectors = self._fetch(chunk)
+            with self._device, self._writing():
+                fresh = self._log.fresh(chunk, epoch)
+                if fresh is not None:
+                    self._table.invalidate(self.xp.asarray(chunk[~fresh]))
+                    chunk, vectors = chunk[fresh], vectors[fresh]
+                self._table.overwrite(self.xp.asarray(chunk), self.xp.asarray(vectors))
+
+    # --- housekeeping -----------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until queued async inserts are in the table; ``False`` on timeout."""
+        return True if self._worker is None else self._worker.flush(timeout)
+
+    def metrics(self) -> CacheMetrics:
+        """Hit and miss counts, hit rate, size and insert queue depth."""
+        with self._stats:
+            total = self._hits + self._misses
+            return CacheMetrics(
+                model=self.model,
+                table=self.table,
+                device=self.device,
+                cache_type=self.cache_type,
+                capacity=self.capacity,
+                size=int(self._table.size),
+                hits=self._hits,
+                misses=self._misses,
+                hit_rate=self._hits / total if total else 0.0,
+                running_hit_rate=self._running,
+                insert_queue_depth=self._worker.depth if self._worker else 0,
+                inserted=self._inserted,
+                evicted=self._evicted,
+                dropped_inserts=self._worker.dropped if self._worker else 0,
+                stale_dropped=self._stale,
+                updates=self._updates,
+                refreshed=self._refreshed,
+            )
+
+    def close(self) -> None:
+        """Stop the worker and refresher and unregister from the parameter server."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._worker is not None:
+            self._worker.close()
+        if self._refresher is not None:
+            self._refresher.join(5.0)
+        if self._listening:
+            with contextlib.suppress(Exception):
+                self._ps.remove_update_listener(self.on_update)
+            self._listening = False
+
+    def __enter__(self) -> EmbeddingCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- keys -------------------------------------------------------------------------------
+
+    def _as_keys(self, keys, what: str) -> np.ndarray:
+        keys = to_host(keys) if not isinstance(keys, np.ndarray) else keys
+        keys = np.asarray(keys)
+        if keys.ndim != 1:
+            keys = keys.reshape(-1)
+        if keys.dtype != np.int64:
+            if keys.size and not np.issubdtype(keys.dtype, np.integer):
+                raise InvalidInputError(f"{what} must be integers, got dtype {keys.dtype}")
+            if not self.i64_input_key and keys.dtype.itemsize > 4 and keys.size:
+                info = np.iinfo(np.int32)
+                if keys.min() < info.min or keys.max() > info.max:
+                    raise InvalidInputError(f"{what} must fit int32 (i64_input_key is False)")
+            keys = keys.astype(np.int64)
+        return np.ascontiguousarray(keys)
+
+    def _as_device_keys(self, keys):
+        if keys.dtype != np.int64:
+            if keys.size and keys.dtype.kind not in "iu":
+                raise InvalidInputError(f"keys must be integers, got dtype {keys.dtype}")
+            keys = keys.astype(np.int64)
+        return self.xp.ascontiguousarray(keys.reshape(-1))
