@@ -125,6 +125,8 @@ class HierarchicalParameterServer:
             ],
         }
         self._models: dict[str, ServedModel] = {}
+        self._listeners: list = []  # update listeners (embedding caches), see add_update_listener
+        self._listener_lock = threading.Lock()
         self._load_lock = threading.Lock()
         self._generation = 0
         if load:
@@ -389,15 +391,45 @@ class HierarchicalParameterServer:
             spec = m.table(table)
             keys = self._keys(keys)
             levels = [level] if level is not None else list(self.tiers)
+            written = []
             for lv in levels:
                 if lv not in self._filters:
                     raise InvalidInputError(f"level must be volatile or persistent, got {lv!r}")
                 if self.accepts_updates(lv, model):
                     self.tiers[lv].insert(spec.storage, keys, embeddings)
+                    written.append(lv)
         finally:
             m.release()
+        if written:
+            # Listeners get the new vectors only when lookup is sure to return them (every
+            # tier written); otherwise they must drop the rows and read them again.
+            full = set(written) == set(self.tiers)
+            self._notify(model, table, keys, np.asarray(embeddings, np.float32) if full else None)
 
     update = insert
+
+    def add_update_listener(self, listener) -> None:
+        """Call ``listener(model, table, keys, embeddings)`` after each insert or evict.
+
+        It runs after the tiers were written and before ``insert``/``evict`` returns, holding
+        no lock of this server; ``embeddings`` is ``None`` when the listener must drop the
+        keys rather than take new vectors (evictions, partial writes).  Embedding caches use
+        it so that no lookup after an update returns the old vector.
+        """
+        with self._listener_lock:
+            self._listeners = [*self._listeners, listener]
+
+    def remove_update_listener(self, listener) -> None:
+        """Stop calling ``listener``."""
+        with self._listener_lock:
+            self._listeners = [fn for fn in self._listeners if fn != listener]
+
+    def _notify(self, model: str, table: str, keys: np.ndarray, embeddings) -> None:
+        for listener in self._listeners:
+            try:
+                listener(model, table, keys, embeddings)
+            except Exception:
+                log.exception("update listener %r failed for %s/%s", listener, model, table)
 
     def evict(self, model: str, table: str, keys) -> None:
         """Remove ``keys`` from every writable tier (they then read as defaults)."""
@@ -410,6 +442,7 @@ class HierarchicalParameterServer:
                     tier.evict(spec.storage, keys)
         finally:
             m.release()
+        self._notify(model, table, keys, None)
 
     # --- monitoring and lifetime ----------------------------------------------------------
 
