@@ -1,0 +1,128 @@
+"""The model's seams to the data readers, embedding tables, learning-rate scheduler and
+metrics: small functions so :mod:`.model` does not depend on their constructors' details."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tierserve.ps.errors import ConfigError
+
+from .data.params import DataReaderSparseParam
+from .data.reader import create_data_reader
+from .layer_specs import Input
+
+
+class ReaderHandle:
+    """HugeCTR's ``DataReader`` surface over a data reader: ``read_a_batch`` (the model's),
+    ``set_source`` and ``is_eof``."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+
+    def next_batch(self):
+        return self.reader.read_a_batch()
+
+    def set_source(self, file_name: Any = "") -> None:
+        self.reader.set_source(file_name)
+
+    def is_eof(self) -> bool:
+        return self.reader.is_eof()
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def make_reader(params, source, batch_size, model_input: Input, sparse_params, solver,
+                repeat: bool, eval_mode: bool = False) -> ReaderHandle:
+    reader = create_data_reader(
+        params, batch_size, model_input.label_dims, model_input.dense_dim, sparse_params,
+        i64_input_key=solver.i64_input_key, repeat_dataset=repeat, eval=eval_mode,
+    )
+    return ReaderHandle(reader)
+
+
+def input_from_data_layer(data: dict[str, Any]) -> Input:
+    """The ``Input`` a graph JSON's Data layer describes."""
+    label = data.get("label") or {}
+    dense = data.get("dense") or {}
+    sparse = []
+    for s in data.get("sparse", []) or []:
+        nnz = s.get("nnz_per_slot")
+        if nnz is None:
+            nnz = max(1, int(s.get("max_feature_num_per_sample", s["slot_num"])) //
+                      int(s["slot_num"]))
+        sparse.append(DataReaderSparseParam(s["top"], nnz, bool(s.get("is_fixed_length", False)),
+                                            int(s["slot_num"])))
+    if "top" not in dense:
+        raise ConfigError("the graph's Data layer has no dense input")
+    return Input(label_dim=label.get("label_dim", 1), label_name=label.get("top", "label"),
+                 dense_dim=int(dense.get("dense_dim", 0)), dense_name=dense["top"],
+                 data_reader_sparse_param_array=sparse)
+
+
+# -- embedding tables ----------------------------------------------------------------------------
+
+def make_table(spec, opt_params, solver, xp):
+    from ._provisional import ProvisionalTable
+
+    return ProvisionalTable(spec.embedding_vec_size, opt_params, xp, seed=solver.seed)
+
+
+def save_table(table, model_path: str, optimizer_path: str) -> None:
+    from tierserve.ps.sparse_file import write_sparse_model
+
+    t = table.export()
+    write_sparse_model(model_path, t.keys, t.embeddings)
+
+
+def load_table(table, path: str) -> None:
+    from tierserve.ps.sparse_file import read_sparse_model
+
+    table.load(read_sparse_model(path))
+
+
+def load_table_optimizer(table, path: str) -> None:
+    pass
+
+
+def incremental(table):
+    t = table.export()
+    return t.keys, t.embeddings
+
+
+# -- learning rate -------------------------------------------------------------------------------
+
+def make_scheduler(solver):
+    return make_scheduler_from(solver.lr, solver.warmup_steps, solver.decay_start,
+                               solver.decay_steps, solver.decay_power, solver.end_lr)
+
+
+def make_scheduler_from(base_lr, warmup_steps, decay_start, decay_steps, decay_power, end_lr):
+    from ._provisional import ProvisionalScheduler
+
+    return ProvisionalScheduler(base_lr, warmup_steps, decay_start, decay_steps, decay_power,
+                                end_lr)
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+def auc_threshold(metrics_spec) -> float | None:
+    for k, v in metrics_spec.items():
+        if getattr(k, "name", str(k)) == "AUC" and float(v) < 1.0:
+            return float(v)
+    return None
+
+
+def compute_metrics(metrics_spec, preds, labels, losses):
+    from .data.planted import auc_score
+
+    out = []
+    for k in metrics_spec:
+        name = getattr(k, "name", str(k))
+        if name == "AUC":
+            out.append(("AUC", auc_score(labels[:, 0], preds[:, 0])))
+        elif name == "AverageLoss":
+            out.append(("AverageLoss", float(np.mean(losses))))
+    return out

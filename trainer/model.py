@@ -1,0 +1,665 @@
+"""HugeCTR's ``Model``: build a graph with ``add``, ``compile``, train with ``fit`` (or the
+low-level ``train`` / ``eval`` loop), save and load model files.
+
+One training step: read a :class:`~tierserve.trainer.data.batch.Batch`, look the sparse
+inputs up in the embedding tables, run the dense network forward and backward
+(:class:`~tierserve.trainer.network.DenseNetwork`), update dense parameters with the dense
+optimizer and each table with its sparse optimizer.  Everything runs on ``xp`` (numpy, or
+cupy when ``vvgpu`` names a visible GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierserve.ps.errors import ConfigError
+from tierserve.ps.sparse_file import sparse_model_name, sparse_optimizer_name
+
+from . import adapters
+from .dense_file import (
+    NONTRAINABLE_SUFFIX,
+    dense_model_name,
+    dense_optimizer_name,
+    read_dense_file,
+    write_dense_file,
+)
+from .device import is_gpu, select_xp, to_numpy, to_xp
+from .graph_json import Graph, load_graph_json, save_graph_json
+from .inference_graph import EMBEDDING_TYPES, graph_inputs, label_layout
+from .layer_specs import DenseLayer, GroupDenseLayer, Input, SparseEmbedding
+from .network import DenseNetwork
+from .optimizers import OptParamsPy, make_optimizer
+from .solver import Solver
+
+
+class Model:
+    """A HugeCTR model: ``Model(solver, reader_params, optimizer)``, then ``add`` layers.
+
+    ``etc`` (the embedding training cache) is not supported: tables live in memory.
+    """
+
+    def __init__(
+        self, solver: Solver, reader_params: Any, opt_params: OptParamsPy, etc: Any = None
+    ) -> None:
+        if etc is not None:
+            raise ConfigError("the embedding training cache (etc) is not supported")
+        self.solver = solver
+        self.reader_params = reader_params
+        self.opt_params = opt_params
+        self._input: Input | None = None
+        self._embedding_dicts: list[dict[str, Any]] = []
+        self._dense_dicts: list[dict[str, Any]] = []
+        self._compiled = False
+        self.xp = np
+        self._lr = float(solver.lr)
+        self._scheduler = adapters.make_scheduler(solver)
+        self._step = 0
+        self._loss = float("nan")
+        self._dense_frozen = False
+        self._train_reader = None
+        self._eval_reader = None
+        self._eval_preds: list[np.ndarray] = []
+        self._eval_labels: list[np.ndarray] = []
+        self._eval_losses: list[float] = []
+        self._last_eval: tuple[np.ndarray, np.ndarray] | None = None
+
+    # -- building ------------------------------------------------------------------------------
+
+    def add(self, layer: Input | SparseEmbedding | DenseLayer | GroupDenseLayer) -> None:
+        """Add an ``Input``, ``SparseEmbedding``, ``DenseLayer`` or ``GroupDenseLayer``."""
+        if self._compiled:
+            raise ConfigError("Model.add after compile: build the whole graph first")
+        if isinstance(layer, Input):
+            if self._input is not None:
+                raise ConfigError("the model already has an Input layer")
+            self._input = layer
+        elif isinstance(layer, SparseEmbedding):
+            self._embedding_dicts.append(layer.to_json())
+        elif isinstance(layer, DenseLayer):
+            self._dense_dicts.append(layer.to_json())
+        elif isinstance(layer, GroupDenseLayer):
+            self._dense_dicts.extend(layer.to_json_layers())
+        else:
+            raise ConfigError(f"Model.add takes Input, SparseEmbedding, DenseLayer or "
+                              f"GroupDenseLayer, not {type(layer).__name__}")
+
+    def _graph_dict(self) -> dict[str, Any]:
+        if self._input is None:
+            raise ConfigError("the model has no Input layer: add hugectr.Input first")
+        return {
+            "solver": self.solver.to_dict(),
+            "optimizer": self.opt_params.to_dict(),
+            "layers": [self._input.to_json(self.reader_params), *self._embedding_dicts,
+                       *self._dense_dicts],
+        }
+
+    def compile(self, loss_names: list[str] | None = None,
+                loss_weights: list[float] | None = None) -> None:
+        """Check the graph, create the embedding tables, initialise the dense parameters and
+        open the data readers.  ``loss_names`` / ``loss_weights`` weight the losses of a
+        multi-task model (by the loss layers' top or label names; default weight 1)."""
+        graph = Graph(**_split(self._graph_dict()))
+        self._check_bottoms(graph)
+        self.xp = xp = select_xp(self.solver.vvgpu)
+        self.mixed = bool(self.solver.use_mixed_precision) and is_gpu(xp)
+        if self.solver.use_mixed_precision and not self.mixed:
+            warnings.warn("use_mixed_precision: the CPU computes in float32 (scaler ignored)",
+                          stacklevel=2)
+        self.compute_dtype = np.float16 if self.mixed else np.float32
+        self.loss_scale = float(self.solver.scaler) if self.mixed else 1.0
+        data, self.embedding_specs = graph_inputs(graph)
+        self.label_names, self.label_dims = label_layout(data)
+        self.dense_name = data["dense"]["top"]
+        self.dense_dim = int(data["dense"]["dense_dim"])
+        self.sparse_names = [s["top"] for s in data.get("sparse", [])]
+        from .inference_graph import input_shapes
+
+        self.network = DenseNetwork(
+            self._dense_dicts, input_shapes(graph),
+            grad_sources={s.name for s in self.embedding_specs},
+        )
+        if not self.network.loss_layers:
+            raise ConfigError("the model has no loss layer (BinaryCrossEntropyLoss, ...)")
+        self._loss_scales = self._loss_weights(loss_names, loss_weights)
+        for i, layer in enumerate(self.network.layers):
+            if hasattr(layer, "set_seed"):
+                layer.set_seed(self.solver.seed + 7919 * (i + 1))
+        rng = np.random.default_rng(self.solver.seed)
+        self.params = [[to_xp(xp, p, np.float32) for p in ps]
+                       for ps in self.network.init_params(rng)]
+        self.states = [[to_xp(xp, s, np.float32) for s in ss] for ss in self.network.init_state()]
+        self.optimizer = make_optimizer(self.opt_params)
+        self.opt_states = [[self.optimizer.init_state(tuple(p.shape), xp) for p in ps]
+                           for ps in self.params]
+        self.tables = [adapters.make_table(spec, self._table_optimizer(spec), self.solver, xp)
+                       for spec in self.embedding_specs]
+        self._frozen_tables: set[str] = set()
+        self._graph = graph
+        self._compiled = True
+        self._open_readers()
+
+    def _check_bottoms(self, graph: Graph) -> None:
+        produced = set(graph.data_layer.get("sparse") and
+                       [s["top"] for s in graph.data_layer["sparse"]] or [])
+        for layer in self._embedding_dicts:
+            if layer["bottom"] not in produced:
+                raise ConfigError(
+                    f"SparseEmbedding {layer['name']!r}: bottom_name {layer['bottom']!r} is not a "
+                    f"sparse input of the Input layer ({', '.join(sorted(produced)) or 'none'})"
+                )
+
+    def _table_optimizer(self, spec):
+        opt = spec.hparam.get("optimizer")
+        layer = next(d for d in self._embedding_dicts if d["name"] == spec.name)
+        if "optimizer" in layer:
+            return OptParamsPy.from_dict(layer["optimizer"])
+        return opt or self.opt_params
+
+    def _loss_weights(self, names, weights) -> dict[str, float]:
+        losses = self.network.loss_layers
+        scales = {layer.top[0]: 1.0 for layer in losses}
+        if names is None and weights is None:
+            return scales
+        names, weights = list(names or []), list(weights or [])
+        if len(names) != len(weights):
+            raise ConfigError(f"compile: {len(names)} loss_names but {len(weights)} loss_weights")
+        for name, w in zip(names, weights):
+            match = [layer for layer in losses if name in (layer.top[0], layer.label_name,
+                                                           layer.name)]
+            if not match:
+                raise ConfigError(f"compile: no loss layer for {name!r} "
+                                  f"(losses: {[layer.top[0] for layer in losses]})")
+            for layer in match:
+                scales[layer.top[0]] = float(w)
+        return scales
+
+    def _require_compiled(self, what: str) -> None:
+        if not self._compiled:
+            raise ConfigError(f"Model.{what} needs a compiled model: call compile() first")
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def _open_readers(self) -> None:
+        p = self.reader_params
+        sparse = self._input.sparse_params
+        self._train_reader = adapters.make_reader(
+            p, p.source, self.solver.batchsize, self._input, sparse, self.solver,
+            repeat=self.solver.repeat_dataset)
+        self._eval_reader = None
+        if p.eval_source:
+            self._eval_reader = adapters.make_reader(
+                p, p.eval_source, self.solver.batchsize_eval, self._input, sparse, self.solver,
+                repeat=self.solver.repeat_dataset, eval_mode=True)
+
+    def get_data_reader_train(self):
+        """The training data reader (``set_source``, ``is_eof``)."""
+        self._require_compiled("get_data_reader_train")
+        return self._train_reader
+
+    def get_data_reader_eval(self):
+        """The evaluation data reader (``set_source``, ``is_eof``)."""
+        self._require_compiled("get_data_reader_eval")
+        return self._eval_reader
+
+    def start_data_reading(self) -> None:
+        """Kept for HugeCTR scripts; readers start on first use."""
+        self._require_compiled("start_data_reading")
+
+    def set_source(self, source: Any = None, keyset: Any = None, eval_source: Any = None) -> None:
+        """New training (and evaluation) sources for epoch-mode training."""
+        self._require_compiled("set_source")
+        if keyset:
+            warnings.warn("set_source: keyset files are ignored (no embedding training cache)",
+                          stacklevel=2)
+        if source is not None:
+            src = source[0] if isinstance(source, (list, tuple)) and len(source) == 1 else source
+            self._train_reader.set_source(src)
+        if eval_source is not None and self._eval_reader is not None:
+            self._eval_reader.set_source(eval_source)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def _tensors(self, batch) -> dict[str, Any]:
+        xp = self.xp
+        tensors: dict[str, Any] = {}
+        label = to_xp(xp, batch.label, np.float32)
+        start = 0
+        for name, dim in zip(self.label_names, self.label_dims):
+            tensors[name] = label[:, start : start + dim]
+            start += dim
+        tensors[self.dense_name] = to_xp(xp, batch.dense, self.compute_dtype)
+        return tensors
+
+    def _lookup(self, batch, tensors) -> None:
+        for spec, table in zip(self.embedding_specs, self.tables):
+            sparse = batch.sparse[self.sparse_names.index(spec.sparse_input)]
+            out = table.forward(sparse, spec.combiner)
+            tensors[spec.name] = out.astype(self.compute_dtype, copy=False)
+
+    def _params_for_compute(self):
+        if not self.mixed:
+            return self.params
+        return [[p.astype(np.float16) for p in ps] for ps in self.params]
+
+    def _loss_value(self, tensors) -> float:
+        total = 0.0
+        for layer in self.network.loss_layers:
+            total += self._loss_scales[layer.top[0]] * float(tensors[layer.top[0]])
+        return total
+
+    def _regularizers(self) -> list[tuple[str, float]]:
+        return [(layer.regularizer, layer.reg_lambda) for layer in self.network.loss_layers
+                if layer.regularizer and layer.reg_lambda]
+
+    def train(self) -> bool:
+        """One iteration on the next training batch; False when an epoch-mode source is
+        exhausted (nothing is trained then)."""
+        self._require_compiled("train")
+        batch = self._train_reader.next_batch()
+        if batch is None:
+            return False
+        self._train_on(batch)
+        return True
+
+    def _train_on(self, batch) -> None:
+        xp = self.xp
+        tensors = self._tensors(batch)
+        self._lookup(batch, tensors)
+        params = self._params_for_compute()
+        ctxs = self.network.forward(xp, tensors, params, self.states, True,
+                                    loss_dtype=np.float32 if self.mixed else None)
+        loss = self._loss_value(tensors)
+        scales = {k: v * self.loss_scale for k, v in self._loss_scales.items()}
+        param_grads, input_grads = self.network.backward(
+            xp, ctxs, params, scales, grad_dtype=np.float16 if self.mixed else None)
+        self._step += 1
+        step, lr = self._step, self._lr
+        inv = 1.0 / self.loss_scale
+        if self.mixed:
+            finite = all(bool(xp.isfinite(g).all()) for gs in param_grads for g in gs
+                         if g is not None)
+            finite = finite and all(bool(xp.isfinite(g).all()) for g in input_grads.values())
+            if not finite:  # loss-scale overflow: skip this update, as HugeCTR does
+                self._loss = loss
+                return
+        batch_size = batch.batch_size
+        regs = self._regularizers()
+        for reg, lam in regs:
+            for ps in self.params:
+                for p in ps:
+                    loss += lam / batch_size * (float(xp.abs(p).sum()) if reg == "L1"
+                                                else 0.5 * float((p * p).sum()))
+        self._loss = loss
+        if not self._dense_frozen:
+            for i, ps in enumerate(self.params):
+                for j, p in enumerate(ps):
+                    g = param_grads[i][j]
+                    if g is None and not regs:
+                        continue
+                    g = xp.zeros_like(p) if g is None else g.astype(np.float32, copy=False)
+                    if self.mixed:
+                        g = g * inv
+                    for reg, lam in regs:
+                        g = g + (lam / batch_size) * (xp.sign(p) if reg == "L1" else p)
+                    self.optimizer.update_dense(p, g, self.opt_states[i][j], lr, step)
+        for spec, table in zip(self.embedding_specs, self.tables):
+            g = input_grads.get(spec.name)
+            if g is None or spec.name in self._frozen_tables:
+                continue
+            g = g.astype(np.float32, copy=False)
+            if self.mixed:
+                g = g * inv
+            table.backward(g, lr, step)
+
+    def get_current_loss(self) -> float:
+        """The loss of the last training iteration (regularization included)."""
+        return self._loss
+
+    # -- learning rate -------------------------------------------------------------------------
+
+    def get_learning_rate_scheduler(self):
+        """The model's learning-rate scheduler (``get_next()``)."""
+        return self._scheduler
+
+    def set_learning_rate(self, lr: float) -> None:
+        """The learning rate for the next iterations."""
+        self._lr = float(lr)
+
+    def reset_learning_rate_scheduler(self, base_lr: float, warmup_steps: int = 1,
+                                      decay_start: int = 0, decay_steps: int = 1,
+                                      decay_power: float = 2.0, end_lr: float = 0.0) -> None:
+        """A fresh scheduler with these settings (fine-tuning)."""
+        self._scheduler = adapters.make_scheduler_from(
+            base_lr, warmup_steps, decay_start, decay_steps, decay_power, end_lr)
+        self._lr = float(base_lr)
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    def _predict_tensors(self, tensors) -> list[Any]:
+        outs = []
+        for layer, logits in self.network.prediction_inputs():
+            p = layer.predict(self.xp, tensors[logits].astype(np.float32, copy=False))
+            outs.append(p.reshape(p.shape[0], -1))
+        return outs
+
+    def predict_batch(self, batch) -> np.ndarray:
+        """Inference-mode probabilities ``[B, label_dim]`` for one batch (host numpy)."""
+        self._require_compiled("predict_batch")
+        tensors = self._tensors(batch)
+        self._lookup(batch, tensors)
+        self.network.forward(self.xp, tensors, self._params_for_compute(), self.states, False,
+                             with_loss=False)
+        outs = self._predict_tensors(tensors)
+        return to_numpy(outs[0] if len(outs) == 1 else self.xp.concatenate(outs, axis=1))
+
+    def eval(self) -> bool:
+        """Evaluate one batch of the evaluation source into the running metrics; False at the
+        end of an epoch-mode source."""
+        self._require_compiled("eval")
+        if self._eval_reader is None:
+            raise ConfigError("no eval_source was given in DataReaderParams")
+        batch = self._eval_reader.next_batch()
+        if batch is None:
+            return False
+        xp = self.xp
+        tensors = self._tensors(batch)
+        self._lookup(batch, tensors)
+        self.network.forward(xp, tensors, self._params_for_compute(), self.states, False,
+                             loss_dtype=np.float32 if self.mixed else None)
+        preds = [to_numpy(p) for p in self._predict_tensors(tensors)]
+        pred = preds[0] if len(preds) == 1 else np.concatenate(preds, axis=1)
+        label = to_numpy(batch.label).reshape(len(pred), -1)
+        self._eval_preds.append(pred)
+        self._eval_labels.append(label)
+        self._eval_losses.append(self._loss_value(tensors))
+        self._last_eval = (pred, label)
+        return True
+
+    def get_eval_metrics(self) -> list[tuple[str, float]]:
+        """The metrics of ``solver.metrics_spec`` over the batches evaluated since the last
+        call, as HugeCTR's ``[(name, value), ...]``."""
+        if not self._eval_preds:
+            return []
+        preds = np.concatenate(self._eval_preds)
+        labels = np.concatenate(self._eval_labels)
+        losses = list(self._eval_losses)
+        self._eval_preds, self._eval_labels, self._eval_losses = [], [], []
+        return adapters.compute_metrics(self.solver.metrics_spec, preds, labels, losses)
+
+    def _evaluate(self) -> list[tuple[str, float]]:
+        for _ in range(self.solver.max_eval_batches):
+            if not self.eval():
+                break
+        if not self.solver.repeat_dataset and self._eval_reader is not None:
+            self._eval_reader.set_source()
+        return self.get_eval_metrics()
+
+    def export_predictions(self, output_prediction_file_name: str,
+                           output_label_file_name: str) -> None:
+        """Append the last evaluated batch's predictions and labels to these text files
+        (one sample a line)."""
+        if self._last_eval is None:
+            raise ConfigError("export_predictions: call eval() first")
+        pred, label = self._last_eval
+        for name, values in ((output_prediction_file_name, pred),
+                             (output_label_file_name, label)):
+            with open(name, "a") as f:
+                np.savetxt(f, values, fmt="%.8g")
+
+    # -- fit -----------------------------------------------------------------------------------
+
+    def fit(self, num_epochs: int = 0, max_iter: int = 2000, display: int = 200,
+            eval_interval: int = 1000, snapshot: int = 10000, snapshot_prefix: str = "",
+            data_source_params: Any = None) -> None:
+        """Train for ``max_iter`` iterations (``repeat_dataset=True``) or ``num_epochs``
+        epochs (``repeat_dataset=False``), showing a progress bar, printing the loss every
+        ``display`` and the metrics every ``eval_interval`` iterations, and saving model files
+        every ``snapshot`` iterations under ``snapshot_prefix``.  Stops early when an AUC
+        threshold of ``metrics_spec`` is reached."""
+        self._require_compiled("fit")
+        from tqdm.auto import tqdm
+
+        epoch_mode = not self.solver.repeat_dataset
+        if epoch_mode and num_epochs < 1:
+            raise ConfigError("fit: epoch mode (repeat_dataset=False) needs num_epochs >= 1")
+        if not epoch_mode and max_iter < 1:
+            raise ConfigError("fit: non-epoch mode (repeat_dataset=True) needs max_iter >= 1")
+        threshold = adapters.auc_threshold(self.solver.metrics_spec)
+        bar = tqdm(total=None if epoch_mode else max_iter, unit="it", mininterval=1.0,
+                   disable=os.environ.get("TIERSERVE_NO_PROGRESS") == "1")
+        it, start, samples = 0, time.perf_counter(), 0
+        try:
+            epoch = 0
+            while True:
+                if epoch_mode:
+                    if epoch >= num_epochs:
+                        break
+                elif it >= max_iter:
+                    break
+                self.set_learning_rate(self._scheduler.get_next())
+                if not self.train():
+                    epoch += 1
+                    if epoch < num_epochs:
+                        self._train_reader.set_source()
+                    continue
+                it += 1
+                samples += self.solver.batchsize
+                bar.update(1)
+                if it % max(display, 1) == 0 or it == 1:
+                    rate = samples / max(time.perf_counter() - start, 1e-9)
+                    bar.set_postfix(loss=f"{self._loss:.5f}", lr=f"{self._lr:.3g}",
+                                    samples_s=f"{rate:,.0f}")
+                if eval_interval > 0 and it % eval_interval == 0 and self._eval_reader is not None:
+                    metrics = self._evaluate()
+                    bar.write(f"[tierserve] iter {it}: eval " + ", ".join(
+                        f"{k} = {v:.6f}" for k, v in metrics))
+                    auc = dict(metrics).get("AUC")
+                    if threshold is not None and auc is not None and auc >= threshold:
+                        bar.write(f"[tierserve] AUC {auc:.6f} reached the threshold "
+                                  f"{threshold}: training stops at iteration {it}")
+                        break
+                if snapshot > 0 and it % snapshot == 0 and snapshot_prefix is not None:
+                    self.save_params_to_files(snapshot_prefix, it)
+        finally:
+            bar.close()
+
+    # -- summary -------------------------------------------------------------------------------
+
+    def summary(self) -> None:
+        """Print each layer with its bottom and top tensors and output shapes."""
+        self._require_compiled("summary")
+        rows = [("Layer Type", "Input Name", "Output Name", "Output Shape")]
+        shapes = self.network.shapes
+        for name, dim in zip(self.label_names, self.label_dims):
+            rows.append(("Input", "", name, f"(None, {dim})"))
+        rows.append(("Input", "", self.dense_name, f"(None, {self.dense_dim})"))
+        for spec in self.embedding_specs:
+            rows.append((spec.type, spec.sparse_input, spec.name,
+                         f"(None, {spec.slot_num}, {spec.embedding_vec_size})"))
+        for layer in self.network.layers:
+            outs = ", ".join("()" if layer.is_loss else
+                             "(None, " + ", ".join(map(str, shapes[t])) + ")" for t in layer.top)
+            rows.append((layer.type_name, ",".join(layer.bottom), ",".join(layer.top), outs))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        line = "=" * (sum(widths) + 9)
+        print(line)
+        for k, r in enumerate(rows):
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+            if k == 0:
+                print("-" * (sum(widths) + 9))
+        print(line)
+        n = sum(int(np.prod(s)) for s in self.network.flat_param_shapes())
+        print(f"dense parameters: {n:,}; embedding tables: {len(self.tables)}")
+
+    # -- graph JSON ----------------------------------------------------------------------------
+
+    def graph_to_json(self, graph_config_file: str) -> None:
+        """Write the model graph (DESIGN.md, Formats 3)."""
+        save_graph_json(graph_config_file, self._graph_dict())
+
+    def construct_from_json(self, graph_config_file: str, include_dense_network: bool) -> None:
+        """Rebuild the graph from a saved JSON: the Input and embedding layers, and the dense
+        network too when ``include_dense_network``."""
+        if self._compiled:
+            raise ConfigError("construct_from_json must come before compile")
+        graph = load_graph_json(graph_config_file)
+        self._input = adapters.input_from_data_layer(graph.data_layer)
+        self._embedding_dicts = [dict(layer) for layer in graph.layers_of_type(*EMBEDDING_TYPES)]
+        if include_dense_network:
+            self._dense_dicts = [dict(layer) for layer in graph.layers[1:]
+                                 if layer["type"] not in EMBEDDING_TYPES]
+
+    # -- model files ---------------------------------------------------------------------------
+
+    def save_params_to_files(self, prefix: str, iter: int = 0) -> None:  # noqa: A002
+        """Write every table (``<prefix><i>_sparse_<iter>.model``) with its optimizer state,
+        the dense weights (``<prefix>_dense_<iter>.model`` and ``.nontrainable``) and the
+        dense optimizer state (``<prefix>_opt_dense_<iter>.model``)."""
+        self._require_compiled("save_params_to_files")
+        parent = Path(prefix).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        for i, table in enumerate(self.tables):
+            adapters.save_table(table, sparse_model_name(prefix, i, iter),
+                                sparse_optimizer_name(prefix, i, iter))
+        flat = [to_numpy(p) for ps in self.params for p in ps]
+        dense_path = dense_model_name(prefix, iter)
+        write_dense_file(dense_path, flat)
+        write_dense_file(dense_path + NONTRAINABLE_SUFFIX,
+                         [to_numpy(s) for ss in self.states for s in ss])
+        write_dense_file(dense_optimizer_name(prefix, iter), self._dense_opt_arrays())
+
+    def _dense_opt_arrays(self) -> list[np.ndarray]:
+        # One block per state name, each the concatenation over all parameters in file order
+        # (HugeCTR keeps one buffer per optimizer state).
+        out = []
+        for name in self.optimizer.state_names:
+            for per_layer in self.opt_states:
+                for st in per_layer:
+                    out.append(to_numpy(st[name]))
+        return out
+
+    def load_dense_weights(self, dense_model_file: str, data_source_params: Any = None) -> None:
+        """Load the dense weights (and the ``.nontrainable`` state beside them, if present)."""
+        self._require_compiled("load_dense_weights")
+        shapes = self.network.flat_param_shapes()
+        arrays = read_dense_file(dense_model_file, shapes)
+        for dst, src in zip((p for ps in self.params for p in ps), arrays):
+            dst[...] = to_xp(self.xp, src, np.float32)
+        sshapes = self.network.flat_state_shapes()
+        nt = os.fspath(dense_model_file) + NONTRAINABLE_SUFFIX
+        if sshapes and os.path.exists(nt):
+            for dst, src in zip((s for ss in self.states for s in ss),
+                                read_dense_file(nt, sshapes, "non-trainable dense file")):
+                dst[...] = to_xp(self.xp, src, np.float32)
+
+    def load_dense_optimizer_states(self, dense_opt_states_file: str,
+                                    data_source_params: Any = None) -> None:
+        """Load the dense optimizer state written by ``save_params_to_files``."""
+        self._require_compiled("load_dense_optimizer_states")
+        shapes = [tuple(p.shape) for _ in self.optimizer.state_names
+                  for ps in self.params for p in ps]
+        arrays = read_dense_file(dense_opt_states_file, shapes, "dense optimizer state file")
+        k = 0
+        for name in self.optimizer.state_names:
+            for per_layer in self.opt_states:
+                for st in per_layer:
+                    st[name][...] = to_xp(self.xp, arrays[k], np.float32)
+                    k += 1
+
+    def _tables_by(self, files: Any, what: str) -> list[tuple[Any, str]]:
+        if isinstance(files, (str, os.PathLike)):
+            files = [files]
+        if isinstance(files, dict):
+            names = [s.name for s in self.embedding_specs]
+            unknown = [n for n in files if n not in names]
+            if unknown:
+                raise ConfigError(f"{what}: no embedding named {unknown[0]!r} "
+                                  f"(embeddings: {names})")
+            return [(self.tables[names.index(n)], os.fspath(f)) for n, f in files.items()]
+        files = list(files)
+        if len(files) != len(self.tables):
+            raise ConfigError(f"{what}: {len(files)} files for {len(self.tables)} embedding "
+                              "tables (pass a dict to load some of them)")
+        return [(t, os.fspath(f)) for t, f in zip(self.tables, files)]
+
+    def load_sparse_weights(self, sparse_embedding_files: Any,
+                            data_source_params: Any = None) -> None:
+        """Load tables from sparse model folders: a list (one per table, in order) or a dict
+        by embedding name."""
+        self._require_compiled("load_sparse_weights")
+        for table, path in self._tables_by(sparse_embedding_files, "load_sparse_weights"):
+            adapters.load_table(table, path)
+
+    def load_sparse_optimizer_states(self, sparse_opt_states_files: Any,
+                                     data_source_params: Any = None) -> None:
+        """Load the tables' optimizer states: a list (one per table) or a dict by name."""
+        self._require_compiled("load_sparse_optimizer_states")
+        for table, path in self._tables_by(sparse_opt_states_files,
+                                           "load_sparse_optimizer_states"):
+            adapters.load_table_optimizer(table, path)
+
+    # -- freezing ------------------------------------------------------------------------------
+
+    def freeze_dense(self) -> None:
+        """Stop updating the dense weights."""
+        self._dense_frozen = True
+
+    def unfreeze_dense(self) -> None:
+        self._dense_frozen = False
+
+    def _embedding_names(self, name: str | None) -> list[str]:
+        names = [d["name"] for d in self._embedding_dicts]
+        if name is None:
+            return names
+        if name not in names:
+            raise ConfigError(f"no embedding named {name!r} (embeddings: {names})")
+        return [name]
+
+    def freeze_embedding(self, embedding_name: str | None = None) -> None:
+        """Stop updating all embedding tables, or the one named."""
+        self._require_compiled("freeze_embedding")
+        self._frozen_tables.update(self._embedding_names(embedding_name))
+
+    def unfreeze_embedding(self, embedding_name: str | None = None) -> None:
+        self._require_compiled("unfreeze_embedding")
+        self._frozen_tables.difference_update(self._embedding_names(embedding_name))
+
+    # -- incremental ---------------------------------------------------------------------------
+
+    def get_incremental_model(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per table, ``(keys int64, vectors float32 [n, dim])`` of the rows updated since the
+        last call."""
+        self._require_compiled("get_incremental_model")
+        return [adapters.incremental(t) for t in self.tables]
+
+    # -- HugeCTR compatibility no-ops ----------------------------------------------------------
+
+    def check_overflow(self) -> None:
+        """Kept for HugeCTR scripts; tables grow up to their workspace and then raise."""
+
+    def copy_weights_for_evaluation(self) -> None:
+        """Kept for HugeCTR scripts; evaluation reads the training weights directly."""
+
+    def get_embedding_training_cache(self):
+        raise ConfigError("the embedding training cache is not supported")
+
+    def dense_parameters(self) -> list[np.ndarray]:
+        """The dense weights in dense-file order (host copies)."""
+        return [to_numpy(p).copy() for ps in self.params for p in ps]
+
+    def graph(self) -> Graph:
+        return Graph(**_split(self._graph_dict()))
+
+
+def _split(data: dict[str, Any]) -> dict[str, Any]:
+    return {"layers": data["layers"], "solver": data.get("solver", {}),
+            "optimizer": data.get("optimizer", {})}
+
+
+__all__ = ["Model"]

@@ -1,0 +1,119 @@
+"""``CreateSolver``: the training resources and task settings of a HugeCTR model."""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tierserve.ps.errors import ConfigError
+
+
+class LrPolicy_t(enum.Enum):  # noqa: N801 - HugeCTR's name
+    fixed = "fixed"
+
+
+class DeviceLayout(enum.Enum):
+    LocalFirst = "LocalFirst"
+    NODE_FIRST = "NODE_FIRST"
+
+
+class AllReduceAlgo(enum.Enum):
+    OneShot = "OneShot"
+    NCCL = "NCCL"
+
+
+_SCALERS = (1.0, 128.0, 256.0, 512.0, 1024.0)
+
+
+@dataclass
+class Solver:
+    """What ``CreateSolver`` returns; fields and defaults are HugeCTR's.
+
+    Used here: ``model_name``, ``seed``, the learning-rate schedule (``lr``, ``warmup_steps``,
+    ``decay_start``, ``decay_steps``, ``decay_power``, ``end_lr``), ``max_eval_batches``,
+    ``batchsize_eval``, ``batchsize``, ``vvgpu`` (first device only), ``repeat_dataset``,
+    ``use_mixed_precision`` and ``scaler`` (float16 compute with loss scaling on a GPU; the
+    CPU computes in float32 and ignores them), ``metrics_spec``, ``i64_input_key``.
+    The CUDA- and MLPerf-specific switches (``enable_tf32_compute``, ``use_algorithm_search``,
+    ``use_cuda_graph``, ``device_layout``, ``use_holistic_cuda_graph``,
+    ``use_overlapped_pipeline``, ``all_reduce_algo``, ``grouped_all_reduce``,
+    ``num_iterations_statistics``, ``is_dlrm``) are accepted and have no effect.
+    """
+
+    model_name: str = ""
+    seed: int = 0
+    lr_policy: Any = LrPolicy_t.fixed
+    lr: float = 0.001
+    warmup_steps: int = 1
+    decay_start: int = 0
+    decay_steps: int = 1
+    decay_power: float = 2.0
+    end_lr: float = 0.0
+    max_eval_batches: int = 100
+    batchsize_eval: int = 2048
+    batchsize: int = 2048
+    vvgpu: list = field(default_factory=lambda: [[0]])
+    repeat_dataset: bool = True
+    use_mixed_precision: bool = False
+    enable_tf32_compute: bool = False
+    scaler: float = 1.0
+    metrics_spec: dict = field(default_factory=dict)
+    i64_input_key: bool = False
+    use_algorithm_search: bool = True
+    use_cuda_graph: bool = True
+    device_layout: Any = DeviceLayout.LocalFirst
+    use_holistic_cuda_graph: bool = False
+    use_overlapped_pipeline: bool = False
+    all_reduce_algo: Any = AllReduceAlgo.NCCL
+    grouped_all_reduce: bool = False
+    num_iterations_statistics: int = 20
+    is_dlrm: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The graph JSON's ``"solver"`` object."""
+        out = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, enum.Enum):
+                value = value.name
+            if key == "metrics_spec":
+                value = {getattr(k, "name", str(k)): float(v) for k, v in self.metrics_spec.items()}
+            out[key] = value
+        return out
+
+
+def CreateSolver(**kwargs: Any) -> Solver:  # noqa: N802 - HugeCTR's name
+    """HugeCTR's ``CreateSolver``: every argument is keyword-only, defaults are HugeCTR's.
+
+    ``metrics_spec`` defaults to ``{MetricsType.AUC: 1.0}``; an AUC value below 1 stops
+    ``Model.fit`` once evaluation reaches it.
+    """
+    names = Solver.__dataclass_fields__
+    unknown = sorted(set(kwargs) - set(names))
+    if unknown:
+        raise ConfigError(f"CreateSolver got unknown arguments {unknown}")
+    solver = Solver(**kwargs)
+    if solver.batchsize < 1 or solver.batchsize_eval < 1:
+        raise ConfigError(
+            f"batchsize and batchsize_eval must be positive, got {solver.batchsize}, "
+            f"{solver.batchsize_eval}"
+        )
+    if solver.max_eval_batches < 1:
+        raise ConfigError(f"max_eval_batches must be positive, got {solver.max_eval_batches}")
+    if solver.lr <= 0:
+        raise ConfigError(f"lr must be positive, got {solver.lr}")
+    if solver.use_mixed_precision and float(solver.scaler) not in _SCALERS:
+        raise ConfigError(f"scaler must be one of {_SCALERS[1:]} with mixed precision")
+    if "metrics_spec" not in kwargs or not solver.metrics_spec:
+        try:
+            from .metrics import MetricsType
+        except ImportError:
+            from ._provisional import MetricsType
+
+        solver.metrics_spec = {MetricsType.AUC: 1.0}
+    if solver.warmup_steps < 0 or solver.decay_start < 0 or solver.decay_steps < 1:
+        raise ConfigError("warmup_steps and decay_start must be >= 0, decay_steps >= 1")
+    if solver.is_dlrm:
+        warnings.warn("is_dlrm: HugeCTR's MLPerf optimisations are not used here", stacklevel=2)
+    return solver

@@ -1,0 +1,5 @@
+"""``hugectr.tools``: the synthetic data generator (``DataGeneratorParams``, ``DataGenerator``)."""
+
+from .data.generator import DataGenerator, DataGeneratorParams, Distribution_t, PowerLaw_t
+
+__all__ = ["DataGenerator", "DataGeneratorParams", "Distribution_t", "PowerLaw_t"]
