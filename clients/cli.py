@@ -31,9 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tierserve {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import demo
+    from . import convert, demo
 
     demo.register(commands)
+    convert.register(commands)
     return parser
 
 
