@@ -46,7 +46,9 @@ def _stats_source(plane: DataPlane):
 def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
     """The server app for ``settings``; ``loader`` builds servables (default: InferenceModel)."""
     if loader is None:
-        from .loader import load_servable as loader
+        from .loader import RepositoryLoader
+
+        loader = RepositoryLoader()
     if settings.model_repository is None and settings.config is None:
         from tierserve.ps.errors import ConfigError
 
@@ -65,6 +67,8 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
         max_batch_delay_s=settings.max_batch_delay_ms / 1000.0,
     )
     metrics.add_source(_stats_source(plane))
+    if hasattr(loader, "tier_stats"):
+        metrics.add_tier_source(loader.tier_stats)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -104,6 +108,8 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
             repository.close()
+            if hasattr(loader, "close"):
+                await loop.run_in_executor(loads, loader.close)
             executor.shutdown(wait=False, cancel_futures=True)
             loads.shutdown(wait=False, cancel_futures=True)
 

@@ -1,8 +1,9 @@
 """Prometheus metrics of one server, in a registry of its own (so tests can build many apps).
 
-Requests, errors and latency by model and protocol; batch sizes by model; embedding cache hit
-rate and per-tier lookup latency and errors, read at scrape time from the loaded models
-through :meth:`ServerMetrics.add_source`.
+Requests, errors and latency by model and protocol; batch sizes by model; the embedding
+cache hit rate per model and table (:meth:`ServerMetrics.add_source`) and per-tier latency,
+hits, misses and errors of the parameter server (:meth:`ServerMetrics.add_tier_source`), read
+at scrape time.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
-#: A source returns a dict per model: ``{"model": name, "cache_hit_rate": {table: rate},
-#: "tiers": {tier: {"lookups": n, "errors": n, "seconds_sum": s, "buckets": [(le, count)]}}}``.
+#: A model source yields ``{"model": name, "cache_hit_rate": {table: rate}}`` per model.
 StatsSource = Callable[[], Iterable[dict[str, Any]]]
+#: A tier source returns ``{level: TierStats.snapshot()}`` (see ``tierserve.ps.stats``).
+TierSource = Callable[[], dict[str, dict[str, Any]]]
 
 
 class _TierCollector(Collector):
     def __init__(self) -> None:
         self.sources: list[StatsSource] = []
+        self.tier_sources: list[TierSource] = []
 
     def collect(self):
         hit = GaugeMetricFamily(
@@ -34,31 +37,40 @@ class _TierCollector(Collector):
             "Embedding cache hit rate since the model version loaded",
             labels=["model", "table"],
         )
-        errors = CounterMetricFamily(
-            "tierserve_tier_lookup_errors",
-            "Failed lookups per storage tier",
-            labels=["model", "tier"],
-        )
-        latency = HistogramMetricFamily(
-            "tierserve_tier_lookup_latency_seconds",
-            "Lookup latency per storage tier",
-            labels=["model", "tier"],
-        )
         for source in list(self.sources):
             for stats in source():
-                model = stats["model"]
                 for table, rate in stats.get("cache_hit_rate", {}).items():
-                    hit.add_metric([model, table], rate)
-                for tier, t in stats.get("tiers", {}).items():
-                    errors.add_metric([model, tier], t.get("errors", 0))
-                    latency.add_metric(
-                        [model, tier],
-                        buckets=[(str(le), n) for le, n in t.get("buckets", [])]
-                        + [("+Inf", t.get("lookups", 0))],
-                        sum_value=t.get("seconds_sum", 0.0),
-                    )
+                    hit.add_metric([stats["model"], table], rate)
         yield hit
+        errors = CounterMetricFamily(
+            "tierserve_tier_errors", "Failed backend calls per storage tier", labels=["tier"]
+        )
+        hits = CounterMetricFamily(
+            "tierserve_tier_hits", "Keys found per storage tier", labels=["tier"]
+        )
+        misses = CounterMetricFamily(
+            "tierserve_tier_misses", "Keys not found per storage tier", labels=["tier"]
+        )
+        latency = HistogramMetricFamily(
+            "tierserve_tier_latency_seconds",
+            "Latency of storage-tier operations (lookup, insert, ...)",
+            labels=["tier", "op"],
+        )
+        for source in list(self.tier_sources):
+            for level, snap in source().items():
+                tier = f"{level}:{snap.get('tier', '')}"
+                errors.add_metric([tier], snap.get("errors", 0))
+                hits.add_metric([tier], snap.get("hits", 0))
+                misses.add_metric([tier], snap.get("misses", 0))
+                for op, h in snap.get("latency", {}).items():
+                    buckets = [
+                        ("+Inf" if bound == float("inf") else str(bound), n)
+                        for bound, n in h["buckets"]
+                    ]
+                    latency.add_metric([tier, op], buckets=buckets, sum_value=h["sum"])
         yield errors
+        yield hits
+        yield misses
         yield latency
 
 
@@ -106,6 +118,10 @@ class ServerMetrics:
     def add_source(self, source: StatsSource) -> None:
         """Read cache and tier statistics from ``source`` at every scrape."""
         self._tiers.sources.append(source)
+
+    def add_tier_source(self, source: TierSource) -> None:
+        """Read per-tier counters and latency histograms from ``source`` at every scrape."""
+        self._tiers.tier_sources.append(source)
 
     def observe_batch(self, model: str, rows: int, requests: int) -> None:
         self.batch_size.labels(model).observe(rows)

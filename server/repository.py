@@ -277,6 +277,9 @@ class ModelRepository:
         if self.on_swap is not None:
             self.on_swap(entry, old)
         old.retire()
+        unload = getattr(self.loader, "unload", None)
+        if unload is not None:
+            unload(name)
         log.info("model %s unloaded", name)
 
     def poll(self) -> None:

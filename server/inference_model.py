@@ -1,0 +1,485 @@
+"""HugeCTR's inference API: ``InferenceParams``, ``InferenceModel`` and ``InferenceSession``.
+
+``InferenceModel(model_config_path, inference_params)`` reads the graph JSON and dense file
+into the trainer's forward-only :class:`~tierserve.trainer.inference_graph.InferenceGraph`
+(the same layers as training), puts the sparse model folders into the hierarchical parameter
+server's tiers (``volatile_db``, ``persistent_db``), optionally fronted by the embedding cache,
+and predicts: per table, the batch's keys are looked up once each (unique), the vectors are
+combined per slot (sum or mean, as the embedding layer does), and the dense network runs.
+
+``predict`` and ``evaluate`` read a Norm, Raw or Parquet dataset in batches of
+``max_batchsize`` and wrap around to its start, as HugeCTR does.  ``InferenceSession`` is the
+older single-table API over raw lists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tierserve.ps.config import (
+    DisabledConfig,
+    ModelConfig,
+    PersistentDBConfig,
+    PSConfig,
+    UpdateSourceConfig,
+    VolatileDBConfig,
+    _format_errors,
+)
+from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
+from tierserve.trainer.data.batch import Batch, SparseInput
+from tierserve.trainer.graph_json import Graph, load_graph_json
+from tierserve.trainer.inference_graph import EmbeddingSpec, InferenceGraph
+
+log = logging.getLogger("tierserve.server.inference_model")
+
+
+# --- parameters ------------------------------------------------------------------------------
+
+
+def _tier_config(value: Any, adapter) -> Any:
+    if hasattr(value, "to_config"):
+        return value.to_config()
+    return value if not isinstance(value, dict) else adapter(value)
+
+
+class InferenceParams(BaseModel):
+    """HugeCTR's ``InferenceParams``: the first eight arguments may be given by position.
+
+    Beyond HugeCTR's fields, ``volatile_db``, ``persistent_db`` and ``update_source`` take the
+    parameter objects of :mod:`tierserve.ps.params` (or their typed configs or dicts), and
+    ``network_file`` / ``non_trainable_params_file`` override where the graph's files are.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", arbitrary_types_allowed=True, validate_assignment=True
+    )
+
+    model_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,120}$")]
+    max_batchsize: Annotated[int, Field(gt=0)]
+    hit_rate_threshold: Annotated[float, Field(ge=0.0, le=1.0)]
+    dense_model_file: str
+    sparse_model_files: list[str]
+    use_gpu_embedding_cache: bool
+    cache_size_percentage: Annotated[float, Field(ge=0.0, le=1.0)]
+    i64_input_key: bool
+    use_mixed_precision: bool = False
+    scaler: float = 1.0
+    use_algorithm_search: bool = True
+    use_cuda_graph: bool = True
+    number_of_worker_buffers_in_pool: Annotated[int, Field(gt=0)] = 2
+    number_of_refresh_buffers_in_pool: Annotated[int, Field(gt=0)] = 1
+    cache_refresh_percentage_per_iteration: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    deployed_devices: list[int] = Field(default_factory=lambda: [0])
+    default_value_for_each_table: list[float] = Field(default_factory=lambda: [0.0])
+    volatile_db: Any = None
+    persistent_db: Any = None
+    update_source: Any = None
+    maxnum_des_feature_per_sample: Annotated[int, Field(ge=0)] = 26
+    refresh_delay: float = 0.0
+    refresh_interval: float = 0.0
+    maxnum_catfeature_query_per_table_per_sample: list[int] = Field(default_factory=list)
+    embedding_vecsize_per_table: list[int] = Field(default_factory=list)
+    embedding_table_names: list[str] = Field(default_factory=list)
+    network_file: str = ""
+    label_dim: Annotated[int, Field(gt=0)] = 1
+    slot_num: Annotated[int, Field(gt=0)] = 10
+    non_trainable_params_file: str = ""
+
+    _POSITIONAL: ClassVar[tuple[str, ...]] = (
+        "model_name",
+        "max_batchsize",
+        "hit_rate_threshold",
+        "dense_model_file",
+        "sparse_model_files",
+        "use_gpu_embedding_cache",
+        "cache_size_percentage",
+        "i64_input_key",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if len(args) > len(self._POSITIONAL):
+            raise ConfigError(
+                f"InferenceParams takes at most {len(self._POSITIONAL)} positional arguments"
+            )
+        for name, value in zip(self._POSITIONAL, args):
+            if name in kwargs:
+                raise ConfigError(f"InferenceParams: {name} given twice")
+            kwargs[name] = value
+        if isinstance(kwargs.get("sparse_model_files"), (str, os.PathLike)):
+            kwargs["sparse_model_files"] = [kwargs["sparse_model_files"]]
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as exc:
+            raise ConfigError(_format_errors(exc, "InferenceParams")) from None
+
+    def tier_configs(self) -> tuple[Any, Any, Any]:
+        """The typed volatile, persistent and update-source configs."""
+        from pydantic import TypeAdapter
+
+        vdb = self.volatile_db if self.volatile_db is not None else VolatileDatabaseParams()
+        pdb = self.persistent_db if self.persistent_db is not None else PersistentDatabaseParams()
+        src = self.update_source if self.update_source is not None else UpdateSourceParams()
+        return (
+            _tier_config(vdb, TypeAdapter(VolatileDBConfig).validate_python),
+            _tier_config(pdb, TypeAdapter(PersistentDBConfig).validate_python),
+            _tier_config(src, TypeAdapter(UpdateSourceConfig).validate_python),
+        )
+
+
+# --- embedding combination -------------------------------------------------------------------
+
+
+def combine(
+    vectors: np.ndarray, row_offsets: np.ndarray, batch_size: int, slot_num: int, combiner: str
+) -> np.ndarray:
+    """Per (sample, slot) row of CSR ``row_offsets``, the sum or mean of its ``vectors``.
+
+    ``vectors`` holds one embedding per key, in key order; the result is
+    ``[batch_size, slot_num, dim]``.  Empty rows give zeros.
+    """
+    dim = vectors.shape[1]
+    rows = batch_size * slot_num
+    counts = np.diff(row_offsets)
+    if vectors.shape[0] == rows and np.all(counts == 1):
+        out = vectors.reshape(batch_size, slot_num, dim)
+        return out.astype(np.float32, copy=False)
+    out = np.zeros((rows, dim), dtype=np.float32)
+    nonempty = counts > 0
+    if vectors.shape[0]:
+        starts = row_offsets[:-1][nonempty]
+        out[nonempty] = np.add.reduceat(vectors, starts, axis=0)
+    if combiner == "mean":
+        out /= np.maximum(counts, 1).astype(np.float32)[:, None]
+    return out.reshape(batch_size, slot_num, dim)
+
+
+# --- the model -------------------------------------------------------------------------------
+
+
+class InferenceModel:
+    """Predicts with a trained model; see the module docstring.
+
+    ``parameter_server`` lets several models share one ``HierarchicalParameterServer``; the
+    model's sparse files are loaded into it (``load_tables``), which swaps in the new tables
+    when the model was already there.  By default the model creates its own from the params.
+    """
+
+    def __init__(
+        self,
+        model_config_path: str | os.PathLike,
+        inference_params: InferenceParams,
+        parameter_server: Any = None,
+        load_tables: bool = True,
+    ) -> None:
+        self.params = p = inference_params
+        self.model_name = p.model_name
+        self.max_batchsize = p.max_batchsize
+        graph_path = p.network_file or model_config_path
+        self.graph: Graph = load_graph_json(graph_path)
+        self.network = InferenceGraph(
+            self.graph, p.dense_model_file, p.non_trainable_params_file or None
+        )
+        self.tables: list[EmbeddingSpec] = list(self.network.embeddings)
+        if len(p.sparse_model_files) != len(self.tables):
+            raise ConfigError(
+                f"model {p.model_name!r}: {len(p.sparse_model_files)} sparse model files for "
+                f"{len(self.tables)} embedding tables in {graph_path}"
+            )
+        self.dense_dim = self.network.dense_dim
+        self.label_dim = sum(self.network.label_dims)
+        self.table_names = [t.name for t in self.tables]
+        # Batches carry one SparseInput per sparse input of the Data layer, in its order.
+        self.sparse_names = [s["top"] for s in self.graph.data_layer.get("sparse", []) or []]
+        self.slot_nums = [int(s["slot_num"]) for s in self.graph.data_layer.get("sparse", [])]
+        self._table_input = [self.sparse_names.index(t.sparse_input) for t in self.tables]
+        self.model_config = self._model_config(graph_path)
+        self._owns_ps = parameter_server is None
+        if parameter_server is None:
+            from tierserve.ps.hierarchy import HierarchicalParameterServer
+
+            vdb, pdb, src = p.tier_configs()
+            ps_config = PSConfig(
+                supportlonglong=p.i64_input_key,
+                volatile_db=vdb,
+                persistent_db=pdb,
+                update_source=src,
+                models=[self.model_config],
+            )
+            parameter_server = HierarchicalParameterServer(ps_config)
+        elif load_tables:
+            parameter_server.load_model(self.model_config)
+        self.parameter_server = parameter_server
+        self.cache = self._create_cache() if p.use_gpu_embedding_cache else None
+        self.lookup_seconds = 0.0
+        self.lookups = 0
+
+    def _model_config(self, graph_path) -> ModelConfig:
+        p = self.params
+        n = len(self.tables)
+        defaults = list(p.default_value_for_each_table)
+        if len(defaults) == 1 and n > 1:
+            defaults = defaults * n
+        return ModelConfig(
+            model=p.model_name,
+            sparse_files=[os.fspath(f) for f in p.sparse_model_files],
+            dense_file=os.fspath(p.dense_model_file),
+            network_file=os.fspath(graph_path),
+            max_batch_size=p.max_batchsize,
+            deployed_device_list=p.deployed_devices,
+            default_value_for_each_table=defaults,
+            maxnum_des_feature_per_sample=self.dense_dim,
+            maxnum_catfeature_query_per_table_per_sample=[
+                max(t.max_nnz, t.slot_num) for t in self.tables
+            ],
+            embedding_vecsize_per_table=[t.embedding_vec_size for t in self.tables],
+            embedding_table_names=[t.name for t in self.tables],
+            hit_rate_threshold=p.hit_rate_threshold,
+            gpucache=p.use_gpu_embedding_cache,
+            gpucacheper=p.cache_size_percentage,
+            use_mixed_precision=p.use_mixed_precision,
+            label_dim=self.label_dim,
+            slot_num=sum(self.slot_nums),
+        )
+
+    def _create_cache(self):
+        from tierserve.cache import create_embedding_cache
+
+        return create_embedding_cache(
+            self.parameter_server, self.model_config, device_id=self.params.deployed_devices[0]
+        )
+
+    # -- lookups and prediction -------------------------------------------------------------
+
+    def lookup(self, table: int, keys: np.ndarray) -> np.ndarray:
+        """Embeddings ``[len(keys), dim]`` of table ``table`` (index in graph order)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        started = time.perf_counter()
+        name = self.table_names[table]
+        if self.cache is not None:
+            vectors = self.cache.lookup(name, keys)
+        else:
+            vectors = self.parameter_server.lookup(self.model_name, name, keys)
+        self.lookup_seconds += time.perf_counter() - started
+        self.lookups += 1
+        return np.asarray(vectors, dtype=np.float32)
+
+    def embeddings(self, batch: Batch) -> list[np.ndarray]:
+        """Each table's combined embeddings ``[B, slot_num, dim]`` for ``batch``."""
+        inputs = [batch.sparse[i] for i in self._table_input]
+        uniques, inverses = [], []
+        for sparse in inputs:
+            unique, inverse = np.unique(sparse.keys, return_inverse=True)
+            uniques.append(unique)
+            inverses.append(inverse.reshape(-1))
+        started = time.perf_counter()
+        if self.cache is not None:
+            found = [self.cache.lookup(name, u) for name, u in zip(self.table_names, uniques)]
+        else:
+            found = self.parameter_server.lookup_tables(self.model_name, uniques)
+        self.lookup_seconds += time.perf_counter() - started
+        self.lookups += 1
+        return [
+            combine(
+                np.asarray(vectors, dtype=np.float32)[inverse],
+                sparse.row_offsets,
+                batch.batch_size,
+                spec.slot_num,
+                spec.combiner,
+            )
+            for spec, sparse, vectors, inverse in zip(self.tables, inputs, found, inverses)
+        ]
+
+    def predict_batch(self, batch: Batch) -> np.ndarray:
+        """Probabilities ``[batch_size, label_dim]`` for one batch."""
+        if len(batch.sparse) != len(self.sparse_names):
+            raise InvalidInputError(
+                f"the batch has {len(batch.sparse)} sparse inputs; the model has "
+                f"{len(self.sparse_names)} ({', '.join(self.sparse_names)})"
+            )
+        out = self.network.predict(batch.dense, self.embeddings(batch))
+        from tierserve.trainer.device import to_numpy
+
+        return to_numpy(out).astype(np.float32, copy=False)
+
+    def _batches(
+        self, num_batches: int, source, data_reader_type, check_type, slot_size_array
+    ) -> Iterator[Batch]:
+        from .datasets import wrapped_batches
+
+        return wrapped_batches(
+            self.graph,
+            source,
+            data_reader_type,
+            check_type,
+            slot_size_array,
+            batch_size=self.max_batchsize,
+            num_batches=num_batches,
+            i64_input_key=self.params.i64_input_key,
+        )
+
+    def predict(
+        self,
+        num_batches: int,
+        source: str | Sequence[str],
+        data_reader_type: Any = "Norm",
+        check_type: Any = "Sum",
+        slot_size_array: Sequence[int] | None = None,
+    ) -> np.ndarray:
+        """Predictions ``(max_batchsize * num_batches, label_dim)``, wrapping over the data."""
+        outs = [
+            self.predict_batch(b)
+            for b in self._batches(
+                num_batches, source, data_reader_type, check_type, slot_size_array
+            )
+        ]
+        if not outs:
+            return np.zeros((0, self.label_dim), dtype=np.float32)
+        return np.concatenate(outs)
+
+    def evaluate(
+        self,
+        num_batches: int,
+        source: str | Sequence[str],
+        data_reader_type: Any = "Norm",
+        check_type: Any = "Sum",
+        slot_size_array: Sequence[int] | None = None,
+    ) -> float:
+        """AUC over ``max_batchsize * num_batches`` samples (wrapping over the data)."""
+        preds, labels = [], []
+        for b in self._batches(num_batches, source, data_reader_type, check_type, slot_size_array):
+            preds.append(self.predict_batch(b))
+            labels.append(b.label)
+        from .evaluation import auc
+
+        return auc(np.concatenate(labels), np.concatenate(preds))
+
+    # -- housekeeping -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The embedding cache's hit rate per table (empty without a cache), for /metrics."""
+        rates = {}
+        hit_rate = getattr(self.cache, "hit_rate", None)
+        if callable(hit_rate):
+            rates = {name: float(hit_rate(name)) for name in self.table_names}
+        return {"cache_hit_rate": rates}
+
+    def close(self) -> None:
+        """Release the cache and, when this model created it, the parameter server."""
+        if self.cache is not None and hasattr(self.cache, "close"):
+            self.cache.close()
+        if self._owns_ps and hasattr(self.parameter_server, "close"):
+            self.parameter_server.close()
+
+
+def load_inference_model(
+    graph_path: str | os.PathLike, params: InferenceParams, **kwargs: Any
+) -> InferenceModel:
+    """``InferenceModel(graph_path, params)``, for symmetry with the loaders."""
+    return InferenceModel(graph_path, params, **kwargs)
+
+
+# --- the older API -----------------------------------------------------------------------------
+
+
+class InferenceSession:
+    """HugeCTR's older ``InferenceSession(config_file, device_id, embedding_cache)``.
+
+    ``config_file`` is a graph JSON with an ``inference`` clause naming ``dense_model_file``
+    and ``sparse_model_file`` (or the keyword arguments give them); ``embedding_cache`` may be
+    None, an embedding cache, or a parameter server.  ``predict(dense_features,
+    embeddingcolumns, row_ptrs)`` takes flat lists: ``B * dense_dim`` floats, the keys, and
+    CSR row pointers ``B * slot_num + 1`` per table.
+    """
+
+    def __init__(
+        self,
+        config_file: str | os.PathLike,
+        device_id: int = 0,
+        embedding_cache: Any = None,
+        model_name: str | None = None,
+        dense_model_file: str | None = None,
+        sparse_model_files: Sequence[str] | None = None,
+        max_batchsize: int = 1024,
+    ) -> None:
+        import json
+
+        raw = json.loads(Path(config_file).read_text())
+        clause = raw.get("inference", {}) if isinstance(raw, dict) else {}
+        sparse = (
+            sparse_model_files
+            or clause.get("sparse_model_file")
+            or clause.get("sparse_model_files")
+        )
+        if isinstance(sparse, str):
+            sparse = [sparse]
+        dense = dense_model_file or clause.get("dense_model_file")
+        if not sparse or not dense:
+            raise ConfigError(
+                f"{config_file}: give dense_model_file and sparse_model_file in its "
+                "'inference' clause or as arguments"
+            )
+        name = model_name or (raw.get("solver") or {}).get("model_name") or "model"
+        params = InferenceParams(
+            model_name=name,
+            max_batchsize=int(clause.get("max_batchsize", max_batchsize)),
+            hit_rate_threshold=float(clause.get("hit_rate_threshold", 0.9)),
+            dense_model_file=dense,
+            sparse_model_files=list(sparse),
+            use_gpu_embedding_cache=False,
+            cache_size_percentage=float(clause.get("gpucacheper", 0.0)),
+            i64_input_key=True,
+            deployed_devices=[device_id],
+            volatile_db=VolatileDatabaseParams(type="hash_map"),
+            persistent_db=DisabledConfig(),
+        )
+        ps = None
+        if embedding_cache is not None and hasattr(embedding_cache, "lookup"):
+            ps = embedding_cache
+        self.model = InferenceModel(config_file, params, parameter_server=ps)
+
+    def predict(
+        self,
+        dense_features: Sequence[float],
+        embeddingcolumns: Sequence[int],
+        row_ptrs: Sequence[int],
+        i64_input_key: bool = True,
+    ) -> list[float]:
+        """Predictions for the samples in the flat lists, as a flat list."""
+        m = self.model
+        dense = np.asarray(dense_features, dtype=np.float32)
+        if m.dense_dim == 0 or dense.size % m.dense_dim:
+            raise InvalidInputError(
+                f"dense_features has {dense.size} values, not a multiple of dense_dim {m.dense_dim}"
+            )
+        batch_size = dense.size // m.dense_dim
+        keys = np.asarray(embeddingcolumns, dtype=np.int64)
+        ptrs = np.asarray(row_ptrs, dtype=np.int64)
+        sparse, at, key_at = [], 0, 0
+        for t, slots in enumerate(m.slot_nums):
+            n = batch_size * slots + 1
+            offsets = ptrs[at : at + n]
+            if offsets.shape[0] != n:
+                raise InvalidInputError(
+                    f"row_ptrs has {ptrs.size} entries; {batch_size} samples need "
+                    f"{sum(batch_size * s + 1 for s in m.slot_nums)}"
+                )
+            offsets = offsets - offsets[0]
+            nnz = int(offsets[-1])
+            sparse.append(SparseInput(keys[key_at : key_at + nnz], offsets, slots))
+            at, key_at = at + n, key_at + nnz
+            del t
+        batch = Batch(
+            label=np.zeros((batch_size, m.label_dim), np.float32),
+            dense=dense.reshape(batch_size, m.dense_dim),
+            sparse=tuple(sparse),
+        )
+        return m.predict_batch(batch).reshape(-1).tolist()

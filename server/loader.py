@@ -1,0 +1,198 @@
+"""Builds the servable of a model version from its folder and the repository's ``ps.json``.
+
+One :class:`~tierserve.ps.hierarchy.HierarchicalParameterServer`, made from ``ps.json``'s
+tiers on the first load, holds the tables of every model; loading a version loads its sparse
+folders into it, which swaps the tables in (or, on a corrupt file, changes nothing).
+
+A version folder holds the files its ``ps.json`` entry names (matched by file name, so the
+entry may point into any version) or, failing that, the files found by their patterns:
+``*.json`` (graph), ``<prefix>_dense_<iter>.model`` and ``<prefix><i>_sparse_<iter>.model/``.
+With a graph it serves as a ranking model (``DES``, ``CATCOLUMN``, ``ROWINDEX``); without one
+as an embedding-lookup model (``KEYS``, ``NUMKEYS``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from pathlib import Path
+
+from tierserve.ps.config import ModelConfig, PSConfig
+from tierserve.ps.errors import CorruptModelFileError
+
+from .inference_model import InferenceModel, InferenceParams
+from .servables import EmbeddingLookupServable, RankingServable, Servable
+
+log = logging.getLogger("tierserve.server.loader")
+
+_SPARSE = re.compile(r"^(?!.*_opt_)(.*?)(\d+)_sparse_(\d+)\.model$")
+_DENSE = re.compile(r"^(?!.*_opt_).*_dense_\d+\.model$")
+
+
+def _pick(folder: Path, named: str, pattern: re.Pattern, what: str) -> Path | None:
+    if named:
+        candidate = folder / Path(named).name
+        if candidate.exists():
+            return candidate
+    found = sorted(p for p in folder.iterdir() if pattern.match(p.name))
+    if len(found) > 1:
+        raise CorruptModelFileError(
+            f"{folder}: several {what} files ({', '.join(p.name for p in found)}); keep one"
+        )
+    return found[0] if found else None
+
+
+def version_files(entry: ModelConfig, folder: Path) -> ModelConfig:
+    """``entry`` with its files taken from version ``folder``."""
+    if not folder.is_dir():
+        raise CorruptModelFileError(f"version folder {folder} does not exist")
+    sparse = [folder / Path(f).name for f in entry.sparse_files]
+    if not all(p.is_dir() for p in sparse):
+        found = [p for p in folder.iterdir() if p.is_dir() and _SPARSE.match(p.name)]
+        found.sort(key=lambda p: int(_SPARSE.match(p.name).group(2)))
+        if len(found) != len(entry.sparse_files):
+            raise CorruptModelFileError(
+                f"{folder}: ps.json lists {len(entry.sparse_files)} sparse model folders "
+                f"({', '.join(Path(f).name for f in entry.sparse_files)}); the folder has "
+                f"{len(found)}"
+            )
+        sparse = found
+    dense = _pick(folder, entry.dense_file, _DENSE, "dense model")
+    graphs = [p for p in folder.glob("*.json")]
+    network = (
+        _pick(folder, entry.network_file, re.compile(r".*\.json$"), "graph JSON")
+        if (entry.network_file or graphs)
+        else None
+    )
+    data = entry.model_dump()
+    data.update(
+        sparse_files=[str(p) for p in sparse],
+        dense_file=str(dense) if dense else "",
+        network_file=str(network) if network else "",
+    )
+    return ModelConfig.model_validate(data)
+
+
+def params_for(config: ModelConfig, ps_config: PSConfig) -> InferenceParams:
+    """The ``InferenceParams`` of a ``ps.json`` model entry."""
+    return InferenceParams(
+        model_name=config.model,
+        max_batchsize=config.max_batch_size,
+        hit_rate_threshold=config.hit_rate_threshold,
+        dense_model_file=config.dense_file,
+        sparse_model_files=list(config.sparse_files),
+        use_gpu_embedding_cache=config.gpucache,
+        cache_size_percentage=config.gpucacheper,
+        i64_input_key=ps_config.supportlonglong,
+        use_mixed_precision=config.use_mixed_precision,
+        deployed_devices=list(config.deployed_device_list),
+        default_value_for_each_table=list(config.default_value_for_each_table),
+        maxnum_des_feature_per_sample=config.maxnum_des_feature_per_sample,
+        maxnum_catfeature_query_per_table_per_sample=list(
+            config.maxnum_catfeature_query_per_table_per_sample
+        ),
+        embedding_vecsize_per_table=list(config.embedding_vecsize_per_table),
+        embedding_table_names=list(config.embedding_table_names),
+        network_file=config.network_file,
+        label_dim=config.label_dim,
+        slot_num=config.slot_num,
+        volatile_db=ps_config.volatile_db,
+        persistent_db=ps_config.persistent_db,
+        update_source=ps_config.update_source,
+    )
+
+
+class _TableSource:
+    """The parameter server's tables of one model, by table index."""
+
+    def __init__(self, ps, model: str, table_names: list[str]) -> None:
+        self.ps, self.model, self.table_names = ps, model, table_names
+
+    def lookup(self, table: int, keys):
+        return self.ps.lookup(self.model, self.table_names[table], keys)
+
+
+class RepositoryLoader:
+    """The default loader of the server: see the module docstring.
+
+    ``use_gpu_embedding_cache`` overrides every model's ``gpucache`` (the server default is
+    to use the cache only where a GPU is present: ``None``).
+    """
+
+    def __init__(self, use_gpu_embedding_cache: bool | None = None) -> None:
+        self.parameter_server = None
+        self.use_gpu_embedding_cache = use_gpu_embedding_cache
+        self._lock = threading.Lock()
+
+    def _ps(self, ps_config: PSConfig):
+        with self._lock:
+            if self.parameter_server is None:
+                from tierserve.ps.hierarchy import HierarchicalParameterServer
+
+                tiers = ps_config.model_copy(update={"models": []})
+                self.parameter_server = HierarchicalParameterServer(tiers)
+            return self.parameter_server
+
+    def _gpu_cache(self, requested: bool) -> bool:
+        if self.use_gpu_embedding_cache is not None:
+            return self.use_gpu_embedding_cache
+        if not requested:
+            return False
+        try:
+            from tierserve.cache.device import cupy_or_none
+
+            return cupy_or_none() is not None
+        except ImportError:
+            return False
+
+    def __call__(
+        self, name: str, version: str, folder: Path | None, ps_config: PSConfig
+    ) -> Servable:
+        entry = ps_config.model(name)
+        config = version_files(entry, folder) if folder is not None else entry
+        ps = self._ps(ps_config)
+        if not config.network_file:
+            ps.load_model(config)
+            return EmbeddingLookupServable(
+                name,
+                version,
+                _TableSource(ps, name, list(config.embedding_table_names)),
+                config.embedding_table_names,
+                config.embedding_vecsize_per_table,
+            )
+        if not config.dense_file:
+            raise CorruptModelFileError(f"model {name!r} version {version}: no dense model file")
+        params = params_for(config, ps_config)
+        params.use_gpu_embedding_cache = self._gpu_cache(config.gpucache)
+        model = InferenceModel(config.network_file, params, parameter_server=ps)
+        if model.table_names != list(config.embedding_table_names):
+            log.warning(
+                "model %s: ps.json names tables %s, the graph %s; the graph's names are used",
+                name, config.embedding_table_names, model.table_names,
+            )  # fmt: skip
+        return ModelServable(name, version, model)
+
+    def unload(self, name: str) -> None:
+        if self.parameter_server is not None and name in self.parameter_server.models():
+            self.parameter_server.unload_model(name)
+
+    def tier_stats(self) -> dict:
+        if self.parameter_server is None:
+            return {}
+        return {level: st.snapshot() for level, st in self.parameter_server.tier_stats().items()}
+
+    def close(self) -> None:
+        if self.parameter_server is not None:
+            self.parameter_server.close()
+            self.parameter_server = None
+
+
+class ModelServable(RankingServable):
+    """A ranking servable over an :class:`InferenceModel` (with its statistics)."""
+
+    def __init__(self, name: str, version: str, model: InferenceModel) -> None:
+        super().__init__(name, version, model, closer=model.close)
+
+    def stats(self) -> dict:
+        return self.model.stats()
