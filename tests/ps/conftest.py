@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,9 @@ from tierserve.ps.config import (
     RocksDBConfig,
 )
 from tierserve.ps.tier import create_tier
+
+if str(Path(__file__).parent) not in sys.path:  # for `import ps_helpers`
+    sys.path.insert(0, str(Path(__file__).parent))
 
 VOLATILE_KINDS = [
     "hash_map",

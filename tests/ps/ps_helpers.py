@@ -1,0 +1,36 @@
+"""Helpers shared by the ps tests: small sparse models with recomputable vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tierserve.ps.sparse_file import write_sparse_model
+
+
+def write_model(folder, name, tables, fill=None, seed=0, iteration=0):
+    """Write sparse files for ``tables`` = [(keys, dim), ...]; return the models[] entry.
+
+    With ``fill`` every vector is that constant; otherwise vector i of key k is a
+    deterministic function of (seed, table, k) so tests can recompute it.
+    """
+    files = []
+    for t, (keys, dim) in enumerate(tables):
+        keys = np.asarray(keys, dtype=np.int64)
+        path = folder / name / f"{name}{t}_sparse_{iteration}.model"
+        write_sparse_model(path, keys, expected(keys, dim, t, seed, fill))
+        files.append(str(path))
+    return {
+        "model": name,
+        "sparse_files": files,
+        "embedding_vecsize_per_table": [dim for _, dim in tables],
+        "maxnum_catfeature_query_per_table_per_sample": [1] * len(tables),
+        "default_value_for_each_table": [-(t + 1) for t in range(len(tables))],
+    }
+
+
+def expected(keys, dim, table=0, seed=0, fill=None):
+    keys = np.asarray(keys, dtype=np.int64)
+    if fill is not None:
+        return np.full((keys.size, dim), fill, np.float32)
+    base = (keys.astype(np.float64) * 0.001 + seed + table * 10)[:, None]
+    return (base + np.arange(dim) * 0.5).astype(np.float32)
