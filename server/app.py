@@ -73,6 +73,7 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
+        plane.loop = loop
         await loop.run_in_executor(loads, repository.load_all)
         plane.started = True
         grpc_server = None
@@ -107,6 +108,7 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
                 poller.cancel()
             if grpc_server is not None:
                 await grpc_server.stop(grace=1.0)
+            await plane.close()
             repository.close()
             if hasattr(loader, "close"):
                 await loop.run_in_executor(loads, loader.close)

@@ -90,6 +90,7 @@ class DataPlane:
         self.stats: dict[tuple[str, str], ModelStats] = {}
         self._stats_lock = threading.Lock()
         self.started = False
+        self.loop: asyncio.AbstractEventLoop | None = None  # set when the server starts
         repository.on_swap = self._on_swap
 
     # -- health and metadata ----------------------------------------------------------------
@@ -226,6 +227,10 @@ class DataPlane:
         await loop.run_in_executor(None, self.repository.unload, name)
 
     def _on_swap(self, entry: ModelEntry, old: Handle | None) -> None:
+        stale = old.extras.pop("batcher", None) if old is not None else None
+        if stale is not None and self.loop is not None and not self.loop.is_closed():
+            # Queued requests of the old version still run; then its worker stops.
+            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(stale.close()))
         new = entry.handle
         if new is not None and self.dynamic_batching and new.servable.max_batch_size > 0:
             name = new.servable.name
@@ -235,6 +240,13 @@ class DataPlane:
                 max_delay_s=self.max_batch_delay_s,
                 on_batch=lambda rows, n: self._on_batch(name, new.servable.version, rows, n),
             )
+
+    async def close(self) -> None:
+        """Stop the batchers of every loaded version."""
+        for entry in list(self.repository.entries.values()):
+            batcher = entry.handle.extras.pop("batcher", None) if entry.handle else None
+            if batcher is not None:
+                await batcher.close()
 
     # -- inference --------------------------------------------------------------------------
 

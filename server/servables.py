@@ -123,8 +123,8 @@ class RankingServable(Servable):
         self.total_slots = sum(self.slot_nums)
         self.inputs = [
             TensorSpec("DES", "FP32", (-1, model.dense_dim)),
-            TensorSpec("CATCOLUMN", "INT64", (-1, self.total_slots), alternatives=((-1,),)),
-            TensorSpec("ROWINDEX", "INT32", (-1,), optional=True),
+            TensorSpec("CATCOLUMN", "INT64", (-1, self.total_slots), alternatives=((-1,), (1, -1))),
+            TensorSpec("ROWINDEX", "INT32", (-1,), optional=True, alternatives=((1, -1),)),
         ]
         self.outputs = [TensorSpec("OUTPUT0", "FP32", (-1, model.label_dim))]
 
