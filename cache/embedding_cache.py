@@ -303,6 +303,16 @@ class EmbeddingCache:
         """Drop ``keys`` from the cache (and treat fetches in flight for them as stale)."""
         self.on_update(self.model, self.table, keys, None)
 
+    def clear(self) -> None:
+        """Drop every cached row, e.g. after the parameter server swapped model versions.
+
+        Fetches in flight are treated as stale, so nothing read before the clear is inserted
+        after it.  A static cache keeps its keys; its rows miss until refreshed.
+        """
+        with self._device, self._writing():
+            self._log.record_all()
+            self._table.clear()
+
     def refresh(self) -> int:
         """Re-pull every cached row from the parameter server; return how many were refreshed."""
         xp = self.xp
@@ -401,17 +411,14 @@ class EmbeddingCache:
     # --- keys -------------------------------------------------------------------------------
 
     def _as_keys(self, keys, what: str) -> np.ndarray:
-        keys = to_host(keys) if not isinstance(keys, np.ndarray) else keys
-        keys = np.asarray(keys)
-        if keys.ndim != 1:
-            keys = keys.reshape(-1)
+        keys = np.asarray(to_host(keys)).reshape(-1)
+        if keys.size and not np.issubdtype(keys.dtype, np.integer):
+            raise InvalidInputError(f"{what} must be integers, got dtype {keys.dtype}")
+        if not self.i64_input_key and keys.dtype.itemsize > 4 and keys.size:
+            info = np.iinfo(np.int32)
+            if keys.min() < info.min or keys.max() > info.max:
+                raise InvalidInputError(f"{what} must fit int32 (i64_input_key is False)")
         if keys.dtype != np.int64:
-            if keys.size and not np.issubdtype(keys.dtype, np.integer):
-                raise InvalidInputError(f"{what} must be integers, got dtype {keys.dtype}")
-            if not self.i64_input_key and keys.dtype.itemsize > 4 and keys.size:
-                info = np.iinfo(np.int32)
-                if keys.min() < info.min or keys.max() > info.max:
-                    raise InvalidInputError(f"{what} must fit int32 (i64_input_key is False)")
             keys = keys.astype(np.int64)
         return np.ascontiguousarray(keys)
 

@@ -25,6 +25,7 @@ class UpdateLog:
         if max_entries <= 0:
             raise ValueError(f"max_entries must be positive, got {max_entries}")
         self.epoch = 0
+        self._barrier = 0  # fetches that started before this epoch are stale as a whole
         self._max = max_entries
         self._log: deque[tuple[int, np.ndarray]] = deque()
 
@@ -36,11 +37,18 @@ class UpdateLog:
             self._log.popleft()
         return self.epoch
 
+    def record_all(self) -> int:
+        """Log that every key changed (a new model version, a cleared cache)."""
+        self.epoch += 1
+        self._barrier = self.epoch
+        self._log.clear()
+        return self.epoch
+
     def fresh(self, keys: np.ndarray, since: int) -> np.ndarray | None:
         """Mask of ``keys`` not updated after epoch ``since``; ``None`` when all are fresh."""
         if since >= self.epoch:
             return None
-        if not self._log or self._log[0][0] > since + 1:
+        if since < self._barrier or not self._log or self._log[0][0] > since + 1:
             return np.zeros(keys.size, dtype=bool)  # the log no longer reaches back: drop all
         updated = [k for e, k in self._log if e > since]
         return ~np.isin(keys, np.concatenate(updated))

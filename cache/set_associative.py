@@ -122,6 +122,12 @@ class SetAssociativeTable:
 
     # --- writes (the caller holds the writer lock) ------------------------------------------
 
+    def clear(self) -> None:
+        """Drop every embedding."""
+        self.meta[:, : self.ways] = _EMPTY
+        self.meta[:, self.ways :] = NO_TICK
+        self.size = 0
+
     def overwrite(self, keys, values) -> int:
         """Replace the vectors of those ``keys`` that are cached; return how many were."""
         slots, _, _, hit = self.probe(keys)

@@ -74,7 +74,8 @@ class StaticTable:
         return pos, None, None, hit
 
     def cached_keys(self):
-        return self._keys[self.valid]
+        """Every key of the table (valid or not): what a refresh re-pulls."""
+        return self._keys
 
     def overwrite(self, keys, values) -> int:
         """Replace the vectors of those ``keys`` the table has (valid or not); mark them valid."""
@@ -87,6 +88,10 @@ class StaticTable:
             self.values[pos[idx]] = values[idx]
             self.valid[pos[idx]] = True
         return int(idx.size)
+
+    def clear(self) -> None:
+        """Mark every row invalid (each misses until overwritten)."""
+        self.valid[...] = False
 
     def invalidate(self, keys) -> int:
         """Mark those ``keys`` invalid: they miss until overwritten again."""

@@ -1,0 +1,193 @@
+"""The caches of one model on one device, and HugeCTR's ``CreateEmbeddingCache`` factory."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tierserve.ps.config import ModelConfig, PSConfig, load_ps_config
+from tierserve.ps.errors import ConfigError, CorruptModelFileError, NotFoundError
+from tierserve.ps.sparse_file import KEY_DTYPE, KEY_FILE
+
+from .embedding_cache import EmbeddingCache
+from .metrics import CacheMetrics
+from .protocols import ParameterServerLike
+
+
+class ModelEmbeddingCache:
+    """One :class:`EmbeddingCache` per table of a model, on one device.
+
+    Tables are addressed by name or by index in ``embedding_table_names`` order.
+    """
+
+    def __init__(self, model: str, caches: Sequence[EmbeddingCache]) -> None:
+        self.model = model
+        self._caches = list(caches)
+        self._by_name = {c.table: c for c in self._caches}
+
+    @property
+    def tables(self) -> list[str]:
+        return [c.table for c in self._caches]
+
+    def cache(self, table: str | int) -> EmbeddingCache:
+        """The cache of ``table`` (a name or an index)."""
+        if isinstance(table, (int, np.integer)):
+            if not 0 <= table < len(self._caches):
+                raise NotFoundError(f"model {self.model!r} has {len(self._caches)} tables, no table {table}")
+            return self._caches[int(table)]
+        try:
+            return self._by_name[table]
+        except KeyError:
+            raise NotFoundError(f"model {self.model!r} has no table {table!r}; it has {self.tables}") from None
+
+    __getitem__ = cache
+
+    def query(self, table: str | int, keys):
+        """float32 ``[len(keys), dim]`` embeddings of ``keys`` in ``table``."""
+        return self.cache(table).query(keys)
+
+    def lookup(self, table_id: int, keys):
+        """HugeCTR's spelling of :meth:`query`, by table index."""
+        return self.cache(table_id).query(keys)
+
+    def query_tables(self, keys_per_table: Sequence) -> list:
+        """One embedding array per table, keys given in table order."""
+        if len(keys_per_table) != len(self._caches):
+            raise ConfigError(
+                f"model {self.model!r} has {len(self._caches)} tables, got {len(keys_per_table)} key arrays"
+            )
+        return [c.query(k) for c, k in zip(self._caches, keys_per_table)]
+
+    def update(self, table: str | int, keys, embeddings) -> None:
+        """Write through to the parameter server and the cache."""
+        self.cache(table).update(keys, embeddings)
+
+    def refresh(self) -> int:
+        return sum(c.refresh() for c in self._caches)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return all(c.flush(timeout) for c in self._caches)
+
+    def clear(self) -> None:
+        for c in self._caches:
+            c.clear()
+
+    def metrics(self) -> list[CacheMetrics]:
+        return [c.metrics() for c in self._caches]
+
+    def close(self) -> None:
+        for c in self._caches:
+            c.close()
+
+    def __enter__(self) -> ModelEmbeddingCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _model_config(source, model_name: str) -> ModelConfig:
+    if isinstance(source, ModelConfig):
+        if source.model != model_name:
+            raise ConfigError(f"model config is for {source.model!r}, not {model_name!r}")
+        return source
+    if isinstance(source, PSConfig):
+        return source.model(model_name)
+    return load_ps_config(source).model(model_name)
+
+
+def table_rows(sparse_folder: str | os.PathLike) -> int:
+    """Rows of a sparse model folder, from the size of its key file."""
+    path = Path(sparse_folder) / KEY_FILE
+    try:
+        return path.stat().st_size // KEY_DTYPE.itemsize
+    except FileNotFoundError:
+        raise CorruptModelFileError(
+            f"sparse model file {path} is missing: the cache size is a percentage of the "
+            f"table's rows; pass table_rows= or capacities= to size it without the file"
+        ) from None
+
+
+def _static_keys(sparse_folder: str | os.PathLike) -> np.ndarray:
+    path = Path(sparse_folder) / KEY_FILE
+    if not path.is_file():
+        raise CorruptModelFileError(f"sparse model file {path} is missing: a static cache loads every key")
+    return np.fromfile(path, dtype=KEY_DTYPE)
+
+
+def CreateEmbeddingCache(  # noqa: N802 - HugeCTR's name
+    parameter_server: ParameterServerLike,
+    cuda_dev_id: int,
+    use_gpu_embedding_cache: bool,
+    cache_size_percentage: float | None,
+    model_config_path: str | os.PathLike | PSConfig | ModelConfig,
+    model_name: str,
+    i64_input_key: bool = True,
+    *,
+    table_rows_per_table: Sequence[int] | None = None,
+    capacities: Sequence[int] | None = None,
+    **cache_options,
+) -> ModelEmbeddingCache:
+    """HugeCTR's factory: the caches of ``model_name``'s tables on one device.
+
+    ``model_config_path`` is a ``ps.json`` (or its parsed :class:`PSConfig` /
+    :class:`ModelConfig`).  Each table's cache holds ``cache_size_percentage`` (default: the
+    model's ``gpucacheper``) of the table's rows, counted from its sparse file, or the
+    explicit ``capacities``.  ``use_gpu_embedding_cache`` puts the caches on CUDA device
+    ``cuda_dev_id`` with cupy; without it they live in host memory with numpy.
+    ``embedding_cache_type``, ``hit_rate_threshold``, ``refresh_interval`` and
+    ``refresh_delay`` (seconds) come from the model config; other keyword arguments go to
+    every :class:`EmbeddingCache`.
+    """
+    config = _model_config(model_config_path, model_name)
+    pct = config.gpucacheper if cache_size_percentage is None else float(cache_size_percentage)
+    if not 0.0 < pct <= 1.0:
+        raise ConfigError(f"cache_size_percentage must be in (0, 1], got {pct}")
+    names = list(config.embedding_table_names)
+    n = len(names)
+    for what, given in (("capacities", capacities), ("table_rows_per_table", table_rows_per_table)):
+        if given is not None and len(given) != n:
+            raise ConfigError(f"{what} has {len(given)} entries, model {model_name!r} has {n} tables")
+    caches: list[EmbeddingCache] = []
+    try:
+        for i, table in enumerate(names):
+            rows = None
+            if capacities is not None:
+                capacity = int(capacities[i])
+            else:
+                rows = (
+                    int(table_rows_per_table[i])
+                    if table_rows_per_table is not None
+                    else table_rows(config.sparse_files[i])
+                )
+                capacity = max(1, math.ceil(pct * rows))
+            static_keys = None
+            if config.embedding_cache_type == "static":
+                static_keys = _static_keys(config.sparse_files[i])
+            caches.append(
+                EmbeddingCache(
+                    parameter_server,
+                    model_name,
+                    table,
+                    config.embedding_vecsize_per_table[i],
+                    capacity,
+                    cache_type=config.embedding_cache_type,
+                    hit_rate_threshold=config.hit_rate_threshold,
+                    refresh_interval=config.refresh_interval,
+                    refresh_delay=config.refresh_delay,
+                    use_gpu=use_gpu_embedding_cache,
+                    device_id=cuda_dev_id,
+                    i64_input_key=i64_input_key,
+                    static_keys=static_keys,
+                    **cache_options,
+                )
+            )
+    except BaseException:
+        for c in caches:
+            c.close()
+        raise
+    return ModelEmbeddingCache(model_name, caches)
