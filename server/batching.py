@@ -51,10 +51,16 @@ class DynamicBatcher:
         self._worker: asyncio.Task | None = None
         self._carry: _Pending | None = None
         self._busy = False
+        self._closed = False
 
     async def submit(self, unit: Any) -> dict[str, np.ndarray]:
         """Queue one prepared unit and wait for its outputs."""
         loop = asyncio.get_running_loop()
+        if self._closed:  # a request that picked this batcher just before a swap
+            outputs = await loop.run_in_executor(
+                self.executor, self._execute, [_Pending(unit, int(unit.batch_size), None)]
+            )
+            return outputs[0]
         if self._queue is None:
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._run(), name=f"batcher-{self.servable.name}")
@@ -63,7 +69,8 @@ class DynamicBatcher:
         return await pending.future
 
     async def close(self) -> None:
-        """Finish what is queued, then stop the worker."""
+        """Finish what is queued, then stop the worker; later submits run unbatched."""
+        self._closed = True
         if self._worker is None:
             return
         while self._queue and (not self._queue.empty() or self._busy or self._carry):
