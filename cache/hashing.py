@@ -2,11 +2,11 @@
 
 ``set_of(key) = ((key * 0x9E3779B97F4A7C15 mod 2**64) >> 32) * num_sets >> 32``: Fibonacci
 (multiply-shift) hashing, then Lemire's multiply-shift range reduction, so ``num_sets`` can be
-any positive integer below 2**32.  It is the home-slot function of the parameter server's
-hash map (``tierserve.ps.hash_table.home_slots``) and the one ``cuda/embedding_cache.cu``
-computes, so the numpy, cupy and CUDA paths agree key for key.  It is *not* the splitmix64
+any positive integer below 2**32.  ``cuda/embedding_cache.cu`` computes the same function,
+so the numpy, cupy and CUDA paths agree key for key.  It is deliberately not the splitmix64
 partition mixer of ``tierserve.ps.partition``: that costs nine array passes where this costs
-four, and a cache hit is only a few passes long.
+four, and a cache hit is only about a dozen passes long.  The top bits of a Fibonacci product
+depend on every key bit, which spreads sequential and strided keys evenly (tested).
 
 Written against ``xp`` (numpy or cupy): the arrays passed in decide which.
 """

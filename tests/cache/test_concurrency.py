@@ -1,0 +1,76 @@
+"""Many threads querying while updates arrive: no wrong vector, nothing older than the last
+update applied before the query started, no deadlock."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import DIM, MODEL, TABLE, vectors_for
+
+from tierserve.cache import EmbeddingCache
+from tierserve.cache.device import to_host
+
+ROWS = 1000
+
+
+def _hammer(ps, cache, seconds=2.0, readers=4):
+    applied = np.zeros(ROWS, dtype=np.int64)  # last version applied per key, written after insert returns
+    stop = threading.Event()
+    errors: list[str] = []
+    counts = [0] * readers
+
+    def updater():
+        rng = np.random.default_rng(99)
+        version = 0
+        while not stop.is_set():
+            version += 1
+            keys = np.unique(rng.zipf(1.2, 32) % ROWS).astype(np.int64)
+            ps.insert(MODEL, TABLE, keys, vectors_for(keys, version))
+            applied[keys] = version
+            time.sleep(0.0005)
+
+    def reader(i):
+        rng = np.random.default_rng(i)
+        while not stop.is_set():
+            keys = (rng.zipf(1.2, 256) % ROWS).astype(np.int64)
+            floor = applied[keys].copy()  # what must be visible from now on
+            got = to_host(cache.query(keys))
+            if not np.array_equal(got[:, 0], keys.astype(np.float32)):
+                errors.append(f"reader {i}: a vector of another key")
+            older = got[:, 1] < floor
+            if older.any():
+                errors.append(f"reader {i}: key {keys[older][0]} older than an applied update")
+            counts[i] += 1
+
+    threads = [threading.Thread(target=updater)] + [
+        threading.Thread(target=reader, args=(i,)) for i in range(readers)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(20)
+        assert not t.is_alive(), "a thread is stuck: deadlock?"
+    assert not errors, errors[:5]
+    assert min(counts) > 0
+    return counts
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("threshold", [0.0, 1.0], ids=["async-insert", "sync-insert"])
+@pytest.mark.parametrize("mode", ["overwrite", "invalidate"])
+def test_concurrent_queries_and_updates(hps, use_gpu, threshold, mode):
+    with EmbeddingCache(
+        hps, MODEL, TABLE, DIM, 128, use_gpu=use_gpu, hit_rate_threshold=threshold,
+        on_update_mode=mode, refresh_interval=0.01,
+    ) as cache:
+        _hammer(hps, cache, seconds=1.5)
+        assert cache.flush(10)
+        m = cache.metrics()
+        assert m.size <= m.capacity and m.updates > 0 and m.hits > 0
+        keys = np.arange(ROWS, dtype=np.int64)
+        np.testing.assert_array_equal(to_host(cache.query(keys)), hps.lookup(MODEL, TABLE, keys))

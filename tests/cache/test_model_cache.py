@@ -1,0 +1,75 @@
+"""CreateEmbeddingCache from a ps.json, against the real parameter server."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import DIM, MODEL, TABLE, make_ps_config, vectors_for
+
+from tierserve.cache import CreateEmbeddingCache, EmbeddingCache, ModelEmbeddingCache
+from tierserve.cache.device import to_host
+from tierserve.ps.config import dump_ps_config
+from tierserve.ps.errors import CapacityExceededError, CorruptModelFileError, NotFoundError
+from tierserve.ps.hierarchy import HierarchicalParameterServer
+
+
+def _ps_json(tmp_path, **model_fields):
+    config = make_ps_config(tmp_path, rows=1000, **model_fields)
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(dump_ps_config(config)))
+    return config, path
+
+
+def test_create_from_ps_json_sizes_each_table_by_percentage(tmp_path, use_gpu):
+    config, path = _ps_json(tmp_path, gpucacheper=0.25, hit_rate_threshold=0.7)
+    with HierarchicalParameterServer(config) as ps, CreateEmbeddingCache(
+        ps, 0, use_gpu, None, path, MODEL, True
+    ) as caches:
+        assert isinstance(caches, ModelEmbeddingCache) and caches.tables == [TABLE]
+        cache = caches[TABLE]
+        assert isinstance(cache, EmbeddingCache) and cache is caches[0]
+        assert cache.capacity == 248  # 250 rounded down to whole 4-way sets
+        assert cache.hit_rate_threshold == 0.7
+        keys = np.arange(0, 1000, 7, dtype=np.int64)
+        np.testing.assert_array_equal(to_host(caches.lookup(0, keys)), ps.lookup(MODEL, TABLE, keys))
+        ps.insert(MODEL, TABLE, keys[:3], vectors_for(keys[:3], 9))
+        got = to_host(caches.query(TABLE, keys))
+        assert (got[:3, 1] == 9).all()
+        assert [m.table for m in caches.metrics()] == [TABLE]
+        with pytest.raises(NotFoundError):
+            caches.query("nope", keys)
+
+
+def test_explicit_percentage_and_capacities(tmp_path):
+    config, path = _ps_json(tmp_path)
+    with HierarchicalParameterServer(config) as ps:
+        with CreateEmbeddingCache(ps, 0, False, 0.1, config, MODEL) as caches:
+            assert caches[0].capacity == 100
+        with CreateEmbeddingCache(ps, 0, False, None, config.models[0], MODEL, capacities=[40]) as caches:
+            assert caches[0].capacity == 40
+
+
+def test_static_cache_from_config(tmp_path):
+    config, path = _ps_json(tmp_path, embedding_cache_type="static", gpucacheper=1.0)
+    with HierarchicalParameterServer(config) as ps:
+        with CreateEmbeddingCache(ps, 0, False, None, path, MODEL) as caches:
+            m = caches.metrics()[0]
+            assert (m.cache_type, m.size, m.capacity) == ("static", 1000, 1000)
+            keys = np.arange(0, 1000, 3, dtype=np.int64)
+            np.testing.assert_array_equal(to_host(caches.query(0, keys)), ps.lookup(MODEL, TABLE, keys))
+            assert caches.metrics()[0].misses == 0
+        with pytest.raises(CapacityExceededError, match="gpucacheper"):
+            CreateEmbeddingCache(ps, 0, False, 0.5, path, MODEL)
+
+
+def test_missing_sparse_file_is_a_clear_error(tmp_path):
+    config, path = _ps_json(tmp_path)
+    with HierarchicalParameterServer(config) as ps:
+        (tmp_path / "m0_sparse_0.model" / "key").unlink()
+        with pytest.raises(CorruptModelFileError, match="table_rows"):
+            CreateEmbeddingCache(ps, 0, False, None, path, MODEL)
+        with CreateEmbeddingCache(ps, 0, False, 0.5, path, MODEL, table_rows_per_table=[10]) as c:
+            assert c[0].capacity == 4
+            assert c[0].dim == DIM
