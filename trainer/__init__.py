@@ -13,6 +13,7 @@ from .data.params import (
     DataReaderSparseParam,
     DataReaderType_t,
 )
+from .embedding import Embedding_t
 from .inference_graph import InferenceGraph
 from .layer_specs import (
     Activation_t,
@@ -26,6 +27,8 @@ from .layer_specs import (
     Regularizer_t,
     SparseEmbedding,
 )
+from .lr_scheduler import LearningRateScheduler
+from .metrics import MetricsType
 from .model import Model
 from .optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t
 from .solver import AllReduceAlgo, CreateSolver, DeviceLayout, LrPolicy_t, Solver
@@ -44,6 +47,7 @@ __all__ = [
     "DataReaderType_t",
     "DenseLayer",
     "DeviceLayout",
+    "Embedding_t",
     "Distribution_t",
     "FcPosition_t",
     "GroupDenseLayer",
@@ -52,7 +56,9 @@ __all__ = [
     "Initializer_t",
     "Input",
     "Layer_t",
+    "LearningRateScheduler",
     "LrPolicy_t",
+    "MetricsType",
     "Model",
     "OptParamsPy",
     "Optimizer_t",
@@ -63,7 +69,3 @@ __all__ = [
     "Update_t",
     "tools",
 ]
-
-from ._provisional import Embedding_t, MetricsType  # noqa: E402
-
-__all__ += ["Embedding_t", "MetricsType"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from tierserve.ps.errors import ConfigError
 
 from .data.params import DataReaderSparseParam
@@ -65,64 +63,48 @@ def input_from_data_layer(data: dict[str, Any]) -> Input:
 # -- embedding tables ----------------------------------------------------------------------------
 
 def make_table(spec, opt_params, solver, xp):
-    from ._provisional import ProvisionalTable
+    """The trainable table of one embedding layer of the graph."""
+    from .embedding.table import EmbeddingTable
 
-    return ProvisionalTable(spec.embedding_vec_size, opt_params, xp, seed=solver.seed)
+    slot_sizes = spec.hparam.get("slot_size_array") or None
+    return EmbeddingTable(
+        spec.type, spec.embedding_vec_size, spec.hparam["workspace_size_per_gpu_in_mb"],
+        opt_params, combiner=spec.combiner, slot_size_array=slot_sizes, name=spec.name,
+        seed=solver.seed, xp=xp,
+    )
 
 
 def save_table(table, model_path: str, optimizer_path: str) -> None:
-    from tierserve.ps.sparse_file import write_sparse_model
-
-    t = table.export()
-    write_sparse_model(model_path, t.keys, t.embeddings)
+    table.save(model_path)
+    table.save_optimizer_state(optimizer_path)
 
 
 def load_table(table, path: str) -> None:
     from tierserve.ps.sparse_file import read_sparse_model
 
-    table.load(read_sparse_model(path))
+    table.load(read_sparse_model(path, table.dim))
 
 
 def load_table_optimizer(table, path: str) -> None:
-    pass
+    table.load_optimizer_state_file(path)
 
 
 def incremental(table):
-    t = table.export()
-    return t.keys, t.embeddings
+    return table.incremental()
 
 
-# -- learning rate -------------------------------------------------------------------------------
+# -- learning rate and metrics ------------------------------------------------------------------
 
 def make_scheduler(solver):
-    return make_scheduler_from(solver.lr, solver.warmup_steps, solver.decay_start,
-                               solver.decay_steps, solver.decay_power, solver.end_lr)
+    from .lr_scheduler import LearningRateScheduler
 
+    return LearningRateScheduler(solver.lr, solver.warmup_steps, solver.decay_start,
+                                 solver.decay_steps, solver.decay_power, solver.end_lr)
 
-def make_scheduler_from(base_lr, warmup_steps, decay_start, decay_steps, decay_power, end_lr):
-    from ._provisional import ProvisionalScheduler
-
-    return ProvisionalScheduler(base_lr, warmup_steps, decay_start, decay_steps, decay_power,
-                                end_lr)
-
-
-# -- metrics -------------------------------------------------------------------------------------
 
 def auc_threshold(metrics_spec) -> float | None:
+    """The AUC that stops ``fit`` (None when AUC is not in the spec or its value is 1)."""
     for k, v in metrics_spec.items():
         if getattr(k, "name", str(k)) == "AUC" and float(v) < 1.0:
             return float(v)
     return None
-
-
-def compute_metrics(metrics_spec, preds, labels, losses):
-    from .data.planted import auc_score
-
-    out = []
-    for k in metrics_spec:
-        name = getattr(k, "name", str(k))
-        if name == "AUC":
-            out.append(("AUC", auc_score(labels[:, 0], preds[:, 0])))
-        elif name == "AverageLoss":
-            out.append(("AverageLoss", float(np.mean(losses))))
-    return out

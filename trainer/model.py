@@ -33,6 +33,7 @@ from .device import is_gpu, select_xp, to_numpy, to_xp
 from .graph_json import Graph, load_graph_json, save_graph_json
 from .inference_graph import EMBEDDING_TYPES, graph_inputs, label_layout
 from .layer_specs import DenseLayer, GroupDenseLayer, Input, SparseEmbedding
+from .metrics import Metrics
 from .network import DenseNetwork
 from .optimizers import OptParamsPy, make_optimizer
 from .solver import Solver
@@ -64,9 +65,7 @@ class Model:
         self._dense_frozen = False
         self._train_reader = None
         self._eval_reader = None
-        self._eval_preds: list[np.ndarray] = []
-        self._eval_labels: list[np.ndarray] = []
-        self._eval_losses: list[float] = []
+        self._metrics = Metrics(solver.metrics_spec)
         self._last_eval: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- building ------------------------------------------------------------------------------
@@ -139,7 +138,6 @@ class Model:
                            for ps in self.params]
         self.tables = [adapters.make_table(spec, self._table_optimizer(spec), self.solver, xp)
                        for spec in self.embedding_specs]
-        self._frozen_tables: set[str] = set()
         self._graph = graph
         self._compiled = True
         self._open_readers()
@@ -236,10 +234,10 @@ class Model:
         tensors[self.dense_name] = to_xp(xp, batch.dense, self.compute_dtype)
         return tensors
 
-    def _lookup(self, batch, tensors) -> None:
+    def _lookup(self, batch, tensors, training: bool = False) -> None:
         for spec, table in zip(self.embedding_specs, self.tables):
             sparse = batch.sparse[self.sparse_names.index(spec.sparse_input)]
-            out = table.forward(sparse, spec.combiner)
+            out = table.forward(sparse, spec.combiner, training=training)
             tensors[spec.name] = out.astype(self.compute_dtype, copy=False)
 
     def _params_for_compute(self):
@@ -270,7 +268,7 @@ class Model:
     def _train_on(self, batch) -> None:
         xp = self.xp
         tensors = self._tensors(batch)
-        self._lookup(batch, tensors)
+        self._lookup(batch, tensors, training=True)
         params = self._params_for_compute()
         ctxs = self.network.forward(xp, tensors, params, self.states, True,
                                     loss_dtype=np.float32 if self.mixed else None)
@@ -310,7 +308,7 @@ class Model:
                     self.optimizer.update_dense(p, g, self.opt_states[i][j], lr, step)
         for spec, table in zip(self.embedding_specs, self.tables):
             g = input_grads.get(spec.name)
-            if g is None or spec.name in self._frozen_tables:
+            if g is None:
                 continue
             g = g.astype(np.float32, copy=False)
             if self.mixed:
@@ -335,8 +333,8 @@ class Model:
                                       decay_start: int = 0, decay_steps: int = 1,
                                       decay_power: float = 2.0, end_lr: float = 0.0) -> None:
         """A fresh scheduler with these settings (fine-tuning)."""
-        self._scheduler = adapters.make_scheduler_from(
-            base_lr, warmup_steps, decay_start, decay_steps, decay_power, end_lr)
+        self._scheduler.reset(base_lr, warmup_steps, decay_start, decay_steps, decay_power,
+                              end_lr)
         self._lr = float(base_lr)
 
     # -- evaluation ----------------------------------------------------------------------------
@@ -375,22 +373,16 @@ class Model:
         preds = [to_numpy(p) for p in self._predict_tensors(tensors)]
         pred = preds[0] if len(preds) == 1 else np.concatenate(preds, axis=1)
         label = to_numpy(batch.label).reshape(len(pred), -1)
-        self._eval_preds.append(pred)
-        self._eval_labels.append(label)
-        self._eval_losses.append(self._loss_value(tensors))
+        self._metrics.update(label, pred, self._loss_value(tensors))
         self._last_eval = (pred, label)
         return True
 
     def get_eval_metrics(self) -> list[tuple[str, float]]:
         """The metrics of ``solver.metrics_spec`` over the batches evaluated since the last
         call, as HugeCTR's ``[(name, value), ...]``."""
-        if not self._eval_preds:
-            return []
-        preds = np.concatenate(self._eval_preds)
-        labels = np.concatenate(self._eval_labels)
-        losses = list(self._eval_losses)
-        self._eval_preds, self._eval_labels, self._eval_losses = [], [], []
-        return adapters.compute_metrics(self.solver.metrics_spec, preds, labels, losses)
+        results = self._metrics.results()
+        self._metrics.reset()
+        return results
 
     def _evaluate(self) -> list[tuple[str, float]]:
         for _ in range(self.solver.max_eval_batches):
@@ -624,11 +616,16 @@ class Model:
     def freeze_embedding(self, embedding_name: str | None = None) -> None:
         """Stop updating all embedding tables, or the one named."""
         self._require_compiled("freeze_embedding")
-        self._frozen_tables.update(self._embedding_names(embedding_name))
+        for name in self._embedding_names(embedding_name):
+            self._table(name).freeze()
 
     def unfreeze_embedding(self, embedding_name: str | None = None) -> None:
         self._require_compiled("unfreeze_embedding")
-        self._frozen_tables.difference_update(self._embedding_names(embedding_name))
+        for name in self._embedding_names(embedding_name):
+            self._table(name).unfreeze()
+
+    def _table(self, name: str):
+        return self.tables[[s.name for s in self.embedding_specs].index(name)]
 
     # -- incremental ---------------------------------------------------------------------------
 

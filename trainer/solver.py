@@ -106,10 +106,7 @@ def CreateSolver(**kwargs: Any) -> Solver:  # noqa: N802 - HugeCTR's name
     if solver.use_mixed_precision and float(solver.scaler) not in _SCALERS:
         raise ConfigError(f"scaler must be one of {_SCALERS[1:]} with mixed precision")
     if "metrics_spec" not in kwargs or not solver.metrics_spec:
-        try:
-            from .metrics import MetricsType
-        except ImportError:
-            from ._provisional import MetricsType
+        from .metrics import MetricsType
 
         solver.metrics_spec = {MetricsType.AUC: 1.0}
     if solver.warmup_steps < 0 or solver.decay_start < 0 or solver.decay_steps < 1:
