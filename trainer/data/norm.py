@@ -254,26 +254,32 @@ class _NormDecoder:
     def _decode_fixed(self, pos: int, count: int, first: int):
         nnz = self._walk_one(pos, first)
         s, ks = self.slot_num, self.ks
-        payload = self.min_payload + ks * int(sum(nnz))
-        fields = []
-        if self.check_sum:
-            fields.append(("length", "<i4"))
-        fields.append(("values", "<f4", (self.ld,)) if self.ld else None)
-        fields = [f for f in fields if f is not None]
-        for i, c in enumerate(nnz):
-            fields.append((f"n{i}", "<i4"))
-            if c:
-                fields.append((f"k{i}", self.kdt, (c,)))
+        total = int(sum(nnz))
+        payload = self.min_payload + ks * total
+        uniform = len(set(nnz)) == 1  # e.g. one-hot: all slots in one sub-array field
+        fields = [("length", "<i4")] if self.check_sum else []
+        if self.ld:
+            fields.append(("values", "<f4", (self.ld,)))
+        if uniform:
+            slot = [("n", "<i4")] + ([("k", self.kdt, (nnz[0],))] if nnz[0] else [])
+            fields.append(("slots", np.dtype(slot), (s,)))
+        else:
+            for i, c in enumerate(nnz):
+                fields.append((f"n{i}", "<i4"))
+                if c:
+                    fields.append((f"k{i}", self.kdt, (c,)))
         if self.check_sum:
             fields.append(("checksum", "u1"))
         dt = np.dtype(fields)
         size = dt.itemsize
-        available = (len(self.buf) - pos) // size
-        m = min(count, available)
+        m = min(count, (len(self.buf) - pos) // size)
         view = self.buf[pos : pos + m * size].view(dt)
-        ok = np.ones(m, dtype=bool)
-        for i, c in enumerate(nnz):
-            ok &= view[f"n{i}"] == c
+        if uniform:
+            ok = (view["slots"]["n"] == nnz[0]).all(axis=1)
+        else:
+            ok = np.ones(m, dtype=bool)
+            for i, c in enumerate(nnz):
+                ok &= view[f"n{i}"] == c
         if self.check_sum:
             ok &= view["length"] == payload
         m = m if ok.all() else int(np.argmin(ok))
@@ -282,18 +288,20 @@ class _NormDecoder:
         view = view[:m]
         if self.check_sum:
             rows = self.buf[pos : pos + m * size].reshape(m, size)
-            sums = rows[:, 4 : 4 + payload].sum(axis=1, dtype=np.uint64) & 0xFF
+            sums = rows[:, 4 : 4 + payload].sum(axis=1, dtype=np.uint8)  # wraps mod 256
             self._check_sums(sums, view["checksum"], first)
         values = view["values"].reshape(m, self.ld) if self.ld else np.zeros((m, 0), "<f4")
-        key_fields = [view[f"k{i}"].reshape(m, c) for i, c in enumerate(nnz) if c]
-        keys = (
-            np.hstack(key_fields).astype(np.int64).ravel()
-            if key_fields
-            else np.zeros(0, dtype=np.int64)
-        )
-        counts = np.tile(np.asarray(nnz, dtype=np.int64), m)
-        offsets = np.zeros(m * s + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        if not total:
+            keys = np.zeros(0, dtype=np.int64)
+        elif uniform:
+            keys = view["slots"]["k"].astype(np.int64).ravel()
+        else:
+            parts = [view[f"k{i}"].reshape(m, c) for i, c in enumerate(nnz) if c]
+            keys = np.hstack(parts).astype(np.int64).ravel()
+        offsets = np.empty(m * s + 1, dtype=np.int64)
+        offsets[0] = 0
+        pattern = np.cumsum(np.asarray(nnz, dtype=np.int64))
+        offsets[1:] = (np.arange(m, dtype=np.int64)[:, None] * total + pattern).ravel()
         records = Records(
             np.ascontiguousarray(values[:, : self.label_dim], dtype=np.float32),
             np.ascontiguousarray(values[:, self.label_dim :], dtype=np.float32),

@@ -146,7 +146,7 @@ def test_header_mismatch_and_trailing_bytes(tmp_path, make_records):
 
 
 def test_variable_length_decode_is_vectorised_enough(tmp_path, make_records):
-    """Multi-hot records of varying length decode at > 50k records/s even here."""
+    """Multi-hot records of varying length decode without per-key Python work."""
     import time
 
     records = make_records(np.random.default_rng(2), 20000, 1, 13, 26, 3, fixed=False)
@@ -156,4 +156,4 @@ def test_variable_length_decode_is_vectorised_enough(tmp_path, make_records):
     got = read_all(path, records, Check_t.Sum, True, chunk=4096)
     elapsed = time.perf_counter() - start
     assert got.equals(records)
-    assert elapsed < 20000 / 50000
+    assert elapsed < 1.5  # about 0.1 s unloaded; a per-key Python loop takes many seconds

@@ -1,3 +1,5 @@
+import threading
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,7 @@ CASES = [
     ("Norm", (), False, False),
     ("Norm", (1, 3, 2, 1), True, True),
     ("Norm", (2, 2, 2, 2), False, False),
+    ("Norm", (1, 3, 2, 1), False, False),
     ("Parquet", (), False, True),
     ("Parquet", (1, 3, 2, 1), True, True),
     ("Raw", (), False, False),
@@ -177,6 +180,8 @@ def test_epoch_and_repeat_modes(tmp_path, from_batches):
     assert all(b.batch_size == 256 for b in batches)
     cycled = Records.concat([want, want, want])
     assert from_batches(batches, 4).equals(cycled.slice(0, 1792))
+    # closing stops the reading threads
+    assert not [t for t in threading.enumerate() if t.name.startswith("data-reader")]
 
 
 def test_set_source_and_is_eof(tmp_path, from_batches):
