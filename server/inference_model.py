@@ -251,10 +251,19 @@ class InferenceModel:
         )
 
     def _create_cache(self):
-        from tierserve.cache import create_embedding_cache
+        """The embedding cache of every table: on the GPU when cupy sees one, else in host
+        memory (numpy), in front of the parameter server."""
+        from tierserve.cache import CreateEmbeddingCache
+        from tierserve.cache.device import cupy_or_none
 
-        return create_embedding_cache(
-            self.parameter_server, self.model_config, device_id=self.params.deployed_devices[0]
+        return CreateEmbeddingCache(
+            self.parameter_server,
+            self.params.deployed_devices[0],
+            cupy_or_none() is not None,
+            self.params.cache_size_percentage or None,
+            self.model_config,
+            self.model_name,
+            self.params.i64_input_key,
         )
 
     # -- lookups and prediction -------------------------------------------------------------
@@ -282,7 +291,9 @@ class InferenceModel:
             inverses.append(inverse.reshape(-1))
         started = time.perf_counter()
         if self.cache is not None:
-            found = [self.cache.lookup(name, u) for name, u in zip(self.table_names, uniques)]
+            from tierserve.cache.device import to_host
+
+            found = [to_host(v) for v in self.cache.query_tables(uniques)]
         else:
             found = self.parameter_server.lookup_tables(self.model_name, uniques)
         self.lookup_seconds += time.perf_counter() - started
@@ -366,11 +377,9 @@ class InferenceModel:
 
     def stats(self) -> dict[str, Any]:
         """The embedding cache's hit rate per table (empty without a cache), for /metrics."""
-        rates = {}
-        hit_rate = getattr(self.cache, "hit_rate", None)
-        if callable(hit_rate):
-            rates = {name: float(hit_rate(name)) for name in self.table_names}
-        return {"cache_hit_rate": rates}
+        if self.cache is None:
+            return {"cache_hit_rate": {}}
+        return {"cache_hit_rate": {m.table: float(m.hit_rate) for m in self.cache.metrics()}}
 
     def close(self) -> None:
         """Release the cache and, when this model created it, the parameter server."""

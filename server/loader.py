@@ -116,8 +116,8 @@ class _TableSource:
 class RepositoryLoader:
     """The default loader of the server: see the module docstring.
 
-    ``use_gpu_embedding_cache`` overrides every model's ``gpucache`` (the server default is
-    to use the cache only where a GPU is present: ``None``).
+    ``use_gpu_embedding_cache`` overrides every model's ``gpucache`` (``None``: as ps.json
+    says).  The cache lives on the GPU when cupy sees one, else in host memory.
     """
 
     def __init__(self, use_gpu_embedding_cache: bool | None = None) -> None:
@@ -135,16 +135,7 @@ class RepositoryLoader:
             return self.parameter_server
 
     def _gpu_cache(self, requested: bool) -> bool:
-        if self.use_gpu_embedding_cache is not None:
-            return self.use_gpu_embedding_cache
-        if not requested:
-            return False
-        try:
-            from tierserve.cache.device import cupy_or_none
-
-            return cupy_or_none() is not None
-        except ImportError:
-            return False
+        return requested if self.use_gpu_embedding_cache is None else self.use_gpu_embedding_cache
 
     def __call__(
         self, name: str, version: str, folder: Path | None, ps_config: PSConfig

@@ -1,0 +1,113 @@
+"""InferenceModel against the trainer that produced the model (same rows, same answers)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tierserve.clients.demo_model import train_demo_model
+from tierserve.ps.errors import ConfigError, CorruptModelFileError
+from tierserve.server.datasets import epoch_batches, wrapped_batches
+from tierserve.server.evaluation import auc
+from tierserve.server.inference_model import (
+    InferenceModel,
+    InferenceParams,
+    InferenceSession,
+    combine,
+)
+from tierserve.trainer.metrics import auc_score
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return train_demo_model(tmp_path_factory.mktemp("im"), iterations=40, batch_size=256)
+
+
+def _params(demo, **kw):
+    values = dict(
+        model_name="dlrm", max_batchsize=128, hit_rate_threshold=0.9,
+        dense_model_file=str(demo.dense_file),
+        sparse_model_files=[str(f) for f in demo.sparse_files],
+        use_gpu_embedding_cache=kw.pop("cache", False), cache_size_percentage=0.5,
+        i64_input_key=True, volatile_db={"type": "hash_map"},
+    )  # fmt: skip
+    values.update(kw)
+    return InferenceParams(**values)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_predict_equals_trainer_and_wraps_around(demo, cache):
+    model = InferenceModel(str(demo.graph), _params(demo, cache=cache))
+    try:
+        preds = model.predict(3, demo.data_source, "Norm", "Sum")
+        assert preds.shape == (384, 1)
+        batches = list(wrapped_batches(model.graph, demo.data_source, "Norm", "Sum", None, 128, 3))
+        trainer = np.concatenate([demo.model.predict_batch(b) for b in batches])
+        assert np.abs(preds - trainer).max() <= 1e-5
+        if cache:
+            assert set(model.stats()["cache_hit_rate"]) == {"sparse_embedding1"}
+    finally:
+        model.close()
+
+
+def test_predict_wraps_past_the_end_of_the_dataset(demo, tmp_path):
+    model = InferenceModel(str(demo.graph), _params(demo))
+    try:
+        rows = sum(
+            b.batch_size for b in epoch_batches(model.graph, demo.eval_source, "Norm", "Sum")
+        )
+        num_batches = rows // 128 + 3  # past the end: starts over
+        preds = model.predict(num_batches, demo.eval_source, "Norm", "Sum")
+        assert preds.shape == (128 * num_batches, 1)
+        np.testing.assert_allclose(preds[rows:], preds[: 128 * num_batches - rows], atol=1e-6)
+        value = model.evaluate(8, demo.eval_source, "Norm", "Sum")
+        assert 0.5 < value <= 1.0
+    finally:
+        model.close()
+
+
+def test_auc_matches_trainer_metric():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 1000).astype(np.float32)
+    scores = np.round(rng.random(1000), 2)  # ties included
+    assert auc(labels, scores) == pytest.approx(auc_score(labels, scores), abs=1e-12)
+
+
+def test_inference_session_old_api(demo, tmp_path):
+    graph = json.loads(demo.graph.read_text())
+    graph["inference"] = {
+        "dense_model_file": str(demo.dense_file),
+        "sparse_model_file": [str(f) for f in demo.sparse_files],
+    }
+    config = tmp_path / "inference.json"
+    config.write_text(json.dumps(graph))
+    session = InferenceSession(str(config), 0, None)
+    batch = next(iter(wrapped_batches(session.model.graph, demo.data_source, "Norm", "Sum",
+                                      None, 2, 1)))  # fmt: skip
+    out = session.predict(
+        batch.dense.reshape(-1).tolist(),
+        batch.sparse[0].keys.tolist(),
+        batch.sparse[0].row_offsets.tolist(),
+    )
+    np.testing.assert_allclose(out, demo.model.predict_batch(batch).reshape(-1), atol=1e-5)
+    session.model.close()
+
+
+def test_combine_sum_mean_and_empty_rows():
+    vectors = np.arange(8, dtype=np.float32).reshape(4, 2)
+    offsets = np.array([0, 2, 2, 4])  # row 0: two keys, row 1: none, row 2: two keys
+    out = combine(vectors, offsets, 3, 1, "sum")
+    np.testing.assert_array_equal(out[:, 0], [[2, 4], [0, 0], [10, 12]])
+    np.testing.assert_array_equal(combine(vectors, offsets, 3, 1, "mean")[:, 0],
+                                  [[1, 2], [0, 0], [5, 6]])  # fmt: skip
+
+
+def test_bad_files_are_clear_errors(demo, tmp_path):
+    broken = tmp_path / "dense.model"
+    broken.write_bytes(b"\0" * 12)
+    with pytest.raises(CorruptModelFileError, match="holds 3 float32 values"):
+        InferenceModel(str(demo.graph), _params(demo, dense_model_file=str(broken)))
+    with pytest.raises(ConfigError, match="sparse model files"):
+        InferenceModel(str(demo.graph), _params(demo, sparse_model_files=[]))
+    with pytest.raises(ConfigError, match="max_batchsize"):
+        InferenceParams("m", 0, 0.9, "d", ["s"], False, 0.5, True)
