@@ -214,17 +214,27 @@ class _Vocabulary:
         self.min_frequency = min_frequency
         self.values = [np.zeros(0, dtype=np.int64) for _ in range(SLOT_NUM)]
         self.counts = [np.zeros(0, dtype=np.int64) for _ in range(SLOT_NUM)]
+        self._pending: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(SLOT_NUM)]
 
     def add(self, cats: np.ndarray) -> None:
         for s in range(SLOT_NUM):
             col = cats[:, s]
-            vals = np.concatenate([self.values[s], col[col >= 0]])
-            cnts = np.concatenate([self.counts[s], np.ones(int((col >= 0).sum()), np.int64)])
-            self.values[s], inverse = np.unique(vals, return_inverse=True)
-            self.counts[s] = np.bincount(inverse, weights=cnts).astype(np.int64)
+            pending = self._pending[s]
+            pending.append(np.unique(col[col >= 0], return_counts=True))
+            # merge geometrically: each value is re-sorted O(log n) times, not once per chunk
+            if sum(len(v) for v, _ in pending) > max(len(self.values[s]), 1 << 20):
+                self._merge(s)
+
+    def _merge(self, s: int) -> None:
+        parts = [(self.values[s], self.counts[s])] + self._pending[s]
+        values, inverse = np.unique(np.concatenate([v for v, _ in parts]), return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate([c for _, c in parts]))
+        self.values[s], self.counts[s] = values, counts.astype(np.int64)
+        self._pending[s] = []
 
     def freeze(self) -> None:
         for s in range(SLOT_NUM):
+            self._merge(s)
             self.values[s] = self.values[s][self.counts[s] >= self.min_frequency]
 
     def slot_sizes(self) -> list[int]:

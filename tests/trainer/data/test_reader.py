@@ -203,6 +203,14 @@ def test_set_source_and_is_eof(tmp_path, from_batches):
     assert reader.read_a_batch() is None
 
 
+def test_a_list_of_sources_is_read_in_order(tmp_path, from_batches):
+    generator, dataset = generate(tmp_path, "Norm")
+    train, evals = expected(generator), expected(generator, "eval")
+    sources = [dataset.eval.source, dataset.train.source]
+    with DataReader("Norm", sources, 128, 1, 3, sparse(), check_type="Sum") as reader:
+        assert from_batches(list(reader), 4).equals(Records.concat([evals, train]))
+
+
 def test_several_sparse_inputs_split_the_slots(tmp_path):
     generator, dataset = generate(tmp_path, "Norm", (1, 3, 2, 1), variable=True)
     want = expected(generator)
