@@ -29,22 +29,37 @@ from .errors import InvalidInputError
 EMPTY = np.int64(-(2**63))
 TOMB = np.int64(-(2**63) + 1)
 
-_FIB = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
+# Slot hash: multiply, fold the high half down, multiply (constants of murmur3's fmix64).
+# Distinct from the partition mixer, so keys of one partition still spread over its slots.
+_C1 = np.uint64(0xFF51AFD7ED558CCD)
+_C2 = np.uint64(0xC4CEB9FE1A85EC53)
 _U32 = np.uint64(32)
 _MAX_LOAD = 0.75
-_GROW_LOAD = 0.5
+#: Index bytes per key allowed when sizing, as a share of the key's raw bytes (8 + 4 dim):
+#: index + vectors stay within 1.45x the raw bytes where the dim allows it.
+_INDEX_BUDGET = 1.45
+_LOAD_RANGE = (0.25, 0.6)
 _TICK_REBASE = 2**30
-_WINDOWS = (4, 32, 256, 256, 256, 256)
+_AR8 = np.arange(0, 16, 2)  # flat offsets of eight consecutive slots' keys
+_BYTE_BITS = np.array([1 << (8 * j) for j in range(8)], dtype=np.uint64)
 #: Slots past ``cap`` that probes may run into; a probe that would leave them grows the table.
 _PAD = 2048
 
 
 def home_slots(keys: np.ndarray, capacity: int) -> np.ndarray:
-    """Each key's home slot in a table of ``capacity`` slots (int64 array)."""
-    h = np.multiply(keys.view(np.uint64), _FIB)
+    """Each key's home slot in a table of ``capacity`` slots (int64 array).
+
+    Home slots are even: a key's first two candidate slots are one aligned 32-byte pair,
+    which one gather reads (most keys are settled by it).
+    """
+    h = np.multiply(keys.view(np.uint64), _C1)
+    t = h >> _U32
+    h ^= t
+    h *= _C2
     h >>= _U32
-    h *= np.uint64(capacity)
+    h *= np.uint64(capacity // 2)
     h >>= _U32
+    h <<= np.uint64(1)
     return h.view(np.int64)
 
 
@@ -55,11 +70,12 @@ class _Overfull(Exception):
 class _State:
     """The arrays of one table generation; replaced as a whole on resize."""
 
-    __slots__ = ("cap", "tab", "flat", "tab32", "values", "n_rows", "live", "used")
+    __slots__ = ("cap", "tab", "pairs", "flat", "tab32", "values", "n_rows", "live", "used")
 
     def __init__(self, cap: int, dim: int, row_cap: int, values: np.ndarray | None = None):
         self.cap = cap
         self.tab = np.empty((cap + _PAD, 2), dtype=np.int64)
+        self.pairs = self.tab.reshape(-1, 4)  # aligned slot pairs
         self.tab[:, 0] = EMPTY
         self.tab[:, 1] = 0
         self.flat = self.tab.reshape(-1)
@@ -70,44 +86,54 @@ class _State:
         self.used = 0  # slots holding a key or a tombstone
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(slots, found, records)`` of ``keys``; records are the slots' ``[n, 2]`` rows."""
+        """``(slots, found, records)`` of ``keys``.
+
+        ``records`` are the slots' ``[n, 4]`` int32 rows (key lo, key hi, row, stat).  One
+        gather reads every key's home slot; the keys displaced by collisions (a fifth or so
+        at the table's load) then read windows of the next eight slots at once.
+        """
         slots = home_slots(keys, self.cap)
-        rec = self.tab.take(slots, axis=0)
-        gk = rec[:, 0]
-        found = gk == keys
+        pair = self.pairs.take(slots >> 1, axis=0)  # [n, 4]: key, row|stat of both slots
+        second = pair[:, 2] == keys
+        found = pair[:, 0] == keys
+        found |= second
+        pick = np.arange(0, 2 * keys.size, 2)
+        pick += second
+        rec = pair.view(np.complex128).reshape(-1).take(pick).view(np.int64).reshape(-1, 2)
+        slots += second
         if not found.all():
             pending = ~found
-            pending &= gk != EMPTY
+            pending &= pair[:, 2] != EMPTY  # both slots taken, by other keys: probe on
             idx = np.flatnonzero(pending)
             if idx.size:
-                self._probe(keys, slots, found, rec, idx)
+                hit = self._probe(keys, slots, found, idx)
+                rec.view(np.complex128).reshape(-1)[hit] = (
+                    self.tab.view(np.complex128).reshape(-1).take(slots[hit])
+                )
         if keys.size and keys.min() <= TOMB:
             found &= keys > TOMB
-        return slots, found, rec
+        return slots, found, rec.view(np.int32)
 
-    def _probe(self, keys, slots, found, rec, idx) -> None:
-        # Look at windows of the following slots' keys; the table's tail padding keeps
-        # every window inside the array, so no wrap-around arithmetic is needed.
-        start = slots[idx] + 1
-        for width in _WINDOWS:
-            ar = np.arange(0, 2 * width, 2)
-            wk = self.flat.take(2 * start[:, None] + ar)
-            hit = wk == keys[idx, None]
-            stop = hit | (wk == EMPTY)
-            first = stop.argmax(axis=1)
-            at = np.arange(idx.size) * width + first
-            is_hit = hit.reshape(-1).take(at)
+    def _probe(self, keys, slots, found, idx) -> np.ndarray:
+        """Resolve the displaced keys ``idx``; returns those found (their slots are set)."""
+        # The table's tail padding keeps every window inside the array: no wrap-around.
+        start = slots[idx] + 2
+        hits = []
+        for _ in range(self.tab.shape[0] // 8 + 1):
+            wk = self.flat.take((start * 2)[:, None] + _AR8)
+            word = (wk == keys[idx][:, None]).view(np.uint64).reshape(-1)  # byte j: column j
+            is_hit = word != 0
             hi = idx[is_hit]
-            hs = start[is_hit] + first[is_hit]
-            slots[hi] = hs
+            slots[hi] = start[is_hit] + np.searchsorted(_BYTE_BITS, word[is_hit])
             found[hi] = True
-            rec[hi] = self.tab.take(hs, axis=0)
-            more = ~stop.reshape(-1).take(at)
+            hits.append(hi)
+            more = ~is_hit
+            more &= (wk == EMPTY).view(np.uint64).reshape(-1) == 0
             if not more.any():
-                return
+                return np.concatenate(hits)
             idx = idx[more]
-            start = start[more] + width
-            if start.max() + _WINDOWS[-1] > self.tab.shape[0]:
+            start = start[more] + 8
+            if start.max() + 8 > self.tab.shape[0]:
                 raise RuntimeError("hash table probe ran past the padding")
         raise RuntimeError("hash table probe did not terminate")
 
@@ -164,7 +190,7 @@ class _State:
                 keep_c, keep_p = c_slots[~won], c_pos[~won]
             step = ~(same | empty)
             adv_c = cand[step] + 1
-            if adv_c.size and adv_c.max() >= self.cap + _PAD - _WINDOWS[-1]:
+            if adv_c.size and adv_c.max() >= self.cap + _PAD - 16:
                 raise _Overfull
             cand = np.concatenate([keep_c, adv_c])
             pos = np.concatenate([keep_p, pos[step]])
@@ -209,7 +235,7 @@ class HashTable:
         """
         st = self._state
         slots, found, rec = st.find(keys)
-        rows = rec.view(np.int32)[:, 2]
+        rows = rec[:, 2]
         all_found = found.all()
         if not all_found:
             rows = rows.copy()
@@ -227,7 +253,7 @@ class HashTable:
                 if self._tick >= _TICK_REBASE:
                     self._rebase()
             else:
-                counts = rec.view(np.int32)[:, 3]
+                counts = rec[:, 3]
                 st.tab32.put(idx, (counts if all_found else counts[found]) + 1)
         return emb, found
 
@@ -256,26 +282,26 @@ class HashTable:
                 return self._insert(keys, embeddings)
 
     def _insert(self, keys: np.ndarray, embeddings: np.ndarray) -> int:
-        if True:
-            self._reserve(keys.size)
-            st = self._state
-            slots, found, rec = st.find(keys)
-            self._tick += 1
-            stat = self._tick if self.track == "recency" else (1 if self.track else 0)
-            if found.all():
-                st.values[rec.view(np.int32)[:, 2]] = embeddings
-                if self.track == "recency":
-                    st.tab32.put(slots * 4 + 3, stat)
-                return 0
-            fi = np.flatnonzero(found)
-            if fi.size:
-                st.values[rec[fi].view(np.int32)[:, 2]] = embeddings[fi]
-                if self.track == "recency":
-                    st.tab32.put(slots[fi] * 4 + 3, stat)
-            ni = np.flatnonzero(~found)
-            before = st.live
-            st.place(np.ascontiguousarray(keys[ni]), stat, values=embeddings[ni])
-            return st.live - before
+        st = self._state
+        slots, found, rec = st.find(keys)
+        self._tick += 1
+        stat = self._tick if self.track == "recency" else (1 if self.track else 0)
+        if found.all():
+            st.values[rec[:, 2]] = embeddings
+            if self.track == "recency":
+                st.tab32.put(slots * 4 + 3, stat)
+            return 0
+        fi = np.flatnonzero(found)
+        if fi.size:
+            st.values[rec[fi, 2]] = embeddings[fi]
+            if self.track == "recency":
+                st.tab32.put(slots[fi] * 4 + 3, stat)
+        ni = np.flatnonzero(~found)
+        self._reserve(ni.size)  # may move everything (with the updates above) to new arrays
+        st = self._state
+        before = st.live
+        st.place(np.ascontiguousarray(keys[ni]), stat, values=embeddings[ni])
+        return st.live - before
 
     def load(self, keys: np.ndarray, embeddings: np.ndarray, copy: bool = True) -> None:
         """Replace the whole content with ``keys`` and ``embeddings`` in one pass.
@@ -333,9 +359,11 @@ class HashTable:
 
     # --- internals -------------------------------------------------------------------------
 
-    @staticmethod
-    def _cap_for(n: int) -> int:
-        return max(16, int(n / _GROW_LOAD) + 1)
+    def _cap_for(self, n: int) -> int:
+        """Slots for ``n`` keys: as sparse as the memory budget allows (fewer probes)."""
+        budget = _INDEX_BUDGET * (8 + 4 * self.dim) - 4 * self.dim  # bytes of index per key
+        load = min(max(16 / max(budget, 1e-9), _LOAD_RANGE[0]), _LOAD_RANGE[1])
+        return max(16, int(n / load) // 2 * 2 + 2)
 
     def _reserve(self, incoming: int) -> None:
         st = self._state
