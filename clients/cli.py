@@ -31,10 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tierserve {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import convert, demo
+    from . import batch_inference, convert, demo, serve
 
     demo.register(commands)
     convert.register(commands)
+    serve.register(commands)
+    batch_inference.register(commands)
     return parser
 
 

@@ -29,9 +29,58 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tierserve.ps.errors import NotReadyError
+    import json
+    import shutil
+    import time
+    from pathlib import Path
 
-    raise NotReadyError(
-        "the demo needs the trainer and the server, which are not built yet "
-        "(issues 3 and 6); the test command works today"
+    import httpx
+
+    from tierserve.server.app import BackgroundServer
+    from tierserve.server.settings import Settings
+
+    from .demo_model import MODEL_NAME, train_demo_model, write_repository
+
+    workdir = Path(args.workdir)
+    print(f"[demo] training a small DLRM on generated data in {workdir} ...", flush=True)
+    demo = train_demo_model(workdir / "train", iterations=args.iterations)
+    repository = workdir / "repository"
+    if repository.exists():
+        shutil.rmtree(repository)
+    write_repository(demo, repository)
+    print(f"[demo] model repository {repository} (hash_map + rocks_db tiers, see ps.json)")
+    settings = Settings.from_env(
+        model_repository=repository, host=args.host, http_port=args.port, grpc_port=args.port + 1
     )
+    with BackgroundServer(settings) as server:
+        url = f"http://{server.http_url}"
+        print(f"[demo] serving on {url} (HTTP) and {server.grpc_url} (gRPC)")
+        batch = next(iter(_one_row(demo)))
+        body = {
+            "inputs": [
+                {"name": "DES", "datatype": "FP32", "shape": [1, batch.dense.shape[1]],
+                 "data": batch.dense[0].tolist()},
+                {"name": "CATCOLUMN", "datatype": "INT64", "shape": [1, batch.sparse[0].slot_num],
+                 "data": batch.sparse[0].keys.tolist()},
+            ]
+        }  # fmt: skip
+        answer = httpx.post(f"{url}/v2/models/{MODEL_NAME}/infer", json=body, timeout=30).json()
+        score = answer["outputs"][0]["data"][0]
+        print(f"[demo] POST {url}/v2/models/{MODEL_NAME}/infer")
+        print(f"[demo]   request:  {json.dumps(body)}")
+        print(f"[demo]   click probability: {score:.6f} (label in the data: {batch.label[0, 0]:g})")
+        if args.exit_after_check:
+            return 0
+        print("[demo] try: curl " + url + "/v2/models/" + MODEL_NAME + "  (Ctrl-C stops)")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+
+
+def _one_row(demo):
+    from tierserve.server.datasets import epoch_batches
+    from tierserve.trainer.graph_json import load_graph_json
+
+    return epoch_batches(load_graph_json(demo.graph), demo.eval_source, "Norm", "Sum", None, 1)

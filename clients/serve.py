@@ -1,0 +1,112 @@
+"""``tierserve serve``: serve models over KServe v2 REST (HTTP) and gRPC.
+
+Give a model repository, a folder of ``<model>/<version>/`` folders (graph JSON, dense file,
+sparse folders) with a ``ps.json`` beside them for the storage tiers and each model's
+settings; the highest version of each model serves, and new versions are picked up while
+running.  Or give one ``ps.json`` whose models are served as version 1.
+
+Examples:
+  tierserve serve --model-repository models/
+  tierserve serve --config models/ps.json --http-port 8080 --grpc-port 8081
+  TIERSERVE_ADMIN_TOKEN=secret tierserve serve --model-repository models/ --host 0.0.0.0
+
+Then: curl localhost:8000/v2/health/ready ; curl localhost:8000/v2/models/<model>
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="serve models over HTTP and gRPC (KServe v2 / Triton protocol)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-repository", metavar="DIR", help="model repository folder")
+    source.add_argument(
+        "--config", metavar="PS_JSON", help="a ps.json; its models serve as version 1"
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; 0.0.0.0 exposes the server)",
+    )
+    parser.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001)")
+    parser.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
+    parser.add_argument(
+        "--admin-token",
+        default=None,
+        help="bearer token that repository load/unload require (default: $TIERSERVE_ADMIN_TOKEN;"
+        " none: anyone who can reach the port may load and unload)",
+    )
+    parser.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=64.0,
+        help="largest request body accepted, in MiB (default 64)",
+    )
+    parser.add_argument(
+        "--no-dynamic-batching",
+        action="store_true",
+        help="run every request on its own instead of merging concurrent ones",
+    )
+    parser.add_argument(
+        "--max-batch-delay-ms",
+        type=float,
+        default=1.0,
+        help="how long a batch may wait for more requests under load (default 1)",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=2.0,
+        help="seconds between repository scans for new versions (0: never)",
+    )
+    parser.add_argument("--workers", type=int, default=4, help="inference threads (default 4)")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.set_defaults(run=run)
+
+
+def settings_from_args(args: argparse.Namespace):
+    """The server settings the arguments describe."""
+    from tierserve.server.settings import Settings
+
+    return Settings.from_env(
+        model_repository=args.model_repository,
+        config=args.config,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=None if args.no_grpc else args.grpc_port,
+        admin_token=args.admin_token,
+        max_request_bytes=int(args.max_request_mb * 1024 * 1024),
+        dynamic_batching=not args.no_dynamic_batching,
+        max_batch_delay_ms=args.max_batch_delay_ms,
+        poll_interval_s=args.poll_interval,
+        worker_threads=args.workers,
+        log_level=args.log_level,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from tierserve.server.app import serve
+
+    settings = settings_from_args(args)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.admin_token is None:
+        logging.getLogger("tierserve").warning(
+            "binding %s without an admin token: anyone who reaches the port can load and "
+            "unload models (set --admin-token or TIERSERVE_ADMIN_TOKEN)",
+            settings.host,
+        )
+    serve(settings)
+    return 0

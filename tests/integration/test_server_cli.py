@@ -1,0 +1,105 @@
+"""The serving commands end to end: demo, serve (subprocess), predict and evaluate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from tierserve.clients.cli import main
+from tierserve.clients.demo_model import train_demo_model, write_repository
+from tierserve.server.app import free_port
+from tierserve.server.datasets import epoch_batches
+from tierserve.trainer.graph_json import load_graph_json
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return train_demo_model(tmp_path_factory.mktemp("cli") / "train", iterations=30,
+                            batch_size=256)  # fmt: skip
+
+
+def test_help_texts_explain_the_commands(capsys):
+    for command in ("serve", "predict", "evaluate", "demo"):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "--model-repository" in out and "Examples:" in out and "--format" in out
+
+
+def test_predict_and_evaluate(demo, tmp_path, capsys):
+    repo = tmp_path / "repo"
+    write_repository(demo, repo)
+    out = tmp_path / "preds.txt"
+    assert main(["predict", "--model", str(repo / "dlrm"), "--data", demo.eval_source,
+                 "--output", str(out), "--batch-size", "500", "--no-progress"]) == 0  # fmt: skip
+    preds = np.loadtxt(out)
+    graph = load_graph_json(demo.graph)
+    batches = list(epoch_batches(graph, demo.eval_source, "Norm", "Sum", None, 500))
+    # Keys never seen in training: the server answers with the default vector, the trainer's
+    # in-memory table does not, so only rows with known keys are compared.
+    trainer = np.concatenate([demo.model.predict_batch(b) for b in batches]).reshape(-1)
+    assert preds.shape == trainer.shape
+    seen = np.concatenate([np.isin(b.sparse[0].keys.reshape(b.batch_size, -1),
+                                   _trained_keys(demo)).all(1) for b in batches])  # fmt: skip
+    np.testing.assert_allclose(preds[seen], trainer[seen], atol=1e-5)
+    assert main(["evaluate", "--model", str(repo / "dlrm" / "1"), "--data", demo.eval_source,
+                 "--no-progress"]) == 0  # fmt: skip
+    assert "AUC 0." in capsys.readouterr().out
+    assert main(["evaluate", "--model", str(tmp_path), "--data", demo.eval_source]) == 2
+
+
+def _trained_keys(demo):
+    from tierserve.ps.sparse_file import read_sparse_model
+
+    return np.asarray(read_sparse_model(demo.sparse_files[0], 16).keys)
+
+
+def test_serve_subprocess_with_config(demo, tmp_path):
+    repo = tmp_path / "repo"
+    write_repository(demo, repo)
+    port = free_port()
+    env = {**os.environ, "TIERSERVE_ADMIN_TOKEN": "t0k"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tierserve.clients.cli", "serve", "--config",
+         str(repo / "ps.json"), "--http-port", str(port), "--no-grpc", "--log-level", "warning"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/v2/health/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.2)
+        assert httpx.get(f"{url}/v2/models/dlrm").json()["versions"] == ["1"]
+        r = httpx.post(f"{url}/v2/repository/models/dlrm/unload")
+        assert r.status_code == 401
+        r = httpx.post(f"{url}/v2/repository/models/dlrm/unload",
+                       headers={"Authorization": "Bearer t0k"})  # fmt: skip
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_demo_prints_one_prediction_made_over_http(tmp_path):
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "tierserve.clients.cli", "demo", "--workdir", str(tmp_path),
+         "--iterations", "20", "--port", str(port), "--exit-after-check"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "click probability:" in result.stdout
+    assert f"127.0.0.1:{port}/v2/models/dlrm/infer" in result.stdout
