@@ -196,6 +196,9 @@ def _xp_of(array: Any) -> Any:
     return cupy.get_array_module(array)
 
 
+_GLOBAL_CHUNK = 1 << 14  # rows per chunk of a Global sparse update
+
+
 class Optimizer:
     """One optimizer's update rule, for dense parameters and embedding tables.
 
@@ -265,9 +268,7 @@ class Optimizer:
         xp = _xp_of(values)
         if self.moves_untouched_rows:
             n = values.shape[0] if num_rows is None else int(num_rows)
-            full = xp.zeros((n,) + tuple(values.shape[1:]), dtype=values.dtype)
-            full[rows] = grads
-            self._apply(values[:n], full, {k: a[:n] for k, a in state.items()}, lr, step)
+            self._apply_global(xp, values, rows, grads, state, lr, step, n)
             return
         if len(rows) == 0:
             return
@@ -280,6 +281,21 @@ class Optimizer:
         values[rows] = p
         for k, a in state.items():
             a[rows] = st[k]
+
+    def _apply_global(self, xp, values, rows, grads, state, lr, step, n):
+        """The dense rule over rows ``[0, n)``, zero gradient where not hit, in chunks of
+        rows so temporaries stay small (cache-resident) whatever the table's size."""
+        order = xp.argsort(rows)
+        rows_sorted = rows[order]
+        bounds = xp.searchsorted(rows_sorted, xp.arange(0, n + _GLOBAL_CHUNK, _GLOBAL_CHUNK))
+        bounds = [int(b) for b in (bounds.get() if hasattr(bounds, "get") else bounds)]
+        for c, lo in enumerate(range(0, n, _GLOBAL_CHUNK)):
+            hi = min(n, lo + _GLOBAL_CHUNK)
+            g = xp.zeros((hi - lo,) + tuple(values.shape[1:]), dtype=values.dtype)
+            sel = order[bounds[c] : bounds[c + 1]]
+            if sel.shape[0]:
+                g[rows_sorted[bounds[c] : bounds[c + 1]] - lo] = grads[sel]
+            self._apply(values[lo:hi], g, {k: a[lo:hi] for k, a in state.items()}, lr, step)
 
     # Subclasses: update p and every array of st in place (they may be gathered copies).
     def _apply(self, p: Any, g: Any, st: dict[str, Any], lr: float, t: int) -> None:

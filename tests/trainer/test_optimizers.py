@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tierserve.ps.errors import InvalidInputError
+from tierserve.trainer import optimizers
 from tierserve.trainer.optimizers import (
     CreateOptimizer,
     Optimizer_t,
@@ -121,8 +122,10 @@ def test_sparse_local_updates_only_hit_rows(kwargs, ref):
     np.testing.assert_array_equal(got[4], w0[4].astype(np.float32))
 
 
+@pytest.mark.parametrize("chunk", [2, 1 << 14])
 @pytest.mark.parametrize(("kwargs", "ref"), CASES, ids=IDS)
-def test_sparse_global_is_dense_update_with_zero_gradients(kwargs, ref):
+def test_sparse_global_is_dense_update_with_zero_gradients(kwargs, ref, chunk, monkeypatch):
+    monkeypatch.setattr(optimizers, "_GLOBAL_CHUNK", chunk)  # also across several chunks
     w0 = np.random.default_rng(4).standard_normal((CAPACITY, DIM))
     grads = _grads((CAPACITY, DIM), seed=5)
     got = _sparse_run(CreateOptimizer(update_type=Update_t.Global, **kwargs), w0, grads)

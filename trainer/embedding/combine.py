@@ -150,17 +150,16 @@ def _segment_sum(values: Any, layout: CsrLayout) -> Any:
 def scatter_sum(values: Any, index: Any, n: int) -> Any:
     """``out[j] = sum(values[i] for i where index[i] == j)``, ``[n, dim]`` float32.
 
-    numpy: one ``bincount`` per column (several times faster than ``np.add.at`` or a
-    sort + ``reduceat``); cupy: an atomic scatter-add.
+    numpy: one ``bincount`` per column (measured several times faster than ``np.add.at``,
+    a sort + ``reduceat`` or a sort + ``cumsum``); cupy: an atomic scatter-add.
     """
     xp = _xp_of(values)
     dim = int(values.shape[1])
     if xp is np:
-        out = np.empty((dim, n), dtype=np.float32)
-        cols = np.ascontiguousarray(values.T)
+        out = np.empty((n, dim), dtype=np.float32)
         for d in range(dim):
-            out[d] = np.bincount(index, weights=cols[d], minlength=n)
-        return out.T
+            out[:, d] = np.bincount(index, weights=values[:, d], minlength=n)
+        return out
     import cupyx  # only reached with cupy arrays
 
     out = xp.zeros((n, dim), dtype=xp.float32)
