@@ -108,6 +108,8 @@ def test_bad_csr_is_rejected():
     table = _table()
     with pytest.raises(InvalidInputError, match="multiple of slot_num"):
         table.forward(SparseInput(np.array([1, 2, 3]), np.array([0, 1, 2, 3]), 2))
+    with pytest.raises(InvalidInputError, match="decrease"):
+        table.forward(SparseInput(np.array([1, 2, 3]), np.array([0, 2, 1, 3]), 1))
     with pytest.raises(InvalidInputError, match="integers"):
         table.forward(SparseInput(np.array([1.0]), np.array([0, 1]), 1))
 

@@ -75,6 +75,8 @@ class CsrLayout:
             self.width = self.nnz // self.num_rows
             self.kind = "one_hot" if self.width == 1 else "fixed"
         else:
+            if bool((self.counts < 0).any()):
+                raise InvalidInputError("row_offsets must not decrease")
             self.width = 0
             self.kind = "ragged"
         self._row_of_key: Any = None
