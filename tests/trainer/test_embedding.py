@@ -412,3 +412,18 @@ def test_key_index_grows_through_many_rehashes():
         index.lookup_or_insert(chunk)
     np.testing.assert_array_equal(index.lookup(keys), np.arange(len(keys)))
     assert (index.lookup(keys + 1) == -1).mean() > 0.99
+
+
+def test_key_index_survives_long_probe_chains_and_wrap_around(monkeypatch):
+    """Every key hashes to one of the last two slots: chains wrap and span many windows."""
+    index = KeyIndex()
+
+    def crowded_home(keys):
+        return (index._mask - (keys & 1)).astype(np.int64)
+
+    monkeypatch.setattr(index, "_home", crowded_home)
+    keys = np.arange(0, 3000, 7, dtype=np.int64)
+    for chunk in np.array_split(keys, 5):
+        index.lookup_or_insert(chunk)
+    np.testing.assert_array_equal(index.lookup(keys), np.arange(len(keys)))
+    assert (index.lookup(keys + 1) == -1).all()
