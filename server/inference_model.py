@@ -5,7 +5,7 @@ into the trainer's forward-only :class:`~tierserve.trainer.inference_graph.Infer
 (the same layers as training), puts the sparse model folders into the hierarchical parameter
 server's tiers (``volatile_db``, ``persistent_db``), optionally fronted by the embedding cache,
 and predicts: per table, the batch's keys are looked up once each (unique), the vectors are
-combined per slot (sum or mean, as the embedding layer does), and the dense network runs.
+combined per slot by the trainer's own embedding ``combine`` (sum or mean), and the dense network runs.
 
 ``predict`` and ``evaluate`` read a Norm, Raw or Parquet dataset in batches of
 ``max_batchsize`` and wrap around to its start, as HugeCTR does.  ``InferenceSession`` is the
@@ -36,6 +36,7 @@ from tierserve.ps.config import (
 from tierserve.ps.errors import ConfigError, InvalidInputError
 from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
 from tierserve.trainer.data.batch import Batch, SparseInput
+from tierserve.trainer.embedding.combine import combine
 from tierserve.trainer.graph_json import Graph, load_graph_json
 from tierserve.trainer.inference_graph import EmbeddingSpec, InferenceGraph
 
@@ -133,33 +134,6 @@ class InferenceParams(BaseModel):
             _tier_config(pdb, TypeAdapter(PersistentDBConfig).validate_python),
             _tier_config(src, TypeAdapter(UpdateSourceConfig).validate_python),
         )
-
-
-# --- embedding combination -------------------------------------------------------------------
-
-
-def combine(
-    vectors: np.ndarray, row_offsets: np.ndarray, batch_size: int, slot_num: int, combiner: str
-) -> np.ndarray:
-    """Per (sample, slot) row of CSR ``row_offsets``, the sum or mean of its ``vectors``.
-
-    ``vectors`` holds one embedding per key, in key order; the result is
-    ``[batch_size, slot_num, dim]``.  Empty rows give zeros.
-    """
-    dim = vectors.shape[1]
-    rows = batch_size * slot_num
-    counts = np.diff(row_offsets)
-    if vectors.shape[0] == rows and np.all(counts == 1):
-        out = vectors.reshape(batch_size, slot_num, dim)
-        return out.astype(np.float32, copy=False)
-    out = np.zeros((rows, dim), dtype=np.float32)
-    nonempty = counts > 0
-    if vectors.shape[0]:
-        starts = row_offsets[:-1][nonempty]
-        out[nonempty] = np.add.reduceat(vectors, starts, axis=0)
-    if combiner == "mean":
-        out /= np.maximum(counts, 1).astype(np.float32)[:, None]
-    return out.reshape(batch_size, slot_num, dim)
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -302,7 +276,6 @@ class InferenceModel:
             combine(
                 np.asarray(vectors, dtype=np.float32)[inverse],
                 sparse.row_offsets,
-                batch.batch_size,
                 spec.slot_num,
                 spec.combiner,
             )

@@ -8,14 +8,12 @@ import pytest
 from tierserve.clients.demo_model import train_demo_model
 from tierserve.ps.errors import ConfigError, CorruptModelFileError
 from tierserve.server.datasets import epoch_batches, wrapped_batches
-from tierserve.server.evaluation import auc
+from tierserve.server.evaluation import auc, logloss
 from tierserve.server.inference_model import (
     InferenceModel,
     InferenceParams,
     InferenceSession,
-    combine,
 )
-from tierserve.trainer.metrics import auc_score
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +64,10 @@ def test_predict_wraps_past_the_end_of_the_dataset(demo, tmp_path):
         model.close()
 
 
-def test_auc_matches_trainer_metric():
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, 2, 1000).astype(np.float32)
-    scores = np.round(rng.random(1000), 2)  # ties included
-    assert auc(labels, scores) == pytest.approx(auc_score(labels, scores), abs=1e-12)
+def test_auc_and_logloss():
+    labels = np.array([0, 0, 1, 1], dtype=np.float32)
+    assert auc(labels, np.array([0.1, 0.4, 0.35, 0.8])) == pytest.approx(0.75)
+    assert logloss(labels, np.array([0.0, 0.0, 1.0, 1.0])) < 1e-6
 
 
 def test_inference_session_old_api(demo, tmp_path):
@@ -91,15 +88,6 @@ def test_inference_session_old_api(demo, tmp_path):
     )
     np.testing.assert_allclose(out, demo.model.predict_batch(batch).reshape(-1), atol=1e-5)
     session.model.close()
-
-
-def test_combine_sum_mean_and_empty_rows():
-    vectors = np.arange(8, dtype=np.float32).reshape(4, 2)
-    offsets = np.array([0, 2, 2, 4])  # row 0: two keys, row 1: none, row 2: two keys
-    out = combine(vectors, offsets, 3, 1, "sum")
-    np.testing.assert_array_equal(out[:, 0], [[2, 4], [0, 0], [10, 12]])
-    np.testing.assert_array_equal(combine(vectors, offsets, 3, 1, "mean")[:, 0],
-                                  [[1, 2], [0, 0], [5, 6]])  # fmt: skip
 
 
 def test_bad_files_are_clear_errors(demo, tmp_path):
