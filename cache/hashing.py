@@ -1,22 +1,31 @@
 """Which set of the cache a key lives in.
 
-``set_of(key) = ((key * 0x9E3779B97F4A7C15 mod 2**64) >> 32) * num_sets >> 32``: Fibonacci
-(multiply-shift) hashing, then Lemire's multiply-shift range reduction, so ``num_sets`` can be
-any positive integer below 2**32.  ``cuda/embedding_cache.cu`` computes the same function,
-so the numpy, cupy and CUDA paths agree key for key.  It is deliberately not the splitmix64
-partition mixer of ``tierserve.ps.partition``: that costs nine array passes where this costs
-four, and a cache hit is only about a dozen passes long.  The top bits of a Fibonacci product
-depend on every key bit, which spreads sequential and strided keys evenly (tested).
+``set_of`` mixes the key's 64 bits with two multiply steps (the constants of MurmurHash3's
+64-bit finalizer), takes the top 32 bits and maps them onto ``num_sets`` with Lemire's
+multiply-shift range reduction, so ``num_sets`` can be any positive integer below 2**32::
 
-Written against ``xp`` (numpy or cupy): the arrays passed in decide which.
+    h = key * 0xFF51AFD7ED558CCD            (mod 2**64)
+    h = (h ^ (h >> 32)) * 0xC4CEB9FE1A85EC53 (mod 2**64)
+    set = ((h >> 32) * num_sets) >> 32
+
+It is the home-slot function of the parameter server's hash map
+(``tierserve.ps.hash_table.home_slots``), and ``cuda/embedding_cache.cu`` computes the same,
+so the numpy, cupy and CUDA paths agree key for key.  One multiply alone (Fibonacci hashing)
+is not enough: keys that are themselves multiples of a golden-ratio constant then crowd into
+a third of the sets.  The splitmix64 partition mixer (``tierserve.ps.partition``) would do,
+but costs nine array passes where this costs six.
+
+Written against ``xp``: the arrays passed in (numpy or cupy) decide which.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-FIBONACCI = 0x9E3779B97F4A7C15  # 2**64 / golden ratio
-_FIB = np.uint64(FIBONACCI)
+C1 = 0xFF51AFD7ED558CCD
+C2 = 0xC4CEB9FE1A85EC53
+_C1 = np.uint64(C1)
+_C2 = np.uint64(C2)
 _U32 = np.uint64(32)
 MAX_SETS = 2**32 - 1
 
@@ -25,7 +34,9 @@ def set_of(keys, num_sets: int):
     """The set (int64, ``0 .. num_sets-1``) of each int64 key in ``keys`` (numpy or cupy)."""
     if not 0 < num_sets <= MAX_SETS:
         raise ValueError(f"num_sets must be in 1 .. {MAX_SETS}, got {num_sets}")
-    h = keys.view(np.uint64) * _FIB
+    h = keys.view(np.uint64) * _C1
+    h ^= h >> _U32
+    h *= _C2
     h >>= _U32
     h *= np.uint64(num_sets)
     h >>= _U32

@@ -14,7 +14,7 @@ from tierserve.ps.errors import MissingExtraError
 
 def test_kernel_source_ships_with_the_package():
     source = kernel_source()
-    assert "ts_cache_lookup" in source and "0x9E3779B97F4A7C15" in source
+    assert "ts_cache_lookup" in source and "0xFF51AFD7ED558CCD" in source
 
 
 def test_without_cupy_the_gpu_cache_names_the_extra(hps):

@@ -30,7 +30,7 @@ def test_create_from_ps_json_sizes_each_table_by_percentage(tmp_path, use_gpu):
         assert isinstance(caches, ModelEmbeddingCache) and caches.tables == [TABLE]
         cache = caches[TABLE]
         assert isinstance(cache, EmbeddingCache) and cache is caches[0]
-        assert cache.capacity == 248  # 250 rounded down to whole 4-way sets
+        assert cache.capacity == 250  # 125 sets of 2 ways
         assert cache.hit_rate_threshold == 0.7
         keys = np.arange(0, 1000, 7, dtype=np.int64)
         np.testing.assert_array_equal(to_host(caches.lookup(0, keys)), ps.lookup(MODEL, TABLE, keys))
@@ -71,5 +71,5 @@ def test_missing_sparse_file_is_a_clear_error(tmp_path):
         with pytest.raises(CorruptModelFileError, match="table_rows"):
             CreateEmbeddingCache(ps, 0, False, None, path, MODEL)
         with CreateEmbeddingCache(ps, 0, False, 0.5, path, MODEL, table_rows_per_table=[10]) as c:
-            assert c[0].capacity == 4
+            assert c[0].capacity == 4  # 5 rounded down to whole 2-way sets
             assert c[0].dim == DIM

@@ -106,11 +106,18 @@ def test_the_empty_marker_is_never_a_hit(use_gpu):
     assert hits == 0 and not to_host(hit).any()
 
 
-@pytest.mark.parametrize("stride", [1, 2, 1000, 2**20, 2**32])
+@pytest.mark.parametrize("stride", [1, 2, 1000, 2**20, 2**32, 0x9E3779B1])
 def test_sets_are_spread_evenly_for_sequential_and_strided_keys(stride):
     keys = np.arange(100_000, dtype=np.int64) * stride
     counts = np.bincount(set_of(keys, 1000), minlength=1000)
     assert counts.min() > 50 and counts.max() < 150
+
+
+def test_set_function_is_the_parameter_server_hash_maps():
+    hash_table = pytest.importorskip("tierserve.ps.hash_table")
+    keys = np.random.default_rng(1).integers(-(2**63), 2**63 - 1, 10_000, dtype=np.int64)
+    for n in (1, 7, 1000, 2**31 + 11):
+        np.testing.assert_array_equal(set_of(keys, n), hash_table.home_slots(keys, n))
 
 
 def test_bad_sizes_are_rejected():
