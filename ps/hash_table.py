@@ -26,8 +26,21 @@ import numpy as np
 
 from .errors import InvalidInputError
 
+#: The two keys that cannot be stored: slots keep ``key ^ -2**63``, so these two keys'
+#: encodings are 0 (an empty slot: a fresh, calloc'ed table is all empty) and 1 (deleted).
 EMPTY = np.int64(-(2**63))
 TOMB = np.int64(-(2**63) + 1)
+_SIGN = np.int64(-(2**63))
+_FREE = 0
+_GONE = 1
+
+
+def _encode(keys: np.ndarray) -> np.ndarray:
+    return np.bitwise_xor(keys, _SIGN)
+
+
+def _live(stored: np.ndarray) -> np.ndarray:
+    return stored.view(np.uint64) > np.uint64(_GONE)
 
 # Slot hash: multiply, fold the high half down, multiply (constants of murmur3's fmix64).
 # Distinct from the partition mixer, so keys of one partition still spread over its slots.
@@ -74,10 +87,8 @@ class _State:
 
     def __init__(self, cap: int, dim: int, row_cap: int, values: np.ndarray | None = None):
         self.cap = cap
-        self.tab = np.empty((cap + _PAD, 2), dtype=np.int64)
+        self.tab = np.zeros((cap + _PAD, 2), dtype=np.int64)  # all slots free
         self.pairs = self.tab.reshape(-1, 4)  # aligned slot pairs
-        self.tab[:, 0] = EMPTY
-        self.tab[:, 1] = 0
         self.flat = self.tab.reshape(-1)
         self.tab32 = self.flat.view(np.int32)  # per slot: key lo, key hi, row, stat
         self.values = np.empty((row_cap, dim), dtype=np.float32) if values is None else values
@@ -94,8 +105,9 @@ class _State:
         """
         slots = home_slots(keys, self.cap)
         pair = self.pairs.take(slots >> 1, axis=0)  # [n, 4]: key, row|stat of both slots
-        second = pair[:, 2] == keys
-        found = pair[:, 0] == keys
+        kx = _encode(keys)
+        second = pair[:, 2] == kx
+        found = pair[:, 0] == kx
         found |= second
         pick = np.arange(0, 2 * keys.size, 2)
         pick += second
@@ -103,10 +115,10 @@ class _State:
         slots += second
         if not found.all():
             pending = ~found
-            pending &= pair[:, 2] != EMPTY  # both slots taken, by other keys: probe on
+            pending &= pair[:, 2] != _FREE  # both slots taken, by other keys: probe on
             idx = np.flatnonzero(pending)
             if idx.size:
-                hit = self._probe(keys, slots, found, idx)
+                hit = self._probe(kx, slots, found, idx)
                 rec.view(np.complex128).reshape(-1)[hit] = (
                     self.tab.view(np.complex128).reshape(-1).take(slots[hit])
                 )
@@ -114,21 +126,21 @@ class _State:
             found &= keys > TOMB
         return slots, found, rec.view(np.int32)
 
-    def _probe(self, keys, slots, found, idx) -> np.ndarray:
-        """Resolve the displaced keys ``idx``; returns those found (their slots are set)."""
+    def _probe(self, kx, slots, found, idx) -> np.ndarray:
+        """Resolve the displaced (encoded) keys ``idx``; returns those found, slots set."""
         # The table's tail padding keeps every window inside the array: no wrap-around.
         start = slots[idx] + 2
         hits = []
         for _ in range(self.tab.shape[0] // 8 + 1):
             wk = self.flat.take((start * 2)[:, None] + _AR8)
-            word = (wk == keys[idx][:, None]).view(np.uint64).reshape(-1)  # byte j: column j
+            word = (wk == kx[idx][:, None]).view(np.uint64).reshape(-1)  # byte j: column j
             is_hit = word != 0
             hi = idx[is_hit]
             slots[hi] = start[is_hit] + np.searchsorted(_BYTE_BITS, word[is_hit])
             found[hi] = True
             hits.append(hi)
             more = ~is_hit
-            more &= (wk == EMPTY).view(np.uint64).reshape(-1) == 0
+            more &= (wk == _FREE).view(np.uint64).reshape(-1) == 0
             if not more.any():
                 return np.concatenate(hits)
             idx = idx[more]
@@ -136,6 +148,37 @@ class _State:
             if start.max() + 8 > self.tab.shape[0]:
                 raise RuntimeError("hash table probe ran past the padding")
         raise RuntimeError("hash table probe did not terminate")
+
+    def bulk_place(self, keys: np.ndarray, stat: np.ndarray | int) -> None:
+        """Index ``keys`` (unique) as rows ``0..n-1`` of an empty table, in one pass.
+
+        Sorting by home slot turns linear probing into a running maximum: the i-th key in
+        home order goes to ``max(home_i, slot_(i-1) + 1)``.  Sorting packs (home, index)
+        into one uint64, which numpy sorts with SIMD, far faster than an argsort.
+        """
+        n = keys.size
+        if n == 0:
+            return
+        if n >= 1 << 32:
+            raise ValueError("a partition holds at most 2**32 - 1 keys")
+        packed = home_slots(keys, self.cap).view(np.uint64)
+        packed <<= _U32
+        packed |= np.arange(n, dtype=np.uint64)
+        packed.sort()
+        order = (packed & np.uint64(0xFFFFFFFF)).view(np.int64)
+        packed >>= _U32
+        ar = np.arange(n)
+        slot = packed.view(np.int64)
+        slot -= ar
+        np.maximum.accumulate(slot, out=slot)
+        slot += ar
+        if slot[-1] >= self.tab.shape[0]:
+            raise _Overfull
+        self.flat[slot * 2] = _encode(keys.take(order))
+        self.tab32[slot * 4 + 2] = order
+        self.tab32[slot * 4 + 3] = stat if np.ndim(stat) == 0 else np.asarray(stat).take(order)
+        self.live += n
+        self.used += n
 
     def place(
         self,
@@ -153,16 +196,17 @@ class _State:
         row_of = np.empty(n, dtype=np.int64)
         pos = np.arange(n)
         cand = home_slots(keys, self.cap)
+        kx = _encode(keys)
         stat_arr = np.broadcast_to(np.asarray(stat, dtype=np.int32), (n,))
         repeated = False
         while pos.size:
             g = self.tab.take(cand, axis=0)
             gk = g[:, 0]
-            same = gk == keys[pos]
+            same = gk == kx[pos]
             if same.any():
                 repeated = True
                 row_of[pos[same]] = g[same].view(np.int32)[:, 2]
-            empty = gk == EMPTY
+            empty = gk == _FREE
             ce = np.flatnonzero(empty)
             keep_c = np.zeros(0, dtype=np.int64)
             keep_p = keep_c
@@ -183,7 +227,7 @@ class _State:
                     w_rows = rows[w_pos]
                 self.tab32[w_slots * 4 + 2] = w_rows
                 self.tab32[w_slots * 4 + 3] = stat_arr[w_pos]
-                self.flat[w_slots * 2] = keys[w_pos]  # publish the key last
+                self.flat[w_slots * 2] = kx[w_pos]  # publish the key last
                 row_of[w_pos] = w_rows
                 self.live += w_pos.size
                 self.used += w_pos.size
@@ -264,7 +308,7 @@ class HashTable:
     def keys(self) -> np.ndarray:
         """All keys, in slot order (a copy)."""
         k = self._state.tab[:, 0]
-        return k[k > TOMB].copy()
+        return _encode(k[_live(k)])
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -312,6 +356,15 @@ class HashTable:
         """
         if keys.size and keys.min() <= TOMB:
             raise InvalidInputError(f"keys {int(EMPTY)} and {int(TOMB)} are reserved")
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        if keys.size > 1:
+            ordered = np.sort(keys)
+            if (ordered[1:] == ordered[:-1]).any():  # keep each key's last vector
+                _, last = np.unique(keys[::-1], return_index=True)
+                keep = np.sort(keys.size - 1 - last)
+                keys, embeddings = keys[keep], embeddings[keep]
+                copy = True
+            del ordered
         n = keys.size
         if copy or embeddings.dtype != np.float32 or not embeddings.flags.c_contiguous:
             values = np.empty((n, self.dim), dtype=np.float32)
@@ -331,7 +384,7 @@ class HashTable:
             st = self._state
             slots, found, _ = st.find(keys)
             gone = np.unique(slots[found])
-            st.flat[gone * 2] = TOMB
+            st.flat[gone * 2] = _GONE
             st.live -= gone.size
             if st.n_rows - st.live > max(st.live // 4, 1024):
                 self._rebuild(st.live)
@@ -344,10 +397,10 @@ class HashTable:
             excess = st.live - int(target)
             if excess <= 0:
                 return 0
-            live = np.flatnonzero(st.tab[:, 0] > TOMB)
+            live = np.flatnonzero(_live(st.tab[:, 0]))
             stats = st.tab32.take(live * 4 + 3) if self.track else None
             victims = live[policy.select(stats, live.size, excess, rng)]
-            st.flat[victims * 2] = TOMB
+            st.flat[victims * 2] = _GONE
             st.live -= victims.size
             self._rebuild(st.live)
             return int(victims.size)
@@ -373,8 +426,8 @@ class HashTable:
     def _rebuild(self, expected: int, spare_rows: int = 0) -> None:
         """Rehash the live keys into fresh arrays sized for ``expected`` keys; compact rows."""
         old = self._state
-        live = np.flatnonzero(old.tab[:, 0] > TOMB)
-        keys = old.tab[live, 0]
+        live = np.flatnonzero(_live(old.tab[:, 0]))
+        keys = _encode(old.tab[live, 0])
         rows = old.tab32.take(live * 4 + 2)
         stats = old.tab32.take(live * 4 + 3)
         row_cap = live.size + spare_rows
@@ -390,7 +443,7 @@ class HashTable:
             st = _State(cap, self.dim, 0, values=values)
             st.n_rows = keys.size
             try:
-                st.place(keys, stats, rows=np.arange(keys.size))
+                st.bulk_place(keys, stats)
                 return st
             except _Overfull:
                 cap *= 2
