@@ -8,9 +8,9 @@ multiply-shift range reduction, so ``num_sets`` can be any positive integer belo
     h = (h ^ (h >> 32)) * 0xC4CEB9FE1A85EC53 (mod 2**64)
     set = ((h >> 32) * num_sets) >> 32
 
-It is the home-slot function of the parameter server's hash map
-(``tierserve.ps.hash_table.home_slots``), and ``cuda/embedding_cache.cu`` computes the same,
-so the numpy, cupy and CUDA paths agree key for key.  One multiply alone (Fibonacci hashing)
+The mixing steps are those of the parameter server hash map's slot hash
+(``tierserve.ps.hash_table``); ``cuda/embedding_cache.cu`` computes exactly this function, so
+the numpy, cupy and CUDA paths agree key for key.  One multiply alone (Fibonacci hashing)
 is not enough: keys that are themselves multiples of a golden-ratio constant then crowd into
 a third of the sets.  The splitmix64 partition mixer (``tierserve.ps.partition``) would do,
 but costs nine array passes where this costs six.

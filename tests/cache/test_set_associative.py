@@ -113,13 +113,6 @@ def test_sets_are_spread_evenly_for_sequential_and_strided_keys(stride):
     assert counts.min() > 50 and counts.max() < 150
 
 
-def test_set_function_is_the_parameter_server_hash_maps():
-    hash_table = pytest.importorskip("tierserve.ps.hash_table")
-    keys = np.random.default_rng(1).integers(-(2**63), 2**63 - 1, 10_000, dtype=np.int64)
-    for n in (1, 7, 1000, 2**31 + 11):
-        np.testing.assert_array_equal(set_of(keys, n), hash_table.home_slots(keys, n))
-
-
 def test_bad_sizes_are_rejected():
     with pytest.raises(ValueError):
         SetAssociativeTable(0, 4)
