@@ -102,21 +102,18 @@ class HashMapTier(Tier):
 
     def _lookup_partitioned(self, parts: list[HashTable], keys: np.ndarray):
         order, bounds = group_by_partition(keys, len(parts))
-        sorted_keys = keys[order]
-        tmp = np.empty((keys.size, parts[0].dim), dtype=np.float32)
-        tmp_found = np.zeros(keys.size, dtype=bool)
+        emb = np.empty((keys.size, parts[0].dim), dtype=np.float32)
+        found = np.empty(keys.size, dtype=bool)
 
         def work(p: int) -> None:
-            b0, b1 = bounds[p], bounds[p + 1]
-            if b1 > b0:
-                _, f = parts[p].lookup(sorted_keys[b0:b1], out=tmp[b0:b1])
-                tmp_found[b0:b1] = f
+            # Each worker also scatters its rows back to request order: all in parallel.
+            pos = order[bounds[p] : bounds[p + 1]]
+            if pos.size:
+                e, f = parts[p].lookup(keys.take(pos))
+                emb[pos] = e
+                found[pos] = f
 
         self._map(work, len(parts))
-        emb = np.empty_like(tmp)
-        emb[order] = tmp
-        found = np.empty_like(tmp_found)
-        found[order] = tmp_found
         return emb, found
 
     def insert(self, tag: str, keys, embeddings) -> None:

@@ -142,3 +142,21 @@ def test_standalone_redis_behind_the_hierarchy(tmp_path, redis_server):
         assert ps.volatile.size(storage) == 500
         ps.unload_model(name)
         assert ps.volatile.size(storage) == 0
+
+
+def test_attach_to_an_existing_redis_without_reloading(tmp_path, redis_server):
+    name = f"m{uuid.uuid4().hex[:8]}"
+    model = write_model(tmp_path, name, [(np.arange(200), 4)])
+    vol = {"type": "redis", "address": f"{redis_server.host}:{redis_server.port}",
+           "num_partitions": 3}
+    with HierarchicalParameterServer(parse_ps_config({"volatile_db": vol, "models": [model]})):
+        pass  # loads the table into Redis and leaves it there
+    for f in (tmp_path / name).rglob("*"):
+        if f.is_file():
+            f.unlink()  # attaching must not read the files
+    attach = {**vol, "initialize_after_startup": False}
+    config = parse_ps_config({"volatile_db": attach, "models": [model]})
+    with HierarchicalParameterServer(config) as ps:
+        np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [3, 199, 500]),
+                                      np.r_[expected([3, 199], 4), [[-1] * 4]])
+        ps.unload_model(name)
