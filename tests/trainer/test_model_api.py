@@ -1,0 +1,345 @@
+"""The HugeCTR Model API on a small generated dataset: building errors, model files, the
+low-level loop, epoch mode, freezing, optimizer states, multi-task losses, predictions export."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import tierserve.trainer as hugectr
+from tierserve.ps.errors import ConfigError, CorruptModelFileError
+from tierserve.ps.sparse_file import read_sparse_model
+from tierserve.trainer.dense_file import NONTRAINABLE_SUFFIX
+
+SLOTS = [50, 80, 30, 20]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small")
+    hugectr.DataGenerator(hugectr.DataGeneratorParams(
+        format=hugectr.DataReaderType_t.Norm, label_dim=2, dense_dim=3, num_slot=len(SLOTS),
+        i64_input_key=True, source=str(root / "file_list.txt"),
+        eval_source=str(root / "file_list_test.txt"), slot_size_array=SLOTS,
+        nnz_array=[2, 1, 1, 1], num_files=2, eval_num_files=1, num_samples_per_file=512,
+        variable_nnz=True,
+    )).generate()
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch):
+    monkeypatch.setenv("TIERSERVE_NO_PROGRESS", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
+def make_model(data, *, repeat=True, batch=128, optimizer=hugectr.Optimizer_t.Adam,
+               metrics=None, lr=0.01, **solver):
+    s = hugectr.CreateSolver(batchsize=batch, batchsize_eval=256, max_eval_batches=2, lr=lr,
+                             repeat_dataset=repeat, i64_input_key=True,
+                             metrics_spec=metrics or {hugectr.MetricsType.AUC: 1.0}, **solver)
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[str(data / "file_list.txt")], eval_source=str(data / "file_list_test.txt"),
+        check_type=hugectr.Check_t.Sum)
+    opt = hugectr.CreateOptimizer(optimizer_type=optimizer)
+    return hugectr.Model(s, reader, opt)
+
+
+def add_input(model, label_dim=2, label_name="label"):
+    model.add(hugectr.Input(label_dim=label_dim, label_name=label_name, dense_dim=3,
+                            dense_name="dense",
+                            data_reader_sparse_param_array=[
+                                hugectr.DataReaderSparseParam("wide", 2, False, 1),
+                                hugectr.DataReaderSparseParam("deep", 1, True, 3)]))
+
+
+def add_embeddings(model):
+    for name, bottom, dim in (("emb_wide", "wide", 1), ("emb_deep", "deep", 4)):
+        model.add(hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1, embedding_vec_size=dim, combiner="mean",
+            sparse_embedding_name=name, bottom_name=bottom))
+
+
+def small_net(model, label="label", label_dim=2, extra=()):
+    """Embeddings -> reshape/concat -> FC+BatchNorm+ReLU -> FC(label_dim) -> BCE."""
+    add_input(model, label_dim=label_dim, label_name=label)
+    add_embeddings(model)
+    d = hugectr.DenseLayer
+    lt = hugectr.Layer_t
+    model.add(d(layer_type=lt.Reshape, bottom_names=["emb_deep"], top_names=["r1"],
+                leading_dim=12))
+    model.add(d(layer_type=lt.Reshape, bottom_names=["emb_wide"], top_names=["r2"],
+                leading_dim=1))
+    model.add(d(layer_type=lt.Concat, bottom_names=["r1", "r2", "dense"], top_names=["c1"]))
+    model.add(d(layer_type=lt.InnerProduct, bottom_names=["c1"], top_names=["fc1"],
+                num_output=8))
+    model.add(d(layer_type=lt.BatchNorm, bottom_names=["fc1"], top_names=["bn1"], factor=0.5))
+    model.add(d(layer_type=lt.ReLU, bottom_names=["bn1"], top_names=["relu1"]))
+    for layer in extra:
+        model.add(layer)
+    model.add(d(layer_type=lt.InnerProduct, bottom_names=["relu1"], top_names=["fc2"],
+                num_output=label_dim))
+    model.add(d(layer_type=lt.BinaryCrossEntropyLoss, bottom_names=["fc2", label],
+                top_names=["loss"], use_regularizer=True,
+                regularizer_type=hugectr.Regularizer_t.L2, **{"lambda": 0.01}))
+    return model
+
+
+def first_eval_batch(model):
+    reader = model.get_data_reader_eval()
+    reader.set_source()
+    return reader.next_batch()
+
+
+def test_bad_bottom_name_names_the_layer(data):
+    model = make_model(data)
+    add_input(model)
+    add_embeddings(model)
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct,
+                                 bottom_names=["no_such_tensor"], top_names=["fc1"]))
+    with pytest.raises(ConfigError, match=r"layer 'fc1' \(InnerProduct\): bottom tensor "
+                                          r"'no_such_tensor' does not exist"):
+        model.compile()
+
+
+def test_embedding_with_unknown_sparse_input_is_named(data):
+    model = make_model(data)
+    add_input(model)
+    model.add(hugectr.SparseEmbedding(
+        embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+        workspace_size_per_gpu_in_mb=1, embedding_vec_size=4, combiner="sum",
+        sparse_embedding_name="emb", bottom_name="nope"))
+    with pytest.raises(ConfigError, match="SparseEmbedding 'emb': bottom_name 'nope'"):
+        model.compile()
+
+
+def test_unknown_arguments_are_rejected():
+    with pytest.raises(ConfigError, match="unknown arguments"):
+        hugectr.CreateSolver(batch_size=10)
+    with pytest.raises(ConfigError, match="not supported"):
+        hugectr.DenseLayer(layer_type=hugectr.Layer_t.GRU, bottom_names=["a"], top_names=["b"])
+    with pytest.raises(ConfigError, match="unknown arguments"):
+        hugectr.DenseLayer(layer_type=hugectr.Layer_t.ReLU, bottom_names=["a"],
+                           top_names=["b"], num_outputs=3)
+
+
+def test_save_files_reload_and_wrong_sized_dense_file(data, tmp_path):
+    model = small_net(make_model(data))
+    model.compile()
+    for _ in range(5):
+        assert model.train()
+    prefix = str(tmp_path / "m" / "small")
+    model.save_params_to_files(prefix, 5)
+    model.graph_to_json(str(tmp_path / "small.json"))
+    names = sorted(os.listdir(tmp_path / "m"))
+    assert names == sorted([
+        "small0_sparse_5.model", "small1_sparse_5.model", "small0_opt_sparse_5.model",
+        "small1_opt_sparse_5.model", "small_dense_5.model",
+        "small_dense_5.model" + NONTRAINABLE_SUFFIX, "small_opt_dense_5.model"])
+    # dense file: W[16,8], b[8], gamma[8], beta[8], W[8,2], b[2], float32
+    sizes = [16 * 8, 8, 8, 8, 8 * 2, 2]
+    assert os.path.getsize(f"{prefix}_dense_5.model") == 4 * sum(sizes)
+    flat = np.fromfile(f"{prefix}_dense_5.model", dtype="<f4")
+    np.testing.assert_array_equal(flat[: 16 * 8].reshape(16, 8), model.dense_parameters()[0])
+    assert os.path.getsize(f"{prefix}_dense_5.model" + NONTRAINABLE_SUFFIX) == 4 * 16
+    assert os.path.getsize(f"{prefix}_opt_dense_5.model") == 2 * 4 * sum(sizes)  # Adam m, v
+    table = read_sparse_model(f"{prefix}1_sparse_5.model")
+    assert table.dim == 4 and len(table) > 0
+
+    graph = json.loads((tmp_path / "small.json").read_text())
+    bn = next(layer for layer in graph["layers"] if layer["type"] == "BatchNorm")
+    assert bn["bn_param"]["factor"] == 0.5
+    loss = graph["layers"][-1]
+    assert (loss["regularizer"], loss["lambda"]) == ("L2", 0.01)
+
+    again = make_model(data)
+    again.construct_from_json(str(tmp_path / "small.json"), include_dense_network=True)
+    again.compile()
+    again.load_dense_weights(f"{prefix}_dense_5.model")
+    again.load_sparse_weights({"emb_deep": f"{prefix}1_sparse_5.model",
+                               "emb_wide": f"{prefix}0_sparse_5.model"})
+    again.load_dense_optimizer_states(f"{prefix}_opt_dense_5.model")
+    again.load_sparse_optimizer_states([f"{prefix}0_opt_sparse_5.model",
+                                        f"{prefix}1_opt_sparse_5.model"])
+    batch = first_eval_batch(model)
+    np.testing.assert_allclose(again.predict_batch(batch), model.predict_batch(batch),
+                               atol=1e-6)
+    for a, b in zip(again.opt_states, model.opt_states):
+        for sa, sb in zip(a, b):
+            for k in sa:
+                np.testing.assert_array_equal(sa[k], sb[k])
+    # the running mean and variance came back from .nontrainable
+    np.testing.assert_array_equal(again.states[4][0], model.states[4][0])
+
+    short = tmp_path / "short.model"
+    short.write_bytes(b"\0" * 40)
+    with pytest.raises(CorruptModelFileError, match="short.model holds 10 float32 values; "
+                                                    "the graph needs 170"):
+        again.load_dense_weights(str(short))
+    with pytest.raises(ConfigError, match="3 files for 2 embedding tables"):
+        again.load_sparse_weights([f"{prefix}0_sparse_5.model"] * 3)
+    with pytest.raises(ConfigError, match="no embedding named 'x'"):
+        again.load_sparse_weights({"x": f"{prefix}0_sparse_5.model"})
+
+
+def test_low_level_loop_and_export_predictions(data, tmp_path):
+    model = small_net(make_model(data, metrics={hugectr.MetricsType.AUC: 1.0,
+                                                hugectr.MetricsType.AverageLoss: 0.0}))
+    model.compile()
+    lr_sch = model.get_learning_rate_scheduler()
+    model.start_data_reading()
+    losses = []
+    for _ in range(30):
+        model.set_learning_rate(lr_sch.get_next())
+        model.train()
+        losses.append(model.get_current_loss())
+    assert np.isfinite(losses).all() and np.mean(losses[-5:]) < np.mean(losses[:5])
+    for _ in range(2):
+        assert model.eval()
+        model.export_predictions(str(tmp_path / "pred"), str(tmp_path / "label"))
+    metrics = dict(model.get_eval_metrics())
+    assert set(metrics) == {"AUC", "AverageLoss"} and 0 <= metrics["AUC"] <= 1
+    pred = np.loadtxt(tmp_path / "pred")
+    label = np.loadtxt(tmp_path / "label")
+    assert pred.shape == label.shape == (512, 2)
+    inc = model.get_incremental_model()
+    assert len(inc) == 2 and inc[1][1].shape[1] == 4 and len(inc[1][0]) == len(inc[1][1])
+
+
+def test_epoch_mode_reader_eof_and_set_source(data):
+    model = small_net(make_model(data, repeat=False, batch=300))
+    model.compile()
+    reader = model.get_data_reader_train()
+    steps = 0
+    while model.train():
+        steps += 1
+    assert steps == 4  # 1024 samples: 300, 300, 300, 124
+    assert reader.is_eof()
+    model.set_source(source=str(data / "file_list.txt"))
+    assert not reader.is_eof() and model.train()
+    model.fit(num_epochs=2, display=1, eval_interval=3)
+
+
+def test_freezing(data):
+    model = small_net(make_model(data))
+    model.compile()
+    model.train()
+    model.freeze_dense()
+    model.freeze_embedding("emb_deep")
+    dense = model.dense_parameters()
+    deep = model.tables[1].export().embeddings.copy()
+    wide = model.tables[0].export().embeddings.copy()
+    model.train()
+    for a, b in zip(dense, model.dense_parameters()):
+        np.testing.assert_array_equal(a, b)
+    assert np.array_equal(model.tables[1].export().embeddings[: len(deep)], deep)
+    assert not np.array_equal(model.tables[0].export().embeddings[: len(wide)], wide)
+    model.unfreeze_dense()
+    model.unfreeze_embedding()
+    model.freeze_embedding()
+    model.train()
+    assert not all(np.array_equal(a, b) for a, b in zip(dense, model.dense_parameters()))
+    with pytest.raises(ConfigError, match="no embedding named"):
+        model.freeze_embedding("nope")
+
+
+def test_fit_stops_at_auc_threshold_and_snapshots(data, tmp_path, capsys):
+    model = small_net(make_model(data, metrics={hugectr.MetricsType.AUC: 0.5}))
+    model.compile()
+    model.fit(max_iter=50, display=10, eval_interval=5, snapshot=3,
+              snapshot_prefix=str(tmp_path / "snap"))
+    out = capsys.readouterr()
+    assert "training stops at iteration 5" in out.out + out.err
+    assert (tmp_path / "snap_dense_3.model").exists()
+    assert not (tmp_path / "snap_dense_6.model").exists()
+
+
+def test_reset_learning_rate_scheduler(data):
+    model = small_net(make_model(data))
+    model.compile()
+    model.reset_learning_rate_scheduler(base_lr=0.5, warmup_steps=2)
+    sch = model.get_learning_rate_scheduler()
+    assert [sch.get_next(), sch.get_next(), sch.get_next()] == [0.25, 0.5, 0.5]
+
+
+def test_group_dense_layer_and_sparse_only_reconstruction(data, tmp_path):
+    model = make_model(data)
+    add_input(model)
+    add_embeddings(model)
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape,
+                                 bottom_names=["emb_deep"], top_names=["r1"], leading_dim=12))
+    model.add(hugectr.GroupDenseLayer(group_layer_type=hugectr.GroupLayer_t.GroupFusedInnerProduct,
+                                      bottom_name_list=["r1"], top_name_list=["g1", "g2", "g3"],
+                                      num_outputs=[16, 8, 2],
+                                      last_act_type=hugectr.Activation_t.Non))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
+                                 bottom_names=["g3", "label"], top_names=["loss"]))
+    model.compile()
+    model.summary()
+    model.train()
+    model.graph_to_json(str(tmp_path / "g.json"))
+    layers = json.loads((tmp_path / "g.json").read_text())["layers"]
+    fused = [layer for layer in layers if layer["type"] == "FusedInnerProduct"]
+    assert [f["activation"] for f in fused] == ["Relu", "Relu", "Non"]
+
+    # a new dense network on top of the saved embeddings
+    model.save_params_to_files(str(tmp_path / "g"), 1)
+    tuned = make_model(data)
+    tuned.construct_from_json(str(tmp_path / "g.json"), include_dense_network=False)
+    tuned.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape,
+                                 bottom_names=["emb_deep"], top_names=["r1"], leading_dim=12))
+    tuned.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct, bottom_names=["r1"],
+                                 top_names=["out"], num_output=2))
+    tuned.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
+                                 bottom_names=["out", "label"], top_names=["loss"]))
+    tuned.compile()
+    tuned.load_sparse_weights([str(tmp_path / "g0_sparse_1.model"),
+                               str(tmp_path / "g1_sparse_1.model")])
+    assert tuned.train()
+
+
+def test_multi_task_losses_with_weights(data):
+    model = make_model(data)
+    model.add(hugectr.Input(label_dim=[1, 1], label_name=["click", "buy"], dense_dim=3,
+                            dense_name="dense",
+                            data_reader_sparse_param_array=[
+                                hugectr.DataReaderSparseParam("wide", 2, False, 1),
+                                hugectr.DataReaderSparseParam("deep", 1, True, 3)]))
+    add_embeddings(model)
+    d, lt = hugectr.DenseLayer, hugectr.Layer_t
+    model.add(d(layer_type=lt.Reshape, bottom_names=["emb_deep"], top_names=["r1"],
+                leading_dim=12))
+    model.add(d(layer_type=lt.Concat, bottom_names=["r1", "dense"], top_names=["c1"]))
+    model.add(d(layer_type=lt.InnerProduct, bottom_names=["c1"], top_names=["fc1"],
+                num_output=8))
+    model.add(d(layer_type=lt.ReLU, bottom_names=["fc1"], top_names=["h"]))
+    for task in ("click", "buy"):
+        model.add(d(layer_type=lt.InnerProduct, bottom_names=["h"], top_names=[f"{task}_fc"],
+                    num_output=1))
+        model.add(d(layer_type=lt.BinaryCrossEntropyLoss,
+                    bottom_names=[f"{task}_fc", task], top_names=[f"{task}_loss"]))
+    model.compile(loss_names=["click", "buy"], loss_weights=[1.0, 0.0])
+    before = model.dense_parameters()
+    model.train()
+    after = model.dense_parameters()
+    # the "buy" head has weight 0: its parameters get no gradient
+    np.testing.assert_array_equal(before[-2], after[-2])
+    assert not np.array_equal(before[-4], after[-4])
+    batch = first_eval_batch(model)
+    assert model.predict_batch(batch).shape == (batch.batch_size, 2)
+
+
+def test_mixed_precision_on_cpu_is_float32(data):
+    model = small_net(make_model(data, use_mixed_precision=True, scaler=1024))
+    with pytest.warns(UserWarning, match="float32"):
+        model.compile()
+    assert model.compute_dtype == np.float32 and model.loss_scale == 1.0
+    assert model.train()
