@@ -20,6 +20,7 @@ from tierserve.trainer.embedding import (
     key_uniform,
     max_rows_for_workspace,
 )
+from tierserve.trainer.embedding import table as table_module
 from tierserve.trainer.optimizers import CreateOptimizer, Optimizer_t, Update_t
 
 DIST = Embedding_t.DistributedSlotSparseEmbeddingHash
@@ -275,9 +276,13 @@ def test_localized_tables_record_slots_and_use_per_slot_bounds():
         table.forward(_csr([[1]], slot_num=1))
 
 
-def test_one_hot_keys_are_rows_and_are_validated():
+def test_one_hot_keys_are_rows_and_are_validated(monkeypatch):
+    monkeypatch.setattr(table_module, "_INIT_CHUNK", 2)  # initialised chunk by chunk
     table = _table(kind=ONE_HOT, slot_size_array=[3, 2])
     assert table.num_rows == 5
+    bounds = np.sqrt(1 / np.array([3, 3, 3, 2, 2], np.float32))
+    np.testing.assert_allclose(table.export().embeddings,
+                               key_uniform(np.arange(5), 0, 4) * bounds[:, None], rtol=1e-6)
     out = table.forward(_csr([[0], [4], [2], [3]], slot_num=2))
     vec = table.export()
     np.testing.assert_array_equal(vec.keys, np.arange(5))

@@ -70,6 +70,7 @@ def max_rows_for_workspace(
 
 
 _MIN_CAPACITY = 1 << 12
+_INIT_CHUNK = 1 << 18
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -231,9 +232,12 @@ class EmbeddingTable:
             xp.arange(len(self.slot_size_array), dtype=xp.int64),
             xp.asarray(self.slot_size_array, dtype=xp.int64),
         )
-        self._values[:total] = key_uniform(
-            xp.arange(total, dtype=xp.int64), self.seed, self.dim
-        ) * self._slot_bounds[slots][:, None]
+        bounds = self._slot_bounds[slots]
+        for lo in range(0, total, _INIT_CHUNK):  # bounded temporaries for huge tables
+            hi = min(total, lo + _INIT_CHUNK)
+            self._values[lo:hi] = key_uniform(
+                xp.arange(lo, hi, dtype=xp.int64), self.seed, self.dim
+            ) * bounds[lo:hi, None]
         self._slot_ids[:total] = slots
         self._n = total
 
