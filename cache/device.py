@@ -41,10 +41,14 @@ def array_module(use_gpu: bool, device_id: int = 0):
     return cupy
 
 
+_NULL = contextlib.nullcontext()
+
+
 def device_context(xp, device_id: int):
-    """A reusable context that makes ``device_id`` current for cupy; a no-op for numpy."""
+    """A context that makes ``device_id`` current for cupy (a fresh one per use: cupy's
+    ``Device`` keeps its enter/exit stack on the object); a no-op for numpy."""
     if xp is np:
-        return contextlib.nullcontext()
+        return _NULL
     return xp.cuda.Device(device_id)
 
 

@@ -105,7 +105,7 @@ class EmbeddingCache:
         self.device = f"cuda:{device_id}" if use_gpu else "cpu"
         self.xp = array_module(use_gpu, device_id)
         self._ps = parameter_server
-        self._device = device_context(self.xp, device_id)
+        self._device_id = device_id
         self._lock = threading.Lock()  # writers
         self._seq = 0  # odd while a writer changes the table
         self._stats = threading.Lock()
@@ -116,7 +116,7 @@ class EmbeddingCache:
         self._inserted = self._evicted = self._stale = self._updates = self._refreshed = 0
         self._closed = False
         self._kernel = None
-        with self._device:
+        with device_context(self.xp, self._device_id):
             if cache_type == "static":
                 if static_keys is None:
                     raise ConfigError("a static embedding cache needs the table's keys (static_keys)")
@@ -161,7 +161,7 @@ class EmbeddingCache:
         keys it does not know).  ``keys`` is a 1-D integer array (numpy, or cupy on a GPU).
         """
         xp = self.xp
-        with self._device:
+        with device_context(self.xp, self._device_id):
             if xp is not np and isinstance(keys, xp.ndarray):
                 keys_d = self._as_device_keys(keys)
                 keys_h = None
@@ -242,7 +242,7 @@ class EmbeddingCache:
     def _insert_fetched(self, keys: np.ndarray, vectors: np.ndarray, epoch: int) -> None:
         """Insert fetched ``vectors`` unless an update overtook them (see UpdateLog)."""
         xp = self.xp
-        with self._device, self._writing():
+        with device_context(self.xp, self._device_id), self._writing():
             fresh = self._log.fresh(keys, epoch)
             if fresh is not None:
                 with self._stats:
@@ -267,8 +267,9 @@ class EmbeddingCache:
         """Apply an update the parameter server has just stored (the listener hook).
 
         Updates of other tables are ignored.  Cached rows of ``keys`` are overwritten with
-        ``embeddings`` (or dropped, with ``embeddings=None`` or ``on_update_mode
-        "invalidate"``) before this returns; repeated keys keep their last vector.
+        ``embeddings`` (or dropped, with ``embeddings=None``, ``on_update_mode
+        "invalidate"`` or embeddings of the wrong shape) before this returns; repeated keys
+        keep their last vector.
         """
         if model != self.model or table != self.table or self._closed:
             return
@@ -276,15 +277,20 @@ class EmbeddingCache:
         vectors = None
         if embeddings is not None and self.on_update_mode == "overwrite":
             vectors = np.asarray(embeddings, dtype=np.float32)
-            if vectors.shape != (keys_h.size, self.dim):
-                raise InvalidInputError(
-                    f"update of table {table!r} has embeddings of shape {vectors.shape}; "
-                    f"expected ({keys_h.size}, {self.dim})"
+            if vectors.shape == (keys_h.size, self.dim):
+                keys_h, last = np.unique(keys_h[::-1], return_index=True)
+                vectors = vectors[::-1][last]
+            else:  # cannot take these vectors: dropping the rows is still correct
+                log.warning(
+                    "update of %s/%s has embeddings of shape %s for %d keys of dim %d; "
+                    "dropping the cached rows instead", model, table, vectors.shape,
+                    keys_h.size, self.dim,
                 )
-            keys_h, last = np.unique(keys_h[::-1], return_index=True)
-            vectors = vectors[::-1][last]
+                vectors = None
+        if vectors is None:
+            keys_h = np.unique(keys_h)
         xp = self.xp
-        with self._device, self._writing():
+        with device_context(self.xp, self._device_id), self._writing():
             self._log.record(keys_h)
             keys_d = xp.asarray(keys_h)
             if vectors is None:
@@ -312,14 +318,14 @@ class EmbeddingCache:
         Fetches in flight are treated as stale, so nothing read before the clear is inserted
         after it.  A static cache keeps its keys; its rows miss until refreshed.
         """
-        with self._device, self._writing():
+        with device_context(self.xp, self._device_id), self._writing():
             self._log.record_all()
             self._table.clear()
 
     def refresh(self) -> int:
         """Re-pull every cached row from the parameter server; return how many were refreshed."""
         xp = self.xp
-        with self._device:
+        with device_context(self.xp, self._device_id):
             with self._lock:
                 cached = to_host(self._table.cached_keys())
                 epoch = self._log.epoch
@@ -353,7 +359,7 @@ class EmbeddingCache:
             chunk = keys[start : start + _REFRESH_CHUNK]
             epoch = self._log.epoch
             vectors = self._fetch(chunk)
-            with self._device, self._writing():
+            with device_context(self.xp, self._device_id), self._writing():
                 fresh = self._log.fresh(chunk, epoch)
                 if fresh is not None:
                     self._table.invalidate(self.xp.asarray(chunk[~fresh]))

@@ -222,3 +222,23 @@ def test_close_unregisters_the_listener(hps):
     cache.close()
     hps.insert(MODEL, TABLE, np.arange(3), vectors_for(np.arange(3), 1))
     assert cache.metrics().updates == 0
+
+
+def test_empty_queries_and_repeated_keys_in_updates(hps, use_gpu):
+    with _cache(hps, use_gpu, on_update_mode="invalidate") as cache:
+        assert to_host(cache.query(np.array([], dtype=np.int64))).shape == (0, DIM)
+        keys = np.arange(10, dtype=np.int64)
+        cache.query(keys)
+        size = cache.metrics().size
+        hps.insert(MODEL, TABLE, np.array([1, 1, 2]), vectors_for(np.array([1, 1, 2]), 3))
+        assert cache.metrics().size == size - 2
+        _check(cache, hps, keys)
+
+
+def test_update_with_wrong_shape_drops_the_rows(hps):
+    with _cache(hps) as cache:
+        keys = np.arange(4, dtype=np.int64)
+        cache.query(keys)
+        size = cache.metrics().size
+        cache.on_update(MODEL, TABLE, keys[:2], np.zeros((2, DIM + 1), np.float32))
+        assert cache.metrics().size == size - 2
