@@ -432,3 +432,38 @@ def test_key_index_survives_long_probe_chains_and_wrap_around(monkeypatch):
         index.lookup_or_insert(chunk)
     np.testing.assert_array_equal(index.lookup(keys), np.arange(len(keys)))
     assert (index.lookup(keys + 1) == -1).all()
+
+
+def _cupy_or_skip():
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("needs a CUDA device")
+    except Exception:
+        pytest.skip("needs a CUDA device")
+    return cp
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("update", [Update_t.Local, Update_t.Global, Update_t.LazyGlobal])
+@pytest.mark.parametrize("max_hot", [1, 3])
+def test_cupy_tables_train_like_numpy_tables(update, max_hot):
+    cp = _cupy_or_skip()
+    rng = np.random.default_rng(5)
+    tables = {xp: _table(dim=8, opt=CreateOptimizer(update_type=update), combiner="mean", xp=xp)
+              for xp in (np, cp)}
+    for step in range(1, 5):
+        _, batch = _random_csr(rng, 16, 3, max_hot, key_range=2**40)
+        grad = rng.standard_normal((16, 3, 8)).astype(np.float32)
+        outs = {}
+        for xp, table in tables.items():
+            out = table.forward(batch)
+            outs[xp] = out.get() if xp is cp else out
+            table.backward(xp.asarray(grad), 0.01, step)
+        np.testing.assert_allclose(outs[cp], outs[np], rtol=1e-5, atol=1e-6)
+    a, b = tables[np].export(), tables[cp].export()
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_allclose(a.embeddings, b.embeddings, rtol=1e-4, atol=1e-6)
+    keys_np, _ = tables[np].incremental()
+    keys_cp, _ = tables[cp].incremental()
+    assert sorted(keys_np.tolist()) == sorted(keys_cp.tolist())

@@ -91,8 +91,11 @@ class CsrLayout:
                 self._row_of_key = rows
             elif self.kind == "fixed":
                 self._row_of_key = xp.repeat(rows, self.width)
-            else:
-                self._row_of_key = xp.repeat(rows, self.counts.astype(xp.int64))
+            elif xp is np:
+                self._row_of_key = np.repeat(rows, self.counts.astype(np.int64))
+            else:  # cupy's repeat takes no array of counts
+                positions = xp.arange(self.nnz, dtype=xp.int64)
+                self._row_of_key = xp.searchsorted(self.row_offsets, positions, side="right") - 1
         return self._row_of_key
 
     def row_scale(self, combiner: str) -> Any:

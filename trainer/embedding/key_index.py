@@ -121,12 +121,16 @@ class KeyIndex:
         xp = self.xp
         n = keys.shape[0]
         home = self._home(keys)
+        if xp is not np:  # the cumulative maximum runs on the host (rare: growth only)
+            home = home.get()
         # sort (home, index) pairs packed in one int64: a plain sort is several times faster
         # than argsort; home has at most 32 bits and n < 2^31
-        packed = xp.sort((home << 31) | xp.arange(n, dtype=xp.int64))
+        packed = np.sort((home << 31) | np.arange(n, dtype=np.int64))
         order = packed & ((1 << 31) - 1)
-        steps = xp.arange(n, dtype=xp.int64)
-        pos = steps + xp.maximum.accumulate((packed >> 31) - steps)
+        steps = np.arange(n, dtype=np.int64)
+        pos = steps + np.maximum.accumulate((packed >> 31) - steps)
+        if xp is not np:
+            order, pos = xp.asarray(order), xp.asarray(pos)
         fits = pos <= self._mask
         placed = order[fits]
         self._slots[pos[fits], 0] = keys[placed]

@@ -228,10 +228,10 @@ class EmbeddingTable:
         self._check_capacity(total)
         self._reserve(total)
         xp = self.xp
-        slots = xp.repeat(
-            xp.arange(len(self.slot_size_array), dtype=xp.int64),
-            xp.asarray(self.slot_size_array, dtype=xp.int64),
-        )
+        slots = xp.asarray(np.repeat(
+            np.arange(len(self.slot_size_array), dtype=np.int64),
+            np.asarray(self.slot_size_array, dtype=np.int64),
+        ))
         bounds = self._slot_bounds[slots]
         for lo in range(0, total, _INIT_CHUNK):  # bounded temporaries for huge tables
             hi = min(total, lo + _INIT_CHUNK)
