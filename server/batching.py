@@ -1,10 +1,11 @@
 """Dynamic batching: concurrent small requests to one model run as one batch.
 
-A :class:`DynamicBatcher` belongs to one servable.  Requests queue up; a worker takes the
-first, then keeps taking queued requests while their batch sizes fit ``max_batch_size``.
-When the previous execution merged several requests (the model is under concurrent load) it
-also waits up to ``max_delay_s`` for more to arrive; a lone client never waits.  The merged
-unit runs in a worker thread and each caller gets its own rows back.
+A :class:`DynamicBatcher` belongs to one servable.  A request that finds the model idle runs
+at once.  Requests that arrive while it runs queue up; a worker then takes them together, as
+many as fit ``max_batch_size`` rows.  When the previous execution merged several requests
+(the model is under concurrent load) the worker also waits up to ``max_delay_s`` for more to
+arrive; a lone client never waits.  Executions run in a worker thread and each caller gets
+its own rows back.
 """
 
 from __future__ import annotations
@@ -50,40 +51,46 @@ class DynamicBatcher:
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task | None = None
         self._carry: _Pending | None = None
-        self._busy = False
+        self._lock: asyncio.Lock | None = None
         self._closed = False
+        self._busy_recently = False
 
     async def submit(self, unit: Any) -> dict[str, np.ndarray]:
-        """Queue one prepared unit and wait for its outputs."""
+        """Run one prepared unit, alone when the model is idle, else merged with others."""
         loop = asyncio.get_running_loop()
         if self._closed:  # a request that picked this batcher just before a swap
-            outputs = await loop.run_in_executor(
-                self.executor, self._execute, [_Pending(unit, int(unit.batch_size), None)]
-            )
-            return outputs[0]
+            return await self._run_alone(loop, unit)
         if self._queue is None:
             self._queue = asyncio.Queue()
+            self._lock = asyncio.Lock()
             self._worker = loop.create_task(self._run(), name=f"batcher-{self.servable.name}")
+        if self._queue.empty() and self._carry is None and not self._lock.locked():
+            async with self._lock:  # idle: no queue hop, no waiting
+                self._busy_recently = False
+                return await self._run_alone(loop, unit)
         pending = _Pending(unit, int(unit.batch_size), loop.create_future())
         self._queue.put_nowait(pending)
         return await pending.future
+
+    async def _run_alone(self, loop, unit: Any) -> dict[str, np.ndarray]:
+        pending = _Pending(unit, int(unit.batch_size), None)
+        outputs = await loop.run_in_executor(self.executor, self._execute, [pending])
+        return outputs[0]
 
     async def close(self) -> None:
         """Finish what is queued, then stop the worker; later submits run unbatched."""
         self._closed = True
         if self._worker is None:
             return
-        while self._queue and (not self._queue.empty() or self._busy or self._carry):
+        while self._queue and (not self._queue.empty() or self._lock.locked() or self._carry):
             await asyncio.sleep(0.001)
         self._worker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._worker
         self._worker = None
 
-    async def _gather(self) -> list[_Pending]:
+    async def _gather(self, first: _Pending) -> list[_Pending]:
         assert self._queue is not None
-        first = self._carry or await self._queue.get()
-        self._carry = None
         batch, rows = [first], first.size
         wait = self.max_delay_s if self._busy_recently else 0.0
         loop = asyncio.get_running_loop()
@@ -106,14 +113,13 @@ class DynamicBatcher:
             rows += item.size
         return batch
 
-    _busy_recently = False
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._gather()
-            self._busy = True
-            try:
+            first = self._carry or await self._queue.get()
+            self._carry = None
+            async with self._lock:
+                batch = await self._gather(first)
                 live = [p for p in batch if not p.future.cancelled()]
                 if not live:
                     continue
@@ -128,8 +134,6 @@ class DynamicBatcher:
                 for p, out in zip(live, outputs):
                     if not p.future.done():
                         p.future.set_result(out)
-            finally:
-                self._busy = False
 
     def _execute(self, batch: list[_Pending]) -> list[dict[str, np.ndarray]]:
         units = [p.unit for p in batch]
