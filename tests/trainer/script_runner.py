@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tierserve.trainer.blas_threads import blas_threads
 from tierserve.trainer.device import to_numpy
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -20,7 +21,9 @@ def run_script(name: str, monkeypatch, **settings) -> dict:
     monkeypatch.setenv("TIERSERVE_FORCE_CPU", os.environ.get("TIERSERVE_FORCE_CPU", ""))
     for key, value in settings.items():
         monkeypatch.setenv(key, str(value))
-    with warnings.catch_warnings():
+    # One BLAS thread: these models' matrices are small, and on a few shared cores OpenBLAS's
+    # busy-waiting threads slow them down several times.
+    with warnings.catch_warnings(), blas_threads(1):
         warnings.simplefilter("ignore", UserWarning)
         return runpy.run_path(str(SCRIPTS / f"{name}.py"), run_name="__main__")
 

@@ -12,7 +12,7 @@ from tierserve.trainer.inference_graph import InferenceGraph
 
 from .script_runner import embeddings_for, eval_batch, run_script
 
-COMMON = dict(MAX_ITER=150, BATCH=1024, EVAL_BATCH=4096, EVAL_BATCHES=2, NUM_FILES=4,
+COMMON = dict(MAX_ITER=120, BATCH=1024, EVAL_BATCH=4096, EVAL_BATCHES=2, NUM_FILES=4,
               SAMPLES_PER_FILE=8192, SLOT_SIZES=",".join(["1000"] * 26))
 
 
@@ -36,6 +36,6 @@ def test_script_trains_saves_and_reloads(name, data_dir, tmp_path, monkeypatch):
     assert before.shape == (batch.batch_size, 1)
     assert np.abs(before - after).max() <= 1e-6
 
-    served = InferenceGraph(out / f"{name}.json", dense_model_name(str(out / name), 150))
+    served = InferenceGraph(out / f"{name}.json", dense_model_name(str(out / name), COMMON["MAX_ITER"]))
     scores = served.predict(batch.dense, embeddings_for(model, batch))
     assert np.abs(scores - before).max() <= 1e-5
