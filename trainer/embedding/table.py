@@ -82,20 +82,40 @@ _SEED_MUL = 0xD1B54A32D192ED03
 def key_uniform(keys: Any, seed: int, dim: int) -> Any:
     """Uniform(-1, 1) float32 ``[len(keys), dim]``, a pure function of ``(seed, key, column)``.
 
-    Each entry is splitmix64's finaliser applied to ``key * golden + seed * c + column *
-    golden`` (mod 2^64); its top 24 bits give the uniform draw.
+    Counter-based: ``h = splitmix64(key + seed * c)`` per key, then
+    ``w = splitmix64(h + (i + 1) * golden)`` for word ``i``; columns ``2i`` and ``2i + 1``
+    are bits 40-63 and 16-39 of ``w``.  No state, so any subset of keys can be drawn in any
+    order, on numpy or cupy, with the same result.
     """
     xp = np if isinstance(keys, np.ndarray) else _array_module(keys)
     seed_term = np.uint64((int(seed) * _SEED_MUL) & 0xFFFFFFFFFFFFFFFF)
-    cols = xp.arange(1, dim + 1, dtype=xp.uint64) * _GOLDEN + seed_term
-    x = keys.astype(xp.int64).view(xp.uint64)[:, None] * _GOLDEN + cols
-    x ^= x >> np.uint64(30)
-    x *= _MIX1
-    x ^= x >> np.uint64(27)
-    x *= _MIX2
-    x ^= x >> np.uint64(31)
-    u = (x >> np.uint64(40)).astype(xp.float32) * np.float32(1.0 / (1 << 24))
-    return u * np.float32(2.0) - np.float32(1.0)
+    h = keys.astype(xp.int64).view(xp.uint64) + seed_term
+    _splitmix_inplace(xp, h, xp.empty_like(h))
+    words = (dim + 1) // 2
+    x = h[:, None] + xp.arange(1, words + 1, dtype=xp.uint64) * _GOLDEN
+    tmp = xp.empty_like(x)
+    _splitmix_inplace(xp, x, tmp)
+    u = xp.empty((x.shape[0], words, 2), dtype=xp.float32)
+    xp.right_shift(x, np.uint64(40), out=tmp)
+    u[:, :, 0] = tmp
+    xp.right_shift(x, np.uint64(16), out=tmp)
+    tmp &= np.uint64(0xFFFFFF)
+    u[:, :, 1] = tmp
+    u = u.reshape(x.shape[0], 2 * words)[:, :dim]
+    u *= np.float32(2.0 / (1 << 24))
+    u -= np.float32(1.0)
+    return u
+
+
+def _splitmix_inplace(xp: Any, x: Any, tmp: Any) -> None:
+    """splitmix64's finaliser on uint64 ``x`` in place (``tmp``: scratch of x's shape)."""
+    x += _GOLDEN
+    for shift, mul in ((30, _MIX1), (27, _MIX2)):
+        xp.right_shift(x, np.uint64(shift), out=tmp)
+        x ^= tmp
+        x *= mul
+    xp.right_shift(x, np.uint64(31), out=tmp)
+    x ^= tmp
 
 
 def _array_module(array: Any) -> Any:
