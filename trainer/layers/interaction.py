@@ -40,26 +40,36 @@ class Interaction(Layer):
         width = self.dim + self.num_pairs + 1
         return [(width,)] * len(self.top)
 
+    def _index(self, xp):
+        if xp is np:
+            return self.rows, self.cols
+        cached = getattr(self, "_device_index", None)
+        if cached is None or cached[0] is not xp:
+            self._device_index = (xp, xp.asarray(self.rows), xp.asarray(self.cols))
+        return self._device_index[1:]
+
     def forward(self, xp, inputs, params, state, training):
         x, e = inputs
+        rows, cols = self._index(xp)
         b = x.shape[0]
         z = xp.concatenate([x[:, None, :], e], axis=1)
         zz = xp.matmul(z, z.transpose(0, 2, 1))
         out = xp.empty((b, self.dim + self.num_pairs + 1), dtype=x.dtype)
         out[:, : self.dim] = x
-        out[:, self.dim : -1] = zz[:, self.rows, self.cols]
+        out[:, self.dim : -1] = zz[:, rows, cols]
         out[:, -1] = 0
         return [out] * len(self.top), z
 
     def backward(self, xp, grad_outputs, ctx, params):
         z = ctx
+        rows, cols = self._index(xp)
         g = grad_outputs[0]
         for extra in grad_outputs[1:]:
             if extra is not None:
                 g = extra if g is None else g + extra
         b = z.shape[0]
         full = xp.zeros((b, self.n, self.n), dtype=g.dtype)
-        full[:, self.rows, self.cols] = g[:, self.dim : -1]
+        full[:, rows, cols] = g[:, self.dim : -1]
         full += full.transpose(0, 2, 1)
         dz = xp.matmul(full, z)
         dx = g[:, : self.dim] + dz[:, 0]
