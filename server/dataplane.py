@@ -93,6 +93,11 @@ class DataPlane:
         self.loop: asyncio.AbstractEventLoop | None = None  # set when the server starts
         repository.on_swap = self._on_swap
 
+    def metrics_label(self, name: str) -> str:
+        """``name`` when the repository knows it, else ``"unknown"``: request paths never
+        create metric series of their own."""
+        return name if name in self.repository.entries else "unknown"
+
     # -- health and metadata ----------------------------------------------------------------
 
     def live(self) -> bool:

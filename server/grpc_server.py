@@ -13,6 +13,7 @@ all a client sees.
 from __future__ import annotations
 
 import hmac
+import math
 import time
 from typing import Any
 
@@ -63,7 +64,7 @@ def decode_infer_request(request: pb.ModelInferRequest) -> DecodedRequest:
     inputs: dict[str, np.ndarray] = {}
     declared: dict[str, str] = {}
     for i, tensor in enumerate(request.inputs):
-        name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
+        name, datatype, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
         if name in inputs:
             raise InvalidInputError(f"input {name!r} is given twice")
         if datatype not in DATATYPES:
@@ -76,7 +77,7 @@ def decode_infer_request(request: pb.ModelInferRequest) -> DecodedRequest:
         else:
             values = getattr(tensor.contents, _CONTENTS_FIELD[datatype])
             array = np.asarray(values, dtype=DATATYPES[datatype])
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            count = math.prod(shape)
             if array.size != count:
                 raise InvalidInputError(
                     f"input {name!r}: contents hold {array.size} values; shape {shape} "
@@ -200,7 +201,6 @@ class InferenceServicer:
     async def ModelInfer(self, request, context):
         started = time.perf_counter()
         status = None
-        label = request.model_name[:120] or "unknown"
         try:
             decoded = decode_infer_request(request)
             result = await self.plane.infer(
@@ -211,6 +211,7 @@ class InferenceServicer:
             status = exc.grpc_status
             raise
         finally:
+            label = self.plane.metrics_label(request.model_name)
             self.plane.metrics.observe_request(label, "grpc", time.perf_counter() - started, status)
 
 

@@ -112,6 +112,7 @@ class ServerMetrics:
             buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
+        self._children: dict[tuple[str, str], tuple] = {}
         self._tiers = _TierCollector()
         self.registry.register(self._tiers)
 
@@ -130,8 +131,13 @@ class ServerMetrics:
     def observe_request(
         self, model: str, protocol: str, seconds: float, status: str | None = None
     ) -> None:
-        self.requests.labels(model, protocol).inc()
-        self.latency.labels(model, protocol).observe(seconds)
+        children = self._children.get((model, protocol))
+        if children is None:
+            children = (self.requests.labels(model, protocol), self.latency.labels(model, protocol))
+            if len(self._children) < 10_000:  # unknown names are not cached without bound
+                self._children[(model, protocol)] = children
+        children[0].inc()
+        children[1].observe(seconds)
         if status is not None:
             self.errors.labels(model, protocol, status).inc()
 

@@ -143,7 +143,6 @@ def build_router(plane: DataPlane, admin_token: str | None, max_request_bytes: i
     async def infer(model: str, request: Request, version: str = "") -> Response:
         started = time.perf_counter()
         status = None
-        label = model if len(model) <= 120 else model[:120]
         try:
             name = _name(model)
             body = await _read_body(request, max_request_bytes)
@@ -159,6 +158,7 @@ def build_router(plane: DataPlane, admin_token: str | None, max_request_bytes: i
             status = str(exc.http_status)
             raise
         finally:
+            label = plane.metrics_label(model)
             metrics.observe_request(label, "http", time.perf_counter() - started, status)
 
     @router.post("/v2/repository/index")
@@ -206,6 +206,7 @@ def build_router(plane: DataPlane, admin_token: str | None, max_request_bytes: i
             status = str(exc.http_status)
             raise
         finally:
+            label = plane.metrics_label(label)
             metrics.observe_request(label, "http_predict", time.perf_counter() - started, status)
 
     @router.get("/metrics")

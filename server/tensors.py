@@ -10,6 +10,7 @@ bytes followed by the raw little-endian tensors, each input naming its
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,13 +119,13 @@ def check_inputs(
 
 
 def _element_count(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
-    if not isinstance(shape, (list, tuple)) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise InvalidInputError(
-            f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}"
-        )
-    return tuple(shape), int(np.prod(shape, dtype=np.int64))
+    if isinstance(shape, (list, tuple)):
+        dims = tuple(shape)
+        if all(type(d) is int and d >= 0 for d in dims):
+            return dims, math.prod(dims)
+    raise InvalidInputError(
+        f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}"
+    )
 
 
 def array_from_bytes(name: str, datatype: str, shape: Any, raw: bytes | memoryview) -> np.ndarray:
