@@ -317,14 +317,22 @@ class Adam(Optimizer):
             self.row_state_names = ("prev_time",)
 
     def _apply(self, p, g, st, lr, t):
+        xp = _xp_of(p)
         b1, b2, eps = self.params.beta1, self.params.beta2, self.params.epsilon
         m, v = st["m"], st["v"]
+        tmp = xp.multiply(g, 1.0 - b1, out=xp.empty_like(m))  # one scratch array throughout
         m *= b1
-        m += (1.0 - b1) * g
+        m += tmp
+        xp.multiply(g, g, out=tmp)
+        tmp *= 1.0 - b2
         v *= b2
-        v += (1.0 - b2) * (g * g)
+        v += tmp
         alpha_t = lr * math.sqrt(1.0 - b2**t) / (1.0 - b1**t)
-        p -= alpha_t * m / (_sqrt(v) + eps)
+        xp.sqrt(v, out=tmp)
+        tmp += eps
+        xp.divide(m, tmp, out=tmp)
+        tmp *= alpha_t
+        p -= tmp
 
     def _apply_lazy(self, p, g, st, lr, t):
         b1, b2, eps = self.params.beta1, self.params.beta2, self.params.epsilon
@@ -350,9 +358,15 @@ class AdaGrad(Optimizer):
         return self.params.initial_accu_value
 
     def _apply(self, p, g, st, lr, t):
+        xp = _xp_of(p)
         a = st["accum"]
-        a += g * g
-        p -= lr * g / (_sqrt(a) + self.params.epsilon)
+        tmp = xp.multiply(g, g, out=xp.empty_like(a))
+        a += tmp
+        xp.sqrt(a, out=tmp)
+        tmp += self.params.epsilon
+        xp.divide(g, tmp, out=tmp)
+        tmp *= lr
+        p -= tmp
 
 
 class MomentumSGD(Optimizer):
@@ -362,7 +376,7 @@ class MomentumSGD(Optimizer):
     def _apply(self, p, g, st, lr, t):
         u = st["momentum"]
         u *= self.params.momentum_factor
-        u -= lr * g
+        u -= _xp_of(p).multiply(g, lr, out=_xp_of(p).empty_like(u))
         p += u
 
 
@@ -371,17 +385,21 @@ class Nesterov(Optimizer):
     decays_without_gradient = True
 
     def _apply(self, p, g, st, lr, t):
+        xp = _xp_of(p)
         mu = self.params.momentum_factor
         u = st["accum"]
-        old = u.copy()
+        step = xp.multiply(u, -mu)  # -mu * old accumulator
         u *= mu
-        u -= lr * g
-        p += (1.0 + mu) * u - mu * old
+        tmp = xp.multiply(g, lr, out=xp.empty_like(u))
+        u -= tmp
+        xp.multiply(u, 1.0 + mu, out=tmp)
+        step += tmp
+        p += step
 
 
 class SGD(Optimizer):
     def _apply(self, p, g, st, lr, t):
-        p -= lr * g
+        p -= _xp_of(p).multiply(g, lr, out=_xp_of(p).empty_like(p))
 
 
 class Ftrl(Optimizer):
