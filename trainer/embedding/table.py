@@ -19,9 +19,9 @@ Semantics, HugeCTR's unless said otherwise:
   ``max_vocabulary_size_per_gpu``.  A batch that needs more raises
   :class:`CapacityExceededError` naming the embedding and the sizes.  Memory is allocated as
   the table grows, not up front.
-* Initialisation: uniform in ``[-b, b]`` with ``b = sqrt(1 / max_rows)`` for
-  DistributedSlot (HugeCTR's ``sqrt(1 / max_vocabulary_size_per_gpu)``) and, for Localized
-  types with a ``slot_size_array``, ``b = sqrt(1 / slot_size)`` of the key's slot.  The draw
+* Initialisation (HugeCTR's ``init_embedding``): uniform in ``[-0.05, 0.05]``, except for
+  Localized types given a ``slot_size_array``: ``[-b, b]`` with ``b = sqrt(1 / slot_size)``
+  of the key's slot (``init_embedding_per_gpu``; always the case for OneHot).  The draw
   is a function of ``(seed, key)`` alone (a splitmix64 counter hash, see
   :func:`key_uniform`), so a key starts from the same vector whatever the batch order, the
   device or the table's growth.
@@ -70,6 +70,7 @@ def max_rows_for_workspace(
 
 
 _MIN_CAPACITY = 1 << 12
+DEFAULT_INIT_BOUND = 0.05  # HugeCTR's uniform(-0.05, 0.05) for hash tables
 _INIT_CHUNK = 1 << 18
 
 
@@ -189,7 +190,7 @@ class EmbeddingTable:
         self._slot_ids = xp.zeros(0, dtype=xp.int64) if self.embedding_type.is_localized else None
         # init bound: one value, or one per slot (Localized types with slot sizes)
         self._slot_bounds = None
-        self._bound = math.sqrt(1.0 / max(self.max_rows, 1))
+        self._bound = DEFAULT_INIT_BOUND
         if self.embedding_type.is_localized and self.slot_size_array is not None:
             self._slot_bounds = xp.asarray(
                 [math.sqrt(1.0 / s) for s in self.slot_size_array], dtype=xp.float32
