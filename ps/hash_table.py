@@ -109,9 +109,8 @@ class _State:
         second = pair[:, 2] == kx
         found = pair[:, 0] == kx
         found |= second
-        pick = np.arange(0, 2 * keys.size, 2)
-        pick += second
-        rec = pair.view(np.complex128).reshape(-1).take(pick).view(np.int64).reshape(-1, 2)
+        both = pair.view(np.complex128)  # [n, 2]: one 16-byte record per slot
+        rec = np.where(second, both[:, 1], both[:, 0]).view(np.int64).reshape(-1, 2)
         slots += second
         if not found.all():
             pending = ~found

@@ -104,32 +104,34 @@ def rate(seconds_per_batch: float, keys: int = BATCH) -> float:
 # --- benchmarks ------------------------------------------------------------------------------
 
 
-def bench_hash_maps(kind, keys, emb, batches, rounds, results, label, insert_batches):
+def bench_hash_maps(kind, keys, emb, by_dist, rounds, results, label):
     cfg = HashMapConfig() if kind == "hash_map" else ParallelHashMapConfig()
     tier = create_tier(cfg)
     tier.create_table(TAG, emb.shape[1])
     tier.load_table(TAG, keys, emb)
-    got, found = tier.lookup(TAG, keys[batches[0]])
-    assert found.all() and np.array_equal(got, emb[batches[0]])
-    qs = [keys[b] for b in batches]
-    pairs = dict(zip(map(id, batches), qs))
-    sub, peer = alternate(
-        lambda b: tier.lookup(TAG, pairs[id(b)]),
-        lambda b: np.take(emb, b, axis=0),
-        batches,
-        rounds,
-    )
-    upd = [np.unique(keys[b]) for b in insert_batches]
-    vec = [np.random.default_rng(2).random((u.size, emb.shape[1]), dtype=np.float32) for u in upd]
-    t0 = time.perf_counter()
-    for u, v in zip(upd, vec):
-        tier.insert(TAG, u, v)
-    ins = sum(u.size for u in upd) / (time.perf_counter() - t0)
-    results.append({
-        "tier": kind, **label, "lookups_per_s": rate(sub), "peer": "np.take",
-        "peer_per_s": rate(peer), "ratio": peer / sub, "inserts_per_s": ins,
-        "memory_ratio": tier.nbytes(TAG) / (keys.nbytes + emb.nbytes),
-    })
+    memory = tier.nbytes(TAG) / (keys.nbytes + emb.nbytes)
+    for dist, batches in by_dist.items():
+        got, found = tier.lookup(TAG, keys[batches[0]])
+        assert found.all() and np.array_equal(got, emb[batches[0]])
+        pairs = {id(b): keys[b] for b in batches}
+        sub, peer = alternate(
+            lambda b, pairs=pairs: tier.lookup(TAG, pairs[id(b)]),
+            lambda b: np.take(emb, b, axis=0),
+            batches,
+            rounds,
+        )
+        # Online updates: each batch's keys (unique) with new vectors.
+        upd = [np.unique(keys[b]) for b in batches[:3]]
+        vec = [np.random.default_rng(2).random((u.size, emb.shape[1]), np.float32) for u in upd]
+        t0 = time.perf_counter()
+        for u, v in zip(upd, vec):
+            tier.insert(TAG, u, v)
+        ins = sum(u.size for u in upd) / (time.perf_counter() - t0)
+        results.append({
+            "tier": kind, **label, "dist": dist, "lookups_per_s": rate(sub), "peer": "np.take",
+            "peer_per_s": rate(peer), "ratio": peer / sub, "inserts_per_s": ins,
+            "memory_ratio": memory,
+        })
     tier.close()
 
 
@@ -174,7 +176,7 @@ def bench_load(keys, emb, tmp: Path, results, label, reps=3):
     folder.rmdir()
 
 
-def bench_redis(addresses, keys, emb, batches, rounds, results, label, partitions=8):
+def bench_redis(addresses, keys, emb, by_dist, rounds, results, label, partitions=8):
     import redis  # noqa: F401 - the extra must be installed
     from redis.cluster import ClusterNode, RedisCluster
 
@@ -216,21 +218,22 @@ def bench_redis(addresses, keys, emb, batches, rounds, results, label, partition
         out[order[ok]] = found
         return out
 
-    got, found = tier.lookup(TAG, keys[batches[0]])
-    assert found.all() and np.array_equal(got, emb[batches[0]])
-    assert np.array_equal(hand_written(batches[0]), got)
-    sub, peer = alternate(lambda b: tier.lookup(TAG, keys[b]), hand_written, batches, rounds)
-    results.append({
-        "tier": "redis_cluster", **label, "lookups_per_s": rate(sub),
-        "peer": "redis-py HMGET pipeline", "peer_per_s": rate(peer), "ratio": peer / sub,
-        "inserts_per_s": ins,
-    })
+    for dist, batches in by_dist.items():
+        got, found = tier.lookup(TAG, keys[batches[0]])
+        assert found.all() and np.array_equal(got, emb[batches[0]])
+        assert np.array_equal(hand_written(batches[0]), got)
+        sub, peer = alternate(lambda b: tier.lookup(TAG, keys[b]), hand_written, batches, rounds)
+        results.append({
+            "tier": "redis_cluster", **label, "dist": dist, "lookups_per_s": rate(sub),
+            "peer": "redis-py HMGET pipeline", "peer_per_s": rate(peer), "ratio": peer / sub,
+            "inserts_per_s": ins,
+        })
     tier.drop_table(TAG)
     tier.close()
     raw.close()
 
 
-def bench_rocks(keys, emb, batches, rounds, results, label, tmp: Path):
+def bench_rocks(keys, emb, by_dist, rounds, results, label, tmp: Path):
     cfg = RocksDBConfig(path=str(tmp / "rocksdb"), max_batch_size=100000)
     tier = create_tier(cfg)
     tier.create_table(TAG, emb.shape[1])
@@ -250,14 +253,15 @@ def bench_rocks(keys, emb, batches, rounds, results, label, tmp: Path):
         out[ok] = found
         return out
 
-    got, found = tier.lookup(TAG, keys[batches[0]])
-    assert found.all() and np.array_equal(got, emb[batches[0]])
-    sub, peer = alternate(lambda b: tier.lookup(TAG, keys[b]), raw_multi_get, batches, rounds)
-    results.append({
-        "tier": "rocks_db", **label, "lookups_per_s": rate(sub),
-        "peer": "rocksdict multi-get", "peer_per_s": rate(peer), "ratio": peer / sub,
-        "inserts_per_s": ins,
-    })
+    for dist, batches in by_dist.items():
+        got, found = tier.lookup(TAG, keys[batches[0]])
+        assert found.all() and np.array_equal(got, emb[batches[0]])
+        sub, peer = alternate(lambda b: tier.lookup(TAG, keys[b]), raw_multi_get, batches, rounds)
+        results.append({
+            "tier": "rocks_db", **label, "dist": dist, "lookups_per_s": rate(sub),
+            "peer": "rocksdict multi-get", "peer_per_s": rate(peer), "ratio": peer / sub,
+            "inserts_per_s": ins,
+        })
     tier.close()
 
 
@@ -309,25 +313,22 @@ def main(argv=None) -> int:
                 for dim in map(int, args.dims.split(",")):
                     log(f"table {rows} x {dim}")
                     keys, emb = make_table(rows, dim)
-                    for dist in args.dists.split(","):
-                        label = {"rows": rows, "dim": dim, "dist": dist}
-                        batches = make_batches(rows, dist, args.batches)
-                        for kind in ("hash_map", "parallel_hash_map"):
-                            if kind in tiers:
-                                log(f"  {kind} {dist}")
-                                bench_hash_maps(kind, keys, emb, batches, args.rounds,
-                                                results, label, batches[:3])
-                        n = min(rows, args.network_rows)
-                        sub_batches = [b % n for b in batches] if n < rows else batches
-                        nl = {**label, "rows": n}
-                        if "redis_cluster" in tiers:
-                            log(f"  redis_cluster {dist} ({n} rows)")
-                            bench_redis(addresses, keys[:n], emb[:n], sub_batches,
-                                        args.rounds, results, nl)
-                        if "rocks_db" in tiers:
-                            log(f"  rocks_db {dist} ({n} rows)")
-                            bench_rocks(keys[:n], emb[:n], sub_batches, args.rounds,
-                                        results, nl, tmp / f"r{rows}-{dim}-{dist}")
+                    label = {"rows": rows, "dim": dim}
+                    by_dist = {d: make_batches(rows, d, args.batches) for d in args.dists.split(",")}
+                    for kind in ("hash_map", "parallel_hash_map"):
+                        if kind in tiers:
+                            log(f"  {kind}")
+                            bench_hash_maps(kind, keys, emb, by_dist, args.rounds, results, label)
+                    n = min(rows, args.network_rows)
+                    small = {d: [b % n for b in bs] for d, bs in by_dist.items()}
+                    if "redis_cluster" in tiers:
+                        log(f"  redis_cluster ({n} rows)")
+                        bench_redis(addresses, keys[:n], emb[:n], small, args.rounds, results,
+                                    {**label, "rows": n})
+                    if "rocks_db" in tiers:
+                        log(f"  rocks_db ({n} rows)")
+                        bench_rocks(keys[:n], emb[:n], small, args.rounds, results,
+                                    {**label, "rows": n}, tmp / f"r{rows}-{dim}")
                     if "load" in tiers:
                         log("  load")
                         bench_load(keys, emb, tmp, results, {"rows": rows, "dim": dim})
