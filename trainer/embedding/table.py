@@ -133,8 +133,10 @@ def _host(array: Any) -> np.ndarray:
 
 
 def _key_array(xp: Any, keys: Any, what: str) -> Any:
-    keys = keys if isinstance(keys, np.ndarray) or xp is not np else np.asarray(keys)
-    if not (np.issubdtype(keys.dtype, np.integer)):
+    """``keys`` as a flat int64 array on ``xp``'s device; non-integer keys are an error."""
+    if not hasattr(keys, "dtype"):
+        keys = np.asarray(keys)
+    if not np.issubdtype(keys.dtype, np.integer):
         raise InvalidInputError(f"{what} must be integers, got dtype {keys.dtype}")
     return xp.ascontiguousarray(xp.asarray(keys).reshape(-1), dtype=xp.int64)
 
@@ -197,6 +199,11 @@ class EmbeddingTable:
             )
         if self.is_one_hot:
             self._init_one_hot()
+
+    def __repr__(self) -> str:
+        return (f"EmbeddingTable({self.name!r}, {self.embedding_type.value}, dim={self.dim}, "
+                f"rows={self._n}/{self.max_rows}, optimizer={type(self.optimizer).__name__}/"
+                f"{self.optimizer.update_type.value}{', frozen' if self._frozen else ''})")
 
     # ---- properties ---------------------------------------------------------------------
 
@@ -387,10 +394,11 @@ class EmbeddingTable:
         ``step`` is the 1-based number of this update (Adam's bias correction and
         LazyGlobal's bookkeeping use it).
         """
+        if self._frozen:
+            self._saved = None
+            return
         rows, grads = self.gradients(grad_out)
         self._saved = None
-        if self._frozen:
-            return
         self.optimizer.update_sparse(self._values, rows, grads, self._state, lr, step,
                                      num_rows=self._n)
         if self.optimizer.moves_untouched_rows:
