@@ -283,14 +283,16 @@ class Optimizer:
             a[rows] = st[k]
 
     def _apply_global(self, xp, values, rows, grads, state, lr, step, n):
-        """The dense rule over rows ``[0, n)``, zero gradient where not hit, in chunks of
-        rows so temporaries stay small (cache-resident) whatever the table's size."""
+        """The dense rule over rows ``[0, n)``, zero gradient where not hit.  On the CPU in
+        chunks of rows so temporaries stay small (cache-resident) whatever the table's size;
+        on a GPU in one piece (fewer kernel launches)."""
+        chunk = _GLOBAL_CHUNK if xp is np else max(n, 1)
         order = xp.argsort(rows)
         rows_sorted = rows[order]
-        bounds = xp.searchsorted(rows_sorted, xp.arange(0, n + _GLOBAL_CHUNK, _GLOBAL_CHUNK))
+        bounds = xp.searchsorted(rows_sorted, xp.arange(0, n + chunk, chunk))
         bounds = [int(b) for b in (bounds.get() if hasattr(bounds, "get") else bounds)]
-        for c, lo in enumerate(range(0, n, _GLOBAL_CHUNK)):
-            hi = min(n, lo + _GLOBAL_CHUNK)
+        for c, lo in enumerate(range(0, n, chunk)):
+            hi = min(n, lo + chunk)
             g = xp.zeros((hi - lo,) + tuple(values.shape[1:]), dtype=values.dtype)
             sel = order[bounds[c] : bounds[c + 1]]
             if sel.shape[0]:
