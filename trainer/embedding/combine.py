@@ -116,7 +116,8 @@ def combine(
     """Pool the embeddings of each CSR row: ``[nnz, dim]`` -> ``[batch_size, slot_num, dim]``.
 
     ``embeddings[i]`` is the vector of the i-th key.  ``combiner`` is ``"sum"`` or ``"mean"``;
-    empty rows give zeros.  Float32 in, float32 out; numpy or cupy alike.
+    empty rows give zeros.  Float32 in, float32 out; numpy or cupy alike.  When every row
+    holds exactly one key the result is ``embeddings`` itself, reshaped (no copy).
     """
     check_combiner(combiner)
     xp = _xp_of(embeddings)
