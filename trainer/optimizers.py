@@ -340,16 +340,24 @@ class Adam(Optimizer):
         b1, b2, eps = self.params.beta1, self.params.beta2, self.params.epsilon
         xp = _xp_of(p)
         m, v, prev = st["m"], st["v"], st["prev_time"]
-        skipped = (t - prev).astype(xp.float64)
-        prev_f = prev.astype(xp.float64)
+        prev_f = xp.maximum(prev, 1).astype(xp.float64)  # 1 before a row's first update
+        skipped = t - prev_f
         b1_skip = xp.power(b1, skipped)
         alpha = (lr / (1.0 - b1)) * xp.sqrt(1.0 - xp.power(b2, prev_f)) / (
             1.0 - xp.power(b1, prev_f)) * (1.0 - b1_skip)
-        p -= alpha.astype(p.dtype)[:, None] * m / (_sqrt(v) + eps)
+        # catch-up step with the stored moments, then decay them and add this gradient
+        tmp = xp.sqrt(v, out=xp.empty_like(v))
+        tmp += eps
+        xp.divide(m, tmp, out=tmp)
+        tmp *= alpha.astype(p.dtype)[:, None]
+        p -= tmp
         m *= b1_skip.astype(m.dtype)[:, None]
-        m += (1.0 - b1) * g
+        xp.multiply(g, 1.0 - b1, out=tmp)
+        m += tmp
         v *= xp.power(b2, skipped).astype(v.dtype)[:, None]
-        v += (1.0 - b2) * (g * g)
+        xp.multiply(g, g, out=tmp)
+        tmp *= 1.0 - b2
+        v += tmp
         prev[...] = t
 
 
