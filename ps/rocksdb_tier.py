@@ -77,7 +77,11 @@ class RocksDBTier(Tier):
                 self._handles[cf] = self._db.get_column_family_handle(cf)
 
     def _options(self):
-        return self._rd.Options(raw_mode=True)
+        options = self._rd.Options(raw_mode=True)
+        table = self._rd.BlockBasedOptions()
+        table.set_bloom_filter(10, False)  # point lookups skip files without the key
+        options.set_block_based_table_factory(table)
+        return options
 
     # --- tables ----------------------------------------------------------------------------
 
@@ -158,6 +162,11 @@ class RocksDBTier(Tier):
                 vals = vector_values(embeddings[c0 : c0 + mb])
                 self._write(tag, lambda wb, f=fields, v=vals: _drain(map(wb.put, f, v)))
             self.stats.inserts += keys.size
+
+    def load_table(self, tag: str, keys, embeddings, chunk: int = 1 << 18) -> None:
+        """Bulk insert, then compact the column family so reads touch few files."""
+        super().load_table(tag, keys, embeddings, chunk)
+        self._cfs[tag].compact_range(None, None)
 
     def evict(self, tag: str, keys) -> int:
         if self.read_only:

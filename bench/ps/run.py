@@ -243,6 +243,7 @@ def bench_rocks(keys, emb, by_dist, rounds, results, label, tmp: Path):
         tier.insert(TAG, keys[s : s + chunk], emb[s : s + chunk])
     ins = keys.size / (time.perf_counter() - t0)
     tier.flush()
+    tier._cfs[TAG].compact_range(None, None)  # as load_table leaves a loaded table
     cf = tier._cfs[TAG]  # the raw rocksdict column family, for the peer
     dim = emb.shape[1]
 
