@@ -40,7 +40,7 @@ from .errors import (
     ReadOnlyError,
 )
 from .sparse_file import read_sparse_model
-from .table_tag import table_tag
+from .table_tag import parse_table_tag, table_tag
 from .tier import Tier, create_tier
 
 log = logging.getLogger(__name__)
@@ -407,6 +407,11 @@ class HierarchicalParameterServer:
             self._notify(model, table, keys, np.asarray(embeddings, np.float32) if full else None)
 
     update = insert
+
+    def apply_update(self, tag: str, keys, embeddings, *, level: str | None = None) -> None:
+        """:meth:`insert` addressed by table tag ``hps_et.<model>.<table>`` (a Kafka topic)."""
+        model, table = parse_table_tag(tag)
+        self.insert(model, table, keys, embeddings, level=level)
 
     def add_update_listener(self, listener) -> None:
         """Call ``listener(model, table, keys, embeddings)`` after each insert or evict.

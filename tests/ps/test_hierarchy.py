@@ -245,6 +245,8 @@ def test_online_updates_respect_update_filters(tmp_path):
         storage = ps.model("alpha").table("sparse_embedding1").storage
         np.testing.assert_array_equal(ps.persistent.lookup(storage, np.array([2]))[0], new[:1])
         assert ps.update_filters("volatile") == ["alpha"]
+        ps.apply_update("hps_et.alpha.sparse_embedding1", [3], new[:1] + 1)
+        np.testing.assert_array_equal(ps.lookup("alpha", "sparse_embedding1", [3]), new[:1] + 1)
 
 
 def test_create_parameter_server_from_ps_json_files(tmp_path):
