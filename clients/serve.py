@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -70,6 +72,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--workers", type=int, default=4, help="inference threads (default 4)")
     parser.add_argument(
+        "--blas-threads", type=int, default=None,
+        help="BLAS threads per inference thread (default 1, unless OPENBLAS_NUM_THREADS or "
+        "OMP_NUM_THREADS is set): the server already runs requests in parallel",
+    )  # fmt: skip
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     parser.set_defaults(run=run)
@@ -95,7 +102,21 @@ def settings_from_args(args: argparse.Namespace):
     )
 
 
+def limit_blas_threads(threads: int | None) -> None:
+    """Set the BLAS thread count for numpy, which reads it when first imported."""
+    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    if "numpy" in sys.modules:
+        return
+    if threads is None:
+        if any(n in os.environ for n in names):
+            return
+        threads = 1
+    for name in names:
+        os.environ[name] = str(threads)
+
+
 def run(args: argparse.Namespace) -> int:
+    limit_blas_threads(args.blas_threads)
     from tierserve.server.app import serve
 
     settings = settings_from_args(args)

@@ -65,6 +65,7 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
         metrics,
         dynamic_batching=settings.dynamic_batching,
         max_batch_delay_s=settings.max_batch_delay_ms / 1000.0,
+        inline_rows=settings.inline_rows,
     )
     metrics.add_source(_stats_source(plane))
     if hasattr(loader, "tier_stats"):

@@ -1,17 +1,20 @@
 """Dynamic batching: concurrent small requests to one model run as one batch.
 
-A :class:`DynamicBatcher` belongs to one servable.  A request that finds the model idle runs
-at once.  Requests that arrive while it runs queue up; a worker then takes them together, as
-many as fit ``max_batch_size`` rows.  When the previous execution merged several requests
-(the model is under concurrent load) the worker also waits up to ``max_delay_s`` for more to
-arrive; a lone client never waits.  Executions run in a worker thread and each caller gets
-its own rows back.
+A :class:`DynamicBatcher` belongs to one servable and lives on the server's event loop.  A
+request joins the pending list and a flush is scheduled for the loop's next turn, so every
+request that became ready in the same turn (REST and gRPC alike) joins it; under concurrent
+load (the previous flush merged several requests) the flush waits up to ``max_delay_s`` for
+more.  A flush takes as many requests as fit ``max_batch_size`` rows, merges them, runs the
+model and hands each caller its own rows.
+
+Small merged batches (at most ``inline_rows`` rows) run on the event loop itself: in CPython a
+worker thread would only contend for the GIL with the loop that is receiving the next
+requests.  Larger ones run in the executor, one at a time, while new requests queue up.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -29,7 +32,7 @@ log = logging.getLogger(__name__)
 class _Pending:
     unit: Any
     size: int
-    future: asyncio.Future
+    future: asyncio.Future | None
 
 
 class DynamicBatcher:
@@ -42,98 +45,97 @@ class DynamicBatcher:
         max_batch_size: int | None = None,
         max_delay_s: float = 0.001,
         on_batch: Callable[[int, int], None] | None = None,
+        inline_rows: int = 256,
     ) -> None:
         self.servable = servable
         self.executor = executor
         self.max_batch_size = max_batch_size or servable.max_batch_size
         self.max_delay_s = max_delay_s
         self.on_batch = on_batch  # (rows, requests) of every execution, for metrics
-        self._queue: asyncio.Queue[_Pending] | None = None
-        self._worker: asyncio.Task | None = None
-        self._carry: _Pending | None = None
-        self._lock: asyncio.Lock | None = None
+        self.inline_rows = inline_rows
+        self._pending: list[_Pending] = []
+        self._rows = 0
+        self._scheduled: asyncio.Handle | None = None
+        self._running: asyncio.Future | None = None  # an execution in the executor
+        self._merged_recently = False
         self._closed = False
-        self._busy_recently = False
 
     async def submit(self, unit: Any) -> dict[str, np.ndarray]:
-        """Run one prepared unit, alone when the model is idle, else merged with others."""
+        """Run one prepared unit, merged with whatever else is ready; returns its outputs."""
         loop = asyncio.get_running_loop()
-        if self._closed:  # a request that picked this batcher just before a swap
-            return await self._run_alone(loop, unit)
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-            self._lock = asyncio.Lock()
-            self._worker = loop.create_task(self._run(), name=f"batcher-{self.servable.name}")
-        if self._queue.empty() and self._carry is None and not self._lock.locked():
-            async with self._lock:  # idle: no queue hop, no waiting
-                self._busy_recently = False
-                return await self._run_alone(loop, unit)
         pending = _Pending(unit, int(unit.batch_size), loop.create_future())
-        self._queue.put_nowait(pending)
+        if self._closed:  # a request that picked this batcher just before a swap
+            return (await loop.run_in_executor(self.executor, self._execute, [pending]))[0]
+        self._pending.append(pending)
+        self._rows += pending.size
+        self._schedule(loop)
         return await pending.future
 
-    async def _run_alone(self, loop, unit: Any) -> dict[str, np.ndarray]:
-        pending = _Pending(unit, int(unit.batch_size), None)
-        outputs = await loop.run_in_executor(self.executor, self._execute, [pending])
-        return outputs[0]
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._scheduled is not None or self._running is not None:
+            return  # a flush is due, or the running execution flushes when it ends
+        if self._rows >= self.max_batch_size or not self._merged_recently:
+            self._scheduled = loop.call_soon(self._flush, loop)
+        else:
+            self._scheduled = loop.call_later(self.max_delay_s, self._flush, loop)
 
-    async def close(self) -> None:
-        """Finish what is queued, then stop the worker; later submits run unbatched."""
-        self._closed = True
-        if self._worker is None:
-            return
-        while self._queue and (not self._queue.empty() or self._lock.locked() or self._carry):
-            await asyncio.sleep(0.001)
-        self._worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._worker
-        self._worker = None
-
-    async def _gather(self, first: _Pending) -> list[_Pending]:
-        assert self._queue is not None
-        batch, rows = [first], first.size
-        wait = self.max_delay_s if self._busy_recently else 0.0
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while rows < self.max_batch_size:
-            try:
-                if self._queue.empty() and wait > 0:
-                    timeout = deadline - loop.time()
-                    if timeout <= 0:
-                        break
-                    item = await asyncio.wait_for(self._queue.get(), timeout)
-                else:
-                    item = self._queue.get_nowait()
-            except (asyncio.QueueEmpty, asyncio.TimeoutError):
-                break
-            if rows + item.size > self.max_batch_size:
-                self._carry = item
-                break
+    def _take(self) -> list[_Pending]:
+        batch, rows = [], 0
+        while self._pending and (not batch or rows + self._pending[0].size <= self.max_batch_size):
+            item = self._pending.pop(0)
+            if item.future.cancelled():
+                self._rows -= item.size
+                continue
             batch.append(item)
             rows += item.size
+        self._rows -= rows
         return batch
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            first = self._carry or await self._queue.get()
-            self._carry = None
-            async with self._lock:
-                batch = await self._gather(first)
-                live = [p for p in batch if not p.future.cancelled()]
-                if not live:
-                    continue
-                self._busy_recently = len(live) > 1
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._scheduled = None
+        batch = self._take()
+        if batch:
+            self._merged_recently = len(batch) > 1
+            if sum(p.size for p in batch) <= self.inline_rows:
                 try:
-                    outputs = await loop.run_in_executor(self.executor, self._execute, live)
-                except Exception as exc:  # delivered to every caller of this batch
-                    for p in live:
-                        if not p.future.done():
-                            p.future.set_exception(exc)
-                    continue
-                for p, out in zip(live, outputs):
-                    if not p.future.done():
-                        p.future.set_result(out)
+                    self._deliver(batch, self._execute(batch))
+                except Exception as exc:
+                    self._fail(batch, exc)
+            else:
+                self._running = loop.run_in_executor(self.executor, self._execute, batch)
+                self._running.add_done_callback(lambda f: self._finished(loop, batch, f))
+                return
+        if self._pending:
+            self._schedule(loop)
+
+    def _finished(self, loop, batch: list[_Pending], future: asyncio.Future) -> None:
+        self._running = None
+        if future.cancelled():
+            self._fail(batch, asyncio.CancelledError())
+        elif future.exception() is not None:
+            self._fail(batch, future.exception())
+        else:
+            self._deliver(batch, future.result())
+        if self._pending:
+            self._schedule(loop)
+
+    @staticmethod
+    def _deliver(batch: list[_Pending], outputs: list[dict[str, np.ndarray]]) -> None:
+        for p, out in zip(batch, outputs):
+            if not p.future.done():
+                p.future.set_result(out)
+
+    @staticmethod
+    def _fail(batch: list[_Pending], exc: BaseException) -> None:
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(exc)
+
+    async def close(self) -> None:
+        """Finish what is pending; later submits run on their own."""
+        self._closed = True
+        while self._pending or self._scheduled is not None or self._running is not None:
+            await asyncio.sleep(0.001)
 
     def _execute(self, batch: list[_Pending]) -> list[dict[str, np.ndarray]]:
         units = [p.unit for p in batch]

@@ -81,12 +81,14 @@ class DataPlane:
         metrics: ServerMetrics | None = None,
         dynamic_batching: bool = True,
         max_batch_delay_s: float = 0.001,
+        inline_rows: int = 0,
     ) -> None:
         self.repository = repository
         self.executor = executor
         self.metrics = metrics or ServerMetrics()
         self.dynamic_batching = dynamic_batching
         self.max_batch_delay_s = max_batch_delay_s
+        self.inline_rows = inline_rows
         self.stats: dict[tuple[str, str], ModelStats] = {}
         self._stats_lock = threading.Lock()
         self.started = False
@@ -243,6 +245,7 @@ class DataPlane:
                 new.servable,
                 self.executor,
                 max_delay_s=self.max_batch_delay_s,
+                inline_rows=self.inline_rows,
                 on_batch=lambda rows, n: self._on_batch(name, new.servable.version, rows, n),
             )
 
@@ -280,6 +283,8 @@ class DataPlane:
             t0 = time.perf_counter_ns()
             if batcher is not None:
                 outputs = await batcher.submit(unit)
+            elif int(getattr(unit, "batch_size", 1 << 30)) <= self.inline_rows:
+                outputs = self._execute_timed(servable, unit)
             else:
                 loop = asyncio.get_running_loop()
                 outputs = await loop.run_in_executor(

@@ -42,6 +42,11 @@ class Settings(BaseModel):
         2.0, description="how often the repository is rescanned for new versions; 0: never"
     )
     worker_threads: Annotated[int, Field(gt=0)] = 4
+    inline_rows: Annotated[int, Field(ge=0)] = Field(
+        128,
+        description="executions of at most this many rows run on the event loop thread (no "
+        "thread hop, no GIL contention with the loop); larger ones in worker threads",
+    )
     grpc_workers: Annotated[int, Field(gt=0)] = 16
     log_level: str = "info"
 

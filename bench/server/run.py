@@ -29,7 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# The server runs one BLAS thread per inference thread (tierserve serve's default); the peer
+# gets the same, set before numpy loads.
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCHES = (1, 64, 1024)
