@@ -5,10 +5,12 @@ index is a linear-probing table of 16-byte slot records ``(key int64, row int32,
 int32)``: one gather fetches a slot's key, its row and its access statistic together, and
 the vectors stay contiguous so a lookup ends in a single ``np.take`` over the slab.
 
-Probing runs in vectorised rounds: every key looks at its home slot; the few that neither
-matched nor met an empty slot look at a window of the next slots, and so on.  Capacity is
-any integer (range reduction by multiply-shift), kept between 0.5 and 0.75 load, so the
-index costs about 32 bytes per key at most.
+Probing runs in vectorised rounds.  Home slots are even, so the first round reads each
+key's aligned pair of slots with one 32-byte gather; the few keys displaced further read
+windows of the next eight slots.  The slot count is sized from a memory budget (index plus
+vectors within about 1.45x the raw bytes of keys and vectors where the dim allows; load
+0.25 to 0.6) and grows when the load passes 0.75.  A bulk load builds the index with one
+sort: in home-slot order, linear probing is a running maximum.
 
 Deleted slots become tombstones; bulk deletions (overflow eviction) and growth rebuild the
 index and compact the slab.  Writers are serialised by a lock; readers take no lock: they
