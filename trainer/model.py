@@ -265,6 +265,14 @@ class Model:
         self._train_on(batch)
         return True
 
+    def train_on_batch(self, batch) -> float:
+        """One iteration on ``batch`` (a :class:`~tierserve.trainer.data.batch.Batch`) at the
+        current learning rate; returns its loss.  A tierserve addition to HugeCTR's API, for
+        callers that bring their own batches."""
+        self._require_compiled("train_on_batch")
+        self._train_on(batch)
+        return self._loss
+
     def _train_on(self, batch) -> None:
         xp = self.xp
         tensors = self._tensors(batch)

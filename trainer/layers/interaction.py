@@ -41,37 +41,40 @@ class Interaction(Layer):
         return [(width,)] * len(self.top)
 
     def _index(self, xp):
-        if xp is np:
-            return self.rows, self.cols
-        cached = getattr(self, "_device_index", None)
+        """Flat positions in a row-major [n, n] block of the pairs (i, j) and (j, i)."""
+        cached = getattr(self, "_flat", None)
         if cached is None or cached[0] is not xp:
-            self._device_index = (xp, xp.asarray(self.rows), xp.asarray(self.cols))
-        return self._device_index[1:]
+            lower = self.rows * self.n + self.cols
+            upper = self.cols * self.n + self.rows
+            self._flat = (xp, xp.asarray(lower), xp.asarray(upper))
+        return self._flat[1:]
 
     def forward(self, xp, inputs, params, state, training):
         x, e = inputs
-        rows, cols = self._index(xp)
+        lower, _ = self._index(xp)
         b = x.shape[0]
         z = xp.concatenate([x[:, None, :], e], axis=1)
-        zz = xp.matmul(z, z.transpose(0, 2, 1))
+        zz = xp.matmul(z, z.transpose(0, 2, 1)).reshape(b, self.n * self.n)
         out = xp.empty((b, self.dim + self.num_pairs + 1), dtype=x.dtype)
         out[:, : self.dim] = x
-        out[:, self.dim : -1] = zz[:, rows, cols]
+        out[:, self.dim : -1] = xp.take(zz, lower, axis=1)
         out[:, -1] = 0
         return [out] * len(self.top), z
 
     def backward(self, xp, grad_outputs, ctx, params):
         z = ctx
-        rows, cols = self._index(xp)
+        lower, upper = self._index(xp)
         g = grad_outputs[0]
         for extra in grad_outputs[1:]:
             if extra is not None:
                 g = extra if g is None else g + extra
         b = z.shape[0]
-        full = xp.zeros((b, self.n, self.n), dtype=g.dtype)
-        full[:, rows, cols] = g[:, self.dim : -1]
-        full += full.transpose(0, 2, 1)
-        dz = xp.matmul(full, z)
+        pairs = g[:, self.dim : -1]
+        # d(z_i . z_j) / dz = z_j for row i and z_i for row j: a symmetric [n, n] weight
+        full = xp.zeros((b, self.n * self.n), dtype=g.dtype)
+        full[:, lower] = pairs
+        full[:, upper] = pairs
+        dz = xp.matmul(full.reshape(b, self.n, self.n), z)
         dx = g[:, : self.dim] + dz[:, 0]
         return [dx, dz[:, 1:]], []
 
