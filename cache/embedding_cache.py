@@ -251,7 +251,7 @@ class EmbeddingCache:
             if not keys.size:
                 return
             keys_d = xp.asarray(keys)
-            _, _, _, cached = self._table.probe(keys_d)
+            _, cached = self._table.probe(keys_d)
             absent = xp.flatnonzero(~cached)
             if not absent.size:
                 return

@@ -58,7 +58,8 @@ class LookupKernel:
                 (
                     keys,
                     np.int64(n),
-                    table.meta,
+                    table.keys,
+                    table.ticks,
                     np.uint64(table.num_sets),
                     np.int32(table.ways),
                     table.values,

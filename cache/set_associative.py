@@ -1,19 +1,24 @@
 """A fixed-capacity, set-associative store of embeddings: the dynamic cache's table.
 
 Layout (after HugeCTR's gpu_cache).  The table has ``num_sets`` sets of ``ways`` slots;
-capacity is ``num_sets * ways`` and never grows.  Two ``xp`` arrays hold it:
+capacity is ``num_sets * ways`` and never grows.  Slot ``set * ways + way`` is described by
+three ``xp`` arrays:
 
-- ``meta[num_sets, 2 * ways]`` int64: per set, the ``ways`` keys followed by their
-  ``ways`` last-access ticks, so one row (64 bytes at 4 ways) tells whether and where a key
-  is cached and how recently each slot was used;
-- ``values[capacity, dim]`` float32: slot ``set * ways + way`` holds that key's embedding.
+- ``keys[num_sets, ways]`` int64: one row per set, so one gather of a 16-byte row (2 ways)
+  tells whether and where a key is cached; empty slots hold ``EMPTY`` (``-2**63``, a key
+  that is never cached);
+- ``values[capacity, dim]`` float32: the embeddings;
+- ``ticks[capacity]`` uint32: the batch number that last used the slot, compared as an age
+  ``(now - tick) mod 2**32`` so the counter may wrap.
 
-Empty slots hold the key ``EMPTY`` (``-2**63``, never cacheable) and tick ``-1``.
-
-A key's set is :func:`tierserve.cache.hashing.set_of`.  A lookup gathers the key's metadata
-row and compares all ways (one vectorised pass per way).  Inserting fills, per set, the
-empty ways first and then evicts the least recently used ones (ticks advance once per query
-batch); a slot already used by the current batch is never evicted: LRU at batch granularity.
+A key's set is :func:`tierserve.cache.hashing.set_of`.  A lookup gathers the key's row of
+``keys``, compares all ways (one vectorised pass per way), gathers the embedding and stamps
+the slot's tick.  Inserting fills, per set, the empty ways first and then evicts the oldest
+ones; a slot used by the current batch is never evicted: LRU at batch granularity.  To keep
+lookups cheap, batches of more than ``STAMP_ALL`` keys stamp every ``STAMP_STRIDE``-th hit
+(the phase rotates with the batch number): a key hit several times in a batch, or in several
+batches, is stamped almost surely, and a lukewarm key a few batches late.  The CUDA kernel
+stamps every hit.
 
 This class does no locking; :class:`~tierserve.cache.embedding_cache.EmbeddingCache`
 serialises writers and validates readers with a sequence number.
@@ -27,7 +32,9 @@ from .hashing import set_of
 
 EMPTY = -(2**63)
 _EMPTY = np.int64(EMPTY)
-NO_TICK = -1
+STAMP_ALL = 4096
+STAMP_STRIDE = 4
+_AGE_EMPTY = np.int64(2**32)  # older than any real age: empty slots are taken first
 
 
 class SetAssociativeTable:
@@ -37,7 +44,7 @@ class SetAssociativeTable:
     must be contiguous 1-D int64 ``xp`` arrays, values float32 ``[n, dim]`` ``xp`` arrays.
     """
 
-    def __init__(self, capacity: int, dim: int, ways: int = 4, xp=np) -> None:
+    def __init__(self, capacity: int, dim: int, ways: int = 2, xp=np) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         if dim <= 0:
@@ -50,133 +57,106 @@ class SetAssociativeTable:
         self.ways = int(ways)
         self.num_sets = capacity // ways
         self.capacity = self.num_sets * self.ways
-        self.meta = xp.empty((self.num_sets, 2 * self.ways), dtype=np.int64)
-        self.meta[:, : self.ways] = _EMPTY
-        self.meta[:, self.ways :] = NO_TICK
+        self.keys = xp.full((self.num_sets, self.ways), _EMPTY, dtype=np.int64)
+        self.ticks = xp.zeros(self.capacity, dtype=np.uint32)
         self.values = xp.zeros((self.capacity, self.dim), dtype=np.float32)
-        self._flat = self.meta.reshape(-1)
+        self._flat = self.keys.reshape(-1)
         self.size = 0
 
     @property
-    def keys(self):
-        """``[num_sets, ways]`` view of the cached keys."""
-        return self.meta[:, : self.ways]
-
-    @property
-    def ticks(self):
-        """``[num_sets, ways]`` view of the slots' last-access ticks."""
-        return self.meta[:, self.ways :]
-
-    @property
     def nbytes(self) -> int:
-        return int(self.meta.nbytes + self.values.nbytes)
+        return int(self.keys.nbytes + self.ticks.nbytes + self.values.nbytes)
 
     # --- reads ------------------------------------------------------------------------------
 
     def probe(self, keys):
-        """``(slots, sets, way, hit)``: each key's slot, set and way (``None`` when the table
-        has one way) and whether it is cached; ``slots`` and ``way`` are meaningless where
-        ``hit`` is False."""
+        """``(slots, hit)``: each key's slot and whether it is cached (``slots`` is
+        meaningless where ``hit`` is False)."""
         xp = self.xp
         sets = set_of(keys, self.num_sets)
-        rows = xp.take(self.meta, sets, axis=0)
+        rows = xp.take(self.keys, sets, axis=0)
         hit = rows[:, 0] == keys
-        way = None
+        slots = sets * self.ways if self.ways > 1 else sets
         for w in range(1, self.ways):
             match = rows[:, w] == keys
             hit |= match
-            term = match.view(np.uint8)
-            if w > 1:
-                term = term * np.uint8(w)
-            if way is None:
-                way = term
-            else:
-                way += term
-        slots = sets * self.ways if self.ways > 1 else sets
-        if way is not None:
-            slots += way
+            slots += match if w == 1 else match.view(np.uint8) * np.uint8(w)
         if keys.size and bool(keys.min() == _EMPTY):
             hit &= keys != _EMPTY  # the empty marker matches empty slots: never a hit
-        return slots, sets, way, hit
+        return slots, hit
 
     def lookup(self, keys, tick: int | None = None):
         """``(embeddings, hit, hits)``: each key's cached vector (garbage where ``hit`` is
-        False) and the number of hits.  With ``tick``, the hit slots are stamped with it."""
+        False) and the number of hits.  With ``tick`` (the batch number), hit slots are
+        stamped with it, sampled in large batches (see the module doc)."""
         xp = self.xp
-        slots, sets, way, hit = self.probe(keys)
+        slots, hit = self.probe(keys)
         embeddings = xp.take(self.values, slots, axis=0)
         hits = int(xp.count_nonzero(hit))
         if tick is not None and hits:
-            at = sets * (2 * self.ways) + self.ways
-            if way is not None:
-                at += way
-            if hits != keys.size:
-                at = at[hit]
-            self._flat[at] = tick
+            at = slots if hits == keys.size else slots[hit]
+            if at.size > STAMP_ALL:
+                at = at[tick % STAMP_STRIDE :: STAMP_STRIDE]
+            self.ticks[at] = np.uint32(tick & 0xFFFFFFFF)
         return embeddings, hit, hits
 
     def cached_keys(self):
         """All keys held now (an ``xp`` int64 array, in slot order)."""
-        flat = self.keys.reshape(-1)
-        return flat[flat != _EMPTY]
+        return self._flat[self._flat != _EMPTY]
 
     # --- writes (the caller holds the writer lock) ------------------------------------------
 
     def clear(self) -> None:
         """Drop every embedding."""
-        self.meta[:, : self.ways] = _EMPTY
-        self.meta[:, self.ways :] = NO_TICK
+        self.keys[...] = _EMPTY
         self.size = 0
 
     def overwrite(self, keys, values) -> int:
         """Replace the vectors of those ``keys`` that are cached; return how many were."""
-        slots, _, _, hit = self.probe(keys)
+        slots, hit = self.probe(keys)
         idx = self.xp.flatnonzero(hit)
         if idx.size:
             self.values[slots[idx]] = values[idx]
         return int(idx.size)
 
     def invalidate(self, keys) -> int:
-        """Drop those ``keys`` that are cached; return how many were."""
-        slots, sets, way, hit = self.probe(keys)
+        """Drop those ``keys`` that are cached (give unique keys); return how many were."""
+        slots, hit = self.probe(keys)
         idx = self.xp.flatnonzero(hit)
         if idx.size:
-            at = sets[idx] * (2 * self.ways)
-            if way is not None:
-                at += way[idx]
-            self._flat[at] = _EMPTY
-            self._flat[at + self.ways] = NO_TICK
+            self._flat[slots[idx]] = _EMPTY
             self.size -= int(idx.size)
         return int(idx.size)
 
     def place(self, keys, values, tick: int) -> tuple[int, int]:
         """Insert unique, uncached ``keys`` with ``values``, stamped ``tick``.
 
-        Per set the empty ways fill first, then the least recently used ways are evicted; a
-        way stamped ``tick`` or later (used by the current batch) is never evicted, so keys
-        beyond what their set can take now are not inserted.  Returns ``(inserted, evicted)``.
+        Per set the empty ways fill first, then the oldest ways are evicted; a way stamped
+        ``tick`` (used by the current batch) is never evicted, so keys beyond what their set
+        can take now are not inserted.  Returns ``(inserted, evicted)``.
         """
         xp = self.xp
         n = int(keys.size)
         if n == 0:
             return 0, 0
+        now = np.uint32(tick & 0xFFFFFFFF)
         sets = set_of(keys, self.num_sets)
         order = xp.argsort(sets, kind="stable") if xp is np else xp.argsort(sets)
         s_sorted = sets[order]
         rank = xp.arange(n) - xp.searchsorted(s_sorted, s_sorted, side="left")
         keep = rank < self.ways
         order, s_sorted, rank = order[keep], s_sorted[keep], rank[keep]
-        set_ticks = xp.take(self.meta, s_sorted, axis=0)[:, self.ways :]
-        victim_order = xp.argsort(set_ticks, axis=1)
+        set_slots = s_sorted[:, None] * self.ways + xp.arange(self.ways)  # [m, ways]
+        age = (now - self.ticks[set_slots]).astype(np.int64)  # uint32 arithmetic wraps
+        age[xp.take(self.keys, s_sorted, axis=0) == _EMPTY] = _AGE_EMPTY
         m = xp.arange(int(order.size))
-        way = victim_order[m, rank]
-        ok = set_ticks[m, way] < tick
-        order, s_sorted, way = order[ok], s_sorted[ok], way[ok]
-        at = s_sorted * (2 * self.ways) + way
-        evicted = int(xp.count_nonzero(self._flat[at] != _EMPTY))
-        self._flat[at] = keys[order]
-        self._flat[at + self.ways] = tick
-        self.values[s_sorted * self.ways + way] = values[order]
+        way = xp.argsort(-age, axis=1)[m, rank]  # oldest first
+        ok = age[m, way] > 0
+        order, slots = order[ok], set_slots[m, way][ok]
+        evicted = int(xp.count_nonzero(self._flat[slots] != _EMPTY))
+        self._flat[slots] = keys[order]
+        self.ticks[slots] = now
+        self.values[slots] = values[order]
         inserted = int(order.size)
         self.size += inserted - evicted
         return inserted, evicted

@@ -70,8 +70,8 @@ class StaticTable:
         return self.xp.take(self.values, pos, axis=0), hit, int(self.xp.count_nonzero(hit))
 
     def probe(self, keys):
-        pos, hit = self._find(keys)
-        return pos, None, None, hit
+        """``(positions, hit)`` as :meth:`SetAssociativeTable.probe`."""
+        return self._find(keys)
 
     def cached_keys(self):
         """Every key of the table (valid or not): what a refresh re-pulls."""

@@ -45,7 +45,7 @@ def test_capacity_is_never_exceeded_and_keys_are_unique(use_gpu):
     rng = np.random.default_rng(0)
     for tick in range(1, 60):
         keys = np.unique(rng.integers(0, 5000, 80))
-        _, _, _, hit = t.probe(xp.asarray(keys))
+        _, hit = t.probe(xp.asarray(keys))
         new = keys[~to_host(hit)]
         t.place(xp.asarray(new), xp.asarray(_vals(new)), tick)
         held = to_host(t.cached_keys())
@@ -120,3 +120,29 @@ def test_bad_sizes_are_rejected():
         SetAssociativeTable(8, 0)
     small = SetAssociativeTable(3, 4, ways=8)  # fewer slots than ways: one set
     assert small.capacity == 3 and small.ways == 3
+
+
+def test_large_batches_stamp_a_rotating_sample_of_hits():
+    from tierserve.cache.set_associative import STAMP_ALL, STAMP_STRIDE
+
+    t = SetAssociativeTable(4 * STAMP_ALL, 4, ways=2)
+    keys = np.arange(2 * STAMP_ALL, dtype=np.int64)
+    t.place(keys, _vals(keys), tick=1)
+    held = t.cached_keys()
+    t.lookup(held, tick=2)
+    slots, _ = t.probe(held)
+    stamped = np.count_nonzero(t.ticks[slots] == 2)
+    assert stamped == len(range(2 % STAMP_STRIDE, held.size, STAMP_STRIDE))
+    for tick in range(3, 3 + STAMP_STRIDE):
+        t.lookup(held, tick=tick)
+    assert (t.ticks[slots] >= 3).all()  # every hit stamped within STAMP_STRIDE batches
+
+
+def test_ages_survive_the_tick_counter_wrapping():
+    t = SetAssociativeTable(8, 4, ways=4)
+    three = _keys_in_set(t.num_sets, 1, 5)
+    t.place(three[:4], _vals(three[:4]), tick=2**32 - 2)  # just before the wrap
+    t.lookup(three[1:4], tick=2**32 + 3)  # after it: stored as 3
+    inserted, evicted = t.place(three[4:], _vals(three[4:]), tick=2**32 + 4)
+    assert (inserted, evicted) == (1, 1)
+    assert three[0] not in set(t.cached_keys().tolist())
