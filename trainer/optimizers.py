@@ -342,9 +342,9 @@ class Adam(Optimizer):
         m, v, prev = st["m"], st["v"], st["prev_time"]
         prev_f = xp.maximum(prev, 1).astype(xp.float64)  # 1 before a row's first update
         skipped = t - prev_f
-        b1_skip = xp.power(b1, skipped)
-        alpha = (lr / (1.0 - b1)) * xp.sqrt(1.0 - xp.power(b2, prev_f)) / (
-            1.0 - xp.power(b1, prev_f)) * (1.0 - b1_skip)
+        b1_skip = _scalar_pow(xp, b1, skipped)
+        alpha = (lr / (1.0 - b1)) * xp.sqrt(1.0 - _scalar_pow(xp, b2, prev_f)) / (
+            1.0 - _scalar_pow(xp, b1, prev_f)) * (1.0 - b1_skip)
         # catch-up step with the stored moments, then decay them and add this gradient
         tmp = xp.sqrt(v, out=xp.empty_like(v))
         tmp += eps
@@ -354,7 +354,7 @@ class Adam(Optimizer):
         m *= b1_skip.astype(m.dtype)[:, None]
         xp.multiply(g, 1.0 - b1, out=tmp)
         m += tmp
-        v *= xp.power(b2, skipped).astype(v.dtype)[:, None]
+        v *= _scalar_pow(xp, b2, skipped).astype(v.dtype)[:, None]
         xp.multiply(g, g, out=tmp)
         tmp *= 1.0 - b2
         v += tmp
@@ -425,6 +425,13 @@ class Ftrl(Optimizer):
         y = _sqrt(n_new) / lr + (l2 + beta / lr)
         p[...] = xp.where(xp.abs(z) > l1, x / y, 0.0).astype(p.dtype)
         n[...] = n_new
+
+
+def _scalar_pow(xp: Any, base: float, exponents: Any) -> Any:
+    """``base ** exponents`` for float64 exponents: ``exp`` vectorises where ``pow`` does not."""
+    if base > 0:
+        return xp.exp(exponents * math.log(base))
+    return xp.power(base, exponents)
 
 
 def _sqrt(a: Any) -> Any:

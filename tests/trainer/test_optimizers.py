@@ -240,3 +240,13 @@ def test_create_optimizer_defaults_and_errors():
 def test_optimizer_json_round_trip(kwargs):
     p = CreateOptimizer(update_type=Update_t.Local, **kwargs)
     assert OptParamsPy.from_dict(p.to_dict()) == p
+
+
+def test_lazy_global_with_zero_betas_has_no_nan():
+    opt = make_optimizer(CreateOptimizer(update_type=Update_t.LazyGlobal, beta1=0.0, beta2=0.0))
+    values = np.ones((3, 2), np.float32)
+    state = opt.init_state(values.shape)
+    for t, rows in enumerate(([0], [0, 1], [1]), start=1):
+        opt.update_sparse(values, np.array(rows), np.ones((len(rows), 2), np.float32), state,
+                          0.1, t)
+    assert np.isfinite(values).all() and np.isfinite(state["m"]).all()
