@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -131,6 +132,9 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
 
 def serve(settings: Settings, loader: Loader | None = None) -> None:
     """Run the server in the foreground until interrupted."""
+    # The event loop shares the GIL with the inference and gRPC threads; a shorter switch
+    # interval (default 5 ms) keeps a request from waiting that long for it.
+    sys.setswitchinterval(0.0005)
     app = create_app(settings, loader)
     config = uvicorn.Config(
         app,

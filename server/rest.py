@@ -101,6 +101,30 @@ def build_router(plane: DataPlane, admin_token: str | None, max_request_bytes: i
                 "repository load and unload need 'Authorization: Bearer <token>'"
             )
 
+    # The infer route first: routes are matched in order, and it is the hot one.
+    @router.post("/v2/models/{model}/infer")
+    @router.post("/v2/models/{model}/versions/{version}/infer")
+    async def infer(model: str, request: Request, version: str = "") -> Response:
+        started = time.perf_counter()
+        status = None
+        try:
+            name = _name(model)
+            body = await _read_body(request, max_request_bytes)
+            decoded = decode_rest_request(body, _header_length(request))
+            result = await plane.infer(name, version, decoded)
+            payload, header_length = encode_rest_response(
+                result.model_name, result.model_version, result.id, result.outputs, result.binary
+            )
+            headers = {HEADER_LENGTH: str(header_length)} if header_length is not None else {}
+            media = "application/octet-stream" if header_length is not None else "application/json"
+            return Response(payload, headers=headers, media_type=media)
+        except TierserveError as exc:
+            status = str(exc.http_status)
+            raise
+        finally:
+            label = plane.metrics_label(model)
+            metrics.observe_request(label, "http", time.perf_counter() - started, status)
+
     @router.get("/v2/health/live")
     async def live() -> Response:
         return Response(status_code=200 if plane.live() else 503)
@@ -137,29 +161,6 @@ def build_router(plane: DataPlane, admin_token: str | None, max_request_bytes: i
     @router.get("/v2/models/{model}/versions/{version}/stats")
     async def model_stats(model: str, version: str = "") -> dict[str, Any]:
         return plane.model_statistics(_name(model), version)
-
-    @router.post("/v2/models/{model}/infer")
-    @router.post("/v2/models/{model}/versions/{version}/infer")
-    async def infer(model: str, request: Request, version: str = "") -> Response:
-        started = time.perf_counter()
-        status = None
-        try:
-            name = _name(model)
-            body = await _read_body(request, max_request_bytes)
-            decoded = decode_rest_request(body, _header_length(request))
-            result = await plane.infer(name, version, decoded)
-            payload, header_length = encode_rest_response(
-                result.model_name, result.model_version, result.id, result.outputs, result.binary
-            )
-            headers = {HEADER_LENGTH: str(header_length)} if header_length is not None else {}
-            media = "application/octet-stream" if header_length is not None else "application/json"
-            return Response(payload, headers=headers, media_type=media)
-        except TierserveError as exc:
-            status = str(exc.http_status)
-            raise
-        finally:
-            label = plane.metrics_label(model)
-            metrics.observe_request(label, "http", time.perf_counter() - started, status)
 
     @router.post("/v2/repository/index")
     async def repository_index(request: Request) -> JSONResponse:
