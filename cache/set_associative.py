@@ -150,7 +150,11 @@ class SetAssociativeTable:
         age = (now - self.ticks[set_slots]).astype(np.int64)  # uint32 arithmetic wraps
         age[xp.take(self.keys, s_sorted, axis=0) == _EMPTY] = _AGE_EMPTY
         m = xp.arange(int(order.size))
-        way = xp.argsort(-age, axis=1)[m, rank]  # oldest first
+        if self.ways == 2:  # no per-row argsort: the older way first, then the other
+            way = (age[:, 1] > age[:, 0]).astype(np.int64)
+            way ^= rank
+        else:
+            way = xp.argsort(-age, axis=1)[m, rank]  # oldest first
         ok = age[m, way] > 0
         order, slots = order[ok], set_slots[m, way][ok]
         evicted = int(xp.count_nonzero(self._flat[slots] != _EMPTY))

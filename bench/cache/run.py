@@ -108,7 +108,7 @@ def _zipf_batches(rows: int, alpha: float, count: int, rng) -> list[np.ndarray]:
 
 
 def bench_powerlaw(rows: int, dim: int, fraction: float, alpha: float, ways: int,
-                   warm: int, measure: int, rounds: int) -> dict:
+                   warm: int, measure: int, rounds: int, threshold: float) -> dict:
     from tierserve.ps.config import HashMapConfig, ModelConfig, PSConfig
     from tierserve.ps.hierarchy import HierarchicalParameterServer
     from tierserve.ps.sparse_file import write_sparse_model
@@ -135,7 +135,7 @@ def bench_powerlaw(rows: int, dim: int, fraction: float, alpha: float, ways: int
         capacity = int(fraction * rows)
         batches = _zipf_batches(rows, alpha, warm + measure, rng)
         with hps, EmbeddingCache(hps, MODEL, TABLE, dim, capacity, ways=ways,
-                                 hit_rate_threshold=0.9) as cache:
+                                 hit_rate_threshold=threshold) as cache:
             t0 = time.perf_counter()
             for b in batches[:warm]:
                 cache.query(b)
@@ -158,6 +158,7 @@ def bench_powerlaw(rows: int, dim: int, fraction: float, alpha: float, ways: int
             return {
                 "bench": "powerlaw", "rows": rows, "dim": dim, "alpha": alpha, "ways": ways,
                 "cache_fraction": fraction, "capacity": cache.capacity, "hit_rate": hit_rate,
+                "hit_rate_threshold": threshold,
                 "keys_per_s": BATCH / sub, "peer": "hash_map lookup (HierarchicalParameterServer)",
                 "peer_keys_per_s": BATCH / peer, "ratio": peer / sub,
                 "inserted": m.inserted, "evicted": m.evicted, "dropped_inserts": m.dropped_inserts,
@@ -209,6 +210,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-fraction", type=float, default=0.2)
     ap.add_argument("--alpha", type=float, default=1.2)
     ap.add_argument("--ways", type=int, default=2)
+    ap.add_argument("--hit-rate-threshold", type=float, default=0.9,
+                    help="below it misses are inserted synchronously (HPS default 0.9)")
     ap.add_argument("--warm", type=int, default=40)
     ap.add_argument("--measure", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
@@ -221,7 +224,8 @@ def main(argv=None) -> int:
         results += bench_hits(args.hit_rows, 16, args.ways, args.rounds)
     if "powerlaw" in which:
         results.append(bench_powerlaw(args.rows, 16, args.cache_fraction, args.alpha, args.ways,
-                                      args.warm, args.measure, max(1, args.rounds // 2)))
+                                      args.warm, args.measure, max(1, args.rounds // 2),
+                                      args.hit_rate_threshold))
     if "gpu" in which:
         results += bench_gpu(args.gpu_rows, [16, 128], args.rounds)
     if args.json:
@@ -231,7 +235,10 @@ def main(argv=None) -> int:
     print("| bench | what | rows | dim | ours keys/s | peer | peer keys/s | ratio | hit rate |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        what = r.get("what") or f"cache {r['cache_fraction']:.0%}, alpha {r['alpha']}"
+        what = r.get("what") or (
+            f"cache {r['cache_fraction']:.0%}, alpha {r['alpha']}, "
+            f"threshold {r['hit_rate_threshold']}"
+        )
         hit = f"{r['hit_rate']:.3f}" if "hit_rate" in r else ""
         print(f"| {r['bench']} | {what} | {r['rows']} | {r['dim']} | {fmt(r['keys_per_s'])} | "
               f"{r['peer']} | {fmt(r['peer_keys_per_s'])} | {r['ratio']:.2f} | {hit} |")
