@@ -83,9 +83,11 @@ def small_net(model, label="label", label_dim=2, extra=()):
                 num_output=8))
     model.add(d(layer_type=lt.BatchNorm, bottom_names=["fc1"], top_names=["bn1"], factor=0.5))
     model.add(d(layer_type=lt.ReLU, bottom_names=["bn1"], top_names=["relu1"]))
+    hidden = "relu1"
     for layer in extra:
         model.add(layer)
-    model.add(d(layer_type=lt.InnerProduct, bottom_names=["relu1"], top_names=["fc2"],
+        hidden = layer.top_names[0]
+    model.add(d(layer_type=lt.InnerProduct, bottom_names=[hidden], top_names=["fc2"],
                 num_output=label_dim))
     model.add(d(layer_type=lt.BinaryCrossEntropyLoss, bottom_names=["fc2", label],
                 top_names=["loss"], use_regularizer=True,
