@@ -61,7 +61,7 @@ def train(workdir: Path, iterations: int) -> Path:
     return out
 
 
-def make_repository(out: Path, iterations: int, repo: Path) -> Path:
+def make_repository(out: Path, iterations: int, repo: Path, volatile: dict | None = None) -> Path:
     version = repo / "dlrm" / "1"
     version.mkdir(parents=True)
     shutil.copy2(out / "dlrm.json", version / "dlrm.json")
@@ -72,7 +72,7 @@ def make_repository(out: Path, iterations: int, repo: Path) -> Path:
     slots = graph["layers"][0]["sparse"][0]["slot_num"]
     ps = {
         "supportlonglong": True,
-        "volatile_db": {"type": "hash_map"},
+        "volatile_db": volatile or {"type": "hash_map"},
         "models": [{
             "model": "dlrm",
             "sparse_files": [f"dlrm0_sparse_{iterations}.model"],
@@ -111,7 +111,7 @@ def _stats(times: list[float], rows: int) -> dict:
     return {"p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3, "rows_per_s": rows / statistics.mean(times)}
 
 
-def predictor(version: Path):
+def predictor(version: Path, volatile: dict | None = None):
     """InferenceModel over the version's files and a function that predicts (dense, keys)."""
     from tierserve.server.inference_model import InferenceModel, InferenceParams
     from tierserve.trainer.data.batch import Batch, SparseInput
@@ -119,7 +119,7 @@ def predictor(version: Path):
     dense_file = next(version.glob("*_dense_*.model"))
     sparse = sorted(str(p) for p in version.glob("*_sparse_*.model"))
     params = InferenceParams("dlrm", 1024, 0.9, str(dense_file), sparse, False, 0.5, True,
-                             volatile_db={"type": "hash_map"})  # fmt: skip
+                             volatile_db=volatile or {"type": "hash_map"})  # fmt: skip
     model = InferenceModel(str(version / "dlrm.json"), params)
 
     def predict(des, cat):
@@ -227,6 +227,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer requests")
     parser.add_argument("--iterations", type=int, default=50, help="training iterations")
     parser.add_argument("--seconds", type=float, default=8.0, help="concurrency test length")
+    parser.add_argument(
+        "--volatile", choices=["hash_map", "redis_cluster"], default="hash_map",
+        help="volatile tier; redis_cluster starts a three-node cluster on loopback with the "
+        "test suite's helpers (tests/services)",
+    )  # fmt: skip
     args = parser.parse_args()
     scale = 0.3 if args.quick else 1.0
     repeats = {1: int(1000 * scale), 64: int(400 * scale), 1024: int(100 * scale)}
@@ -237,10 +242,22 @@ def main() -> int:
         print("training the trainer's DLRM ...", flush=True)
         out = train(work, args.iterations)
         repo = work / "repo"
-        version = make_repository(out, args.iterations, repo)
+        cluster, volatile = None, None
+        if args.volatile == "redis_cluster":
+            sys.path.insert(0, str(ROOT / "tests"))
+            from services.redis import RedisCluster, ensure_redis
+
+            ensure_redis()
+            dirs = [work / f"redis-{i}" for i in range(3)]
+            for d in dirs:
+                d.mkdir()
+            cluster = RedisCluster(dirs, [work / f"redis-{i}.log" for i in range(3)])
+            cluster.start()
+            volatile = {"type": "redis_cluster", "address": cluster.addresses}
+        version = make_repository(out, args.iterations, repo, volatile)
         data = batches_from(version, work / "data")
-        results: dict = {"cpu_count": os.cpu_count()}
-        model, predict = predictor(version)
+        results: dict = {"cpu_count": os.cpu_count(), "volatile": args.volatile}
+        model, predict = predictor(version, volatile)
         http, grpc = free_port(), free_port()
         proc = start_server(repo, http, grpc, batching=True)
         try:
@@ -266,8 +283,10 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait()
+            if cluster is not None:
+                cluster.stop()
 
-    print(f"\nCPU cores: {results['cpu_count']}")
+    print(f"\nCPU cores: {results['cpu_count']}, volatile tier: {args.volatile}")
     print(f"{'path':<10}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'overhead':>10}")
     for path in ("predict", "http", "grpc"):
         for b in BATCHES:
