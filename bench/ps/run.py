@@ -120,9 +120,10 @@ def bench_hash_maps(kind, keys, emb, by_dist, rounds, results, label):
             batches,
             rounds,
         )
-        # Online updates: each batch's keys (unique) with new vectors.
-        upd = [np.unique(keys[b]) for b in batches[:3]]
-        vec = [np.random.default_rng(2).random((u.size, emb.shape[1]), np.float32) for u in upd]
+        # Online updates: each batch's keys (unique), rewritten with their own vectors.
+        rows_ = [np.unique(b) for b in batches[:3]]
+        upd = [keys[r] for r in rows_]
+        vec = [emb[r] for r in rows_]
         t0 = time.perf_counter()
         for u, v in zip(upd, vec):
             tier.insert(TAG, u, v)
@@ -301,7 +302,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="", help="also write the results to this file")
     args = ap.parse_args(argv)
     tiers = set(args.tiers.split(","))
-    results: list[dict] = []
+
+    class Results(list):
+        def append(self, item: dict) -> None:  # print and save as we go
+            super().append(item)
+            log(f"    {json.dumps(item)}")
+            if args.json:
+                Path(args.json).write_text(json.dumps(self, indent=1))
+
+    results: list[dict] = Results()
     with tempfile.TemporaryDirectory(prefix="bench-ps-") as tmpdir:
         tmp = Path(tmpdir)
         cluster = None
