@@ -177,7 +177,9 @@ class EmbeddingCache:
             if misses:
                 miss_idx = xp.flatnonzero(~hit)
                 miss_keys = to_host(keys_d[miss_idx]) if keys_h is None else keys_h[to_host(miss_idx)]
-                unique, inverse = np.unique(miss_keys, return_inverse=True)
+                unique, inverse, counts = np.unique(
+                    miss_keys, return_inverse=True, return_counts=True
+                )
                 epoch = self._log.epoch  # before the fetch: updates after it make it stale
                 fetched = self._fetch(unique)
                 if xp is np:
@@ -186,6 +188,9 @@ class EmbeddingCache:
                     out[miss_idx] = xp.asarray(fetched)[xp.asarray(inverse)]
             self._account(n, hits)
             if misses and self._worker is not None:
+                # Most requested first: where a set cannot take every new key, they win.
+                hot_first = np.argsort(-counts, kind="stable")
+                unique, fetched = unique[hot_first], fetched[hot_first]
                 if self._running < self.hit_rate_threshold:
                     self._insert_fetched(unique, fetched, epoch)
                 else:
@@ -240,7 +245,10 @@ class EmbeddingCache:
                 self._seq += 1
 
     def _insert_fetched(self, keys: np.ndarray, vectors: np.ndarray, epoch: int) -> None:
-        """Insert fetched ``vectors`` unless an update overtook them (see UpdateLog)."""
+        """Insert fetched ``vectors`` unless an update overtook them (see UpdateLog).
+
+        Earlier keys win where a set cannot take them all (callers pass the hottest first).
+        """
         xp = self.xp
         with device_context(self.xp, self._device_id), self._writing():
             fresh = self._log.fresh(keys, epoch)

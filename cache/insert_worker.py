@@ -102,7 +102,12 @@ class InsertWorker:
             keys = np.concatenate([k for k, _, _ in items])
             embeddings = np.concatenate([e for _, e, _ in items])
             epoch = min(e for _, _, e in items)
-            # Keep each key's last (most recently fetched) vector.
-            keys, last = np.unique(keys[::-1], return_index=True)
-            embeddings = embeddings[::-1][last]
+            # Each key once, at its first position (batches come hottest first), with its
+            # last (most recently fetched) vector.
+            unique, first = np.unique(keys, return_index=True)
+            _, last_rev = np.unique(keys[::-1], return_index=True)
+            last = keys.size - 1 - last_rev
+            by_position = np.argsort(first)
+            keys = unique[by_position]
+            embeddings = embeddings[last[by_position]]
         self._insert(keys, embeddings, epoch)

@@ -133,7 +133,8 @@ class SetAssociativeTable:
 
         Per set the empty ways fill first, then the oldest ways are evicted; a way stamped
         ``tick`` (used by the current batch) is never evicted, so keys beyond what their set
-        can take now are not inserted.  Returns ``(inserted, evicted)``.
+        can take now are not inserted: earlier keys in ``keys`` win (the sort by set is
+        stable).  Returns ``(inserted, evicted)``.
         """
         xp = self.xp
         n = int(keys.size)

@@ -12,6 +12,7 @@ from dict_ps import DictParameterServer
 
 from tierserve.cache import EmbeddingCache
 from tierserve.cache.device import to_host
+from tierserve.cache.hashing import set_of
 from tierserve.ps.errors import CapacityExceededError, ConfigError, InvalidInputError
 
 
@@ -242,3 +243,23 @@ def test_update_with_wrong_shape_drops_the_rows(hps):
         size = cache.metrics().size
         cache.on_update(MODEL, TABLE, keys[:2], np.zeros((2, DIM + 1), np.float32))
         assert cache.metrics().size == size - 2
+
+
+def test_hot_keys_stay_while_cold_keys_stream_through(use_gpu):
+    ps = DictParameterServer({(MODEL, TABLE): DIM})
+    ps.fill(MODEL, TABLE, np.arange(20_000))
+    rng = np.random.default_rng(5)
+    candidates = rng.choice(20_000, 2000, replace=False).astype(np.int64)
+    _, first = np.unique(set_of(candidates, 128), return_index=True)
+    hot = candidates[first[:60]]  # one per set: a set-associative cache can keep them all
+    with _cache(ps, use_gpu, capacity=256, hit_rate_threshold=1.0) as cache:
+        for i in range(40):
+            cold = rng.integers(0, 20_000, 200)  # four times what fits besides the hot keys
+            cache.query(np.concatenate([hot, cold, hot]))  # hot keys: asked for more often
+            if i >= 1:
+                before = cache.metrics()
+                cache.query(hot)
+                after = cache.metrics()
+                assert after.misses == before.misses, f"a hot key was evicted in batch {i}"
+            m = cache.metrics()
+            assert m.size <= m.capacity == 256
