@@ -1,11 +1,12 @@
 """Dynamic batching: concurrent small requests to one model run as one batch.
 
 A :class:`DynamicBatcher` belongs to one servable and lives on the server's event loop.  A
-request joins the pending list and a flush is scheduled for the loop's next turn, so every
-request that became ready in the same turn (REST and gRPC alike) joins it; under concurrent
-load (the previous flush merged several requests) the flush waits up to ``max_delay_s`` for
-more.  A flush takes as many requests as fit ``max_batch_size`` rows, merges them, runs the
-model and hands each caller its own rows.
+request that finds the model idle leads a batch: it yields the loop once (under concurrent
+load, when the previous batch merged several requests, for up to ``max_delay_s``) so that
+requests ready at the same time, REST and gRPC alike, join the pending list, then runs the
+batch itself.  Requests arriving while a batch runs wait for the next flush.  A flush takes
+as many requests as fit ``max_batch_size`` rows, merges them, runs the model and hands each
+caller its own rows.
 
 Small merged batches (at most ``inline_rows`` rows) run on the event loop itself: in CPython a
 worker thread would only contend for the GIL with the loop that is receiving the next
@@ -58,6 +59,7 @@ class DynamicBatcher:
         self._scheduled: asyncio.Handle | None = None
         self._running: asyncio.Future | None = None  # an execution in the executor
         self._merged_recently = False
+        self._leader: _Pending | None = None
         self._closed = False
 
     async def submit(self, unit: Any) -> dict[str, np.ndarray]:
@@ -68,11 +70,25 @@ class DynamicBatcher:
             return (await loop.run_in_executor(self.executor, self._execute, [pending]))[0]
         self._pending.append(pending)
         self._rows += pending.size
+        if self._leader is None and self._running is None and self._scheduled is None:
+            # Idle: this request leads.  It yields the loop once so requests that are ready
+            # too can join, then runs the batch itself (no callback hop for the common case).
+            self._leader = pending
+            try:
+                if self._merged_recently and self._rows < self.max_batch_size:
+                    await asyncio.sleep(self.max_delay_s)
+                else:
+                    await asyncio.sleep(0)
+            finally:
+                self._leader = None
+            if not pending.future.done():
+                self._flush(loop)
+            return await pending.future
         self._schedule(loop)
         return await pending.future
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._scheduled is not None or self._running is not None:
+        if self._scheduled is not None or self._running is not None or self._leader is not None:
             return  # a flush is due, or the running execution flushes when it ends
         if self._rows >= self.max_batch_size or not self._merged_recently:
             self._scheduled = loop.call_soon(self._flush, loop)

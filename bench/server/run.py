@@ -171,7 +171,9 @@ def interleaved(paths: dict, data: dict, repeats: dict, rounds: int = 5) -> dict
     return out
 
 
-def start_server(repo: Path, http: int, grpc: int, batching: bool) -> subprocess.Popen:
+def start_server(
+    repo: Path, http: int, grpc: int, batching: bool, extra: tuple[str, ...] = ()
+) -> subprocess.Popen:
     """``tierserve serve`` in a subprocess, once it answers."""
     import tritonclient.http as th
 
@@ -180,6 +182,7 @@ def start_server(repo: Path, http: int, grpc: int, batching: bool) -> subprocess
             "--log-level", "warning"]  # fmt: skip
     if not batching:
         args.append("--no-dynamic-batching")
+    args.extend(extra)
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
