@@ -10,8 +10,9 @@ weights (lr 0.01, eps 1e-7, accumulators from 0), batch 2048.  The peer is PyTor
 ``nn.EmbeddingBag(mode="sum", sparse=True)`` per table, the same MLPs, ``torch.optim.Adagrad``
 (which takes sparse gradients).  Both train on the same in-memory batches (read once with
 tierserve's reader from generated Norm files), so the figure is training-step throughput.
-numpy's OpenBLAS and torch get the same thread count (``--threads``); subject and peer run
-alternately, ``--rounds`` times, and the figure is the median samples/s.
+numpy's OpenBLAS and torch get the same thread count (``--threads``); subject and peer
+alternate step by step (so both see the same machine load), ``--rounds`` passes over the
+batches, and the figure is the median samples/s of the passes.
 
 AUC check (when the Criteo sample is present): both train the same DLRM (dim 16, tables
 sized by the converter's vocabularies) from the *same* initial weights (torch's are copied
@@ -173,6 +174,16 @@ def torch_predict(model, batch) -> np.ndarray:
         return torch.sigmoid(model(dense, keys, torch.arange(keys.shape[0]))).numpy()
 
 
+def fill_table(model: hugectr.Model, num_keys: int) -> None:
+    """Insert keys 0..num_keys-1 into the model's table (as evaluation would)."""
+    from tierserve.trainer.data.batch import SparseInput
+
+    for start in range(0, num_keys, 1 << 18):
+        keys = np.arange(start, min(num_keys, start + (1 << 18)), dtype=np.int64)
+        model.tables[0].forward(SparseInput(keys, np.arange(len(keys) + 1, dtype=np.int64), 1),
+                                "sum", training=False)
+
+
 def copy_weights(ours: hugectr.Model, peer, vocab: list[int], offsets: np.ndarray) -> None:
     """Give the torch model tierserve's initial dense weights and embedding vectors."""
     import torch
@@ -211,6 +222,7 @@ def throughput(args) -> dict:
                                26, workspace_mb=1024)
         batches = read_batches(ours, args.steps)
     offsets = np.concatenate([[0], np.cumsum(slot_sizes)[:-1]]).astype(np.int64)
+    fill_table(ours, sum(slot_sizes))  # every key in the table, as torch's tables hold them
     peer = torch_model(slot_sizes)
     peer_batches = torch_batches(batches, offsets)
     peer_step = torch_trainer(peer)
@@ -219,19 +231,22 @@ def throughput(args) -> dict:
         set_blas_threads(threads)
         torch.set_num_threads(threads)
         ours_rates, peer_rates = [], []
+        for b, pb in zip(batches[:2], peer_batches[:2]):  # warm up
+            ours.train_on_batch(b)
+            peer_step(pb)
         for _ in range(args.rounds):
-            for b in batches[:2]:
+            # Steps alternate between subject and peer so both see the same machine load.
+            ours_s = peer_s = 0.0
+            for b, pb in zip(batches, peer_batches):
+                t = time.perf_counter()
                 ours.train_on_batch(b)
-            t = time.perf_counter()
-            for b in batches:
-                ours.train_on_batch(b)
-            ours_rates.append(len(batches) * args.batch / (time.perf_counter() - t))
-            for b in peer_batches[:2]:
-                peer_step(b)
-            t = time.perf_counter()
-            for b in peer_batches:
-                peer_step(b)
-            peer_rates.append(len(batches) * args.batch / (time.perf_counter() - t))
+                t2 = time.perf_counter()
+                peer_step(pb)
+                t3 = time.perf_counter()
+                ours_s += t2 - t
+                peer_s += t3 - t2
+            ours_rates.append(len(batches) * args.batch / ours_s)
+            peer_rates.append(len(batches) * args.batch / peer_s)
         results[threads] = {
             "tierserve_samples_per_s": statistics.median(ours_rates),
             "torch_samples_per_s": statistics.median(peer_rates),
