@@ -27,6 +27,7 @@ def test_script_trains_saves_and_reloads(name, data_dir, tmp_path, monkeypatch):
     g = run_script(name, monkeypatch, DATA_DIR=data_dir, OUT_DIR=out, I64=1, **COMMON)
     model, reloaded = g["model"], g["reloaded"]
     auc = g["metrics"]["AUC"]
+    print(f"{name}: generated-data AUC {auc:.4f}")
     assert auc >= 0.75, f"{name}: AUC {auc:.4f} on planted-model data"
     assert g["reloaded_metrics"]["AUC"] == pytest.approx(auc, abs=1e-6)
 
