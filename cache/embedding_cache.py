@@ -277,9 +277,15 @@ class EmbeddingCache:
         Updates of other tables are ignored.  Cached rows of ``keys`` are overwritten with
         ``embeddings`` (or dropped, with ``embeddings=None``, ``on_update_mode
         "invalidate"`` or embeddings of the wrong shape) before this returns; repeated keys
-        keep their last vector.
+        keep their last vector.  ``keys=None`` means every row changed (a new model
+        version was swapped in): the cache is cleared.
         """
         if model != self.model or table != self.table or self._closed:
+            return
+        if keys is None:  # the whole table changed (a new model version)
+            self.clear()
+            with self._stats:
+                self._updates += 1
             return
         keys_h = self._as_keys(keys, "keys")
         vectors = None

@@ -16,7 +16,8 @@ import numpy as np
 
 #: ``listener(model, table, keys, embeddings)``: called after ``keys`` of ``table`` were
 #: updated in the parameter server; ``embeddings`` are the new vectors, or ``None`` when the
-#: notifier only knows which keys changed.
+#: notifier only knows which keys changed; ``keys=None`` means the whole table changed
+#: (a new model version).
 UpdateListener = Callable[[str, str, np.ndarray, Optional[np.ndarray]], None]
 
 

@@ -263,3 +263,11 @@ def test_hot_keys_stay_while_cold_keys_stream_through(use_gpu):
                 assert after.misses == before.misses, f"a hot key was evicted in batch {i}"
             m = cache.metrics()
             assert m.size <= m.capacity == 256
+
+
+def test_a_whole_table_notification_clears_the_cache(hps):
+    with _cache(hps) as cache:
+        cache.query(np.arange(20))
+        cache.on_update(MODEL, TABLE, None, None)
+        assert cache.metrics().size == 0
+        _check(cache, hps, np.arange(20))
