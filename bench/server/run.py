@@ -12,7 +12,7 @@
 4. 64 concurrent batch-1 clients (gRPC, asyncio) against the server with dynamic batching on
    and again with it off: throughput ratio.
 
-Prints a table and writes ``bench/server/results.json``.
+Prints a table (and with ``--json FILE`` writes the figures there).
 """
 
 from __future__ import annotations
@@ -228,6 +228,7 @@ def concurrent_throughput(url: str, data: dict, clients: int, seconds: float) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--iterations", type=int, default=50, help="training iterations")
     parser.add_argument("--seconds", type=float, default=8.0, help="concurrency test length")
     parser.add_argument(
@@ -304,9 +305,10 @@ def main() -> int:
         f"64 concurrent batch-1 gRPC clients: {results['concurrent_batched_rows_s']:,.0f} rows/s "
         f"batched, {results['concurrent_unbatched_rows_s']:,.0f} unbatched ({ratio:.1f}x)"
     )
-    (Path(__file__).parent / "results.json").write_text(
-        json.dumps({str(k): v for k, v in results.items()}, indent=2, default=str)
-    )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({str(k): v for k, v in results.items()}, indent=2, default=str)
+        )
     return 0
 
 
