@@ -455,6 +455,9 @@ class Model:
                     rate = samples / max(time.perf_counter() - start, 1e-9)
                     bar.set_postfix(loss=f"{self._loss:.5f}", lr=f"{self._lr:.3g}",
                                     samples_s=f"{rate:,.0f}")
+                    if bar.disable and it % max(display, 1) == 0:
+                        print(f"[tierserve] iter {it}: loss {self._loss:.6f}, lr {self._lr:.6g}, "
+                              f"{rate:,.0f} samples/s", flush=True)
                 if eval_interval > 0 and it % eval_interval == 0 and self._eval_reader is not None:
                     metrics = self._evaluate()
                     bar.write(f"[tierserve] iter {it}: eval " + ", ".join(

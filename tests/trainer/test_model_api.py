@@ -345,3 +345,39 @@ def test_mixed_precision_on_cpu_is_float32(data):
         model.compile()
     assert model.compute_dtype == np.float32 and model.loss_scale == 1.0
     assert model.train()
+
+
+def test_reference_group_dense_snippet_with_two_top_interaction(data):
+    """The GroupDenseLayer example of HugeCTR's Python interface document, nearly verbatim
+    (smaller widths; an FC brings the dense features to the embedding width)."""
+    model = make_model(data)
+    add_input(model, label_dim=2)
+    add_embeddings(model)
+    model.add(hugectr.GroupDenseLayer(group_layer_type=hugectr.GroupLayer_t.GroupFusedInnerProduct,
+                                      bottom_name=["dense"],
+                                      top_name_list=["fc1", "fc2", "fc3"],
+                                      num_outputs=[32, 16, 4],
+                                      last_act_type=hugectr.Activation_t.Relu))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Interaction,
+                                 bottom_names=["fc3", "emb_deep"],
+                                 top_names=["interaction1", "interaction1_grad"]))
+    model.add(hugectr.GroupDenseLayer(group_layer_type=hugectr.GroupLayer_t.GroupFusedInnerProduct,
+                                      bottom_name_list=["interaction1", "interaction1_grad"],
+                                      top_name_list=["fc4", "fc5", "fc6", "fc7", "fc8"],
+                                      num_outputs=[32, 32, 16, 8, 2],
+                                      last_act_type=hugectr.Activation_t.Non))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
+                                 bottom_names=["fc8", "label"], top_names=["loss"]))
+    model.compile()
+    assert model.network.shapes["interaction1"] == (4 + 6 + 1,)  # 4 + 4*3/2 + 1
+    before = model.dense_parameters()
+    assert model.train() and np.isfinite(model.get_current_loss())
+    assert not np.array_equal(before[0], model.dense_parameters()[0])  # gradient reached fc1
+
+
+def test_fit_prints_loss_lines_without_a_progress_bar(data, capsys):
+    model = small_net(make_model(data))
+    model.compile()
+    model.fit(max_iter=4, display=2, eval_interval=0)
+    out = capsys.readouterr().out
+    assert "[tierserve] iter 2: loss" in out and "[tierserve] iter 4: loss" in out
