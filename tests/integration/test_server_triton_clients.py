@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import threading
 
 import httpx
@@ -34,6 +35,14 @@ def demo(tmp_path_factory):
     model = train_demo_model(work / "train", iterations=40, batch_size=256)
     repo = work / "repo"
     write_repository(model, repo, max_batch_size=256)
+    # An embedding-lookup model: the same table, no graph.
+    shutil.copytree(model.sparse_files[0], repo / "emb" / "1" / model.sparse_files[0].name)
+    config = json.loads((repo / "ps.json").read_text())
+    entry = dict(config["models"][0], model="emb", network_file="", dense_file="",
+                 sparse_files=[model.sparse_files[0].name],
+                 default_value_for_each_table=[0.5])  # fmt: skip
+    config["models"].append(entry)
+    (repo / "ps.json").write_text(json.dumps(config))
     return model, repo
 
 
@@ -262,3 +271,28 @@ def test_concurrent_clients_are_batched(server, rows):
     assert single < total, "no execution merged more than one request"
     assert "tierserve_tier_latency_seconds_bucket" in metrics
     assert 'tierserve_requests_total{model="dlrm",protocol="http"}' in metrics
+
+
+def test_embedding_lookup_model(demo, server):
+    from tierserve.ps.sparse_file import read_sparse_model
+
+    model, _ = demo
+    table = read_sparse_model(model.sparse_files[0], 16)
+    keys = np.concatenate([np.asarray(table.keys[:5]), [-7]]).astype(np.int64)
+    expected = np.concatenate([np.asarray(table.embeddings[:5]), np.full((1, 16), 0.5)])
+    h = th.InferenceServerClient(server.http_url)
+    g = tg.InferenceServerClient(server.grpc_url)
+    assert [i["name"] for i in h.get_model_metadata("emb")["inputs"]] == ["KEYS", "NUMKEYS"]
+    k = th.InferInput("KEYS", [6], "INT64")
+    k.set_data_from_numpy(keys)
+    n = th.InferInput("NUMKEYS", [1], "INT32")
+    n.set_data_from_numpy(np.array([6], np.int32))
+    out = h.infer("emb", [k, n]).as_numpy("OUTPUT0")
+    np.testing.assert_allclose(out.reshape(6, 16), expected, atol=1e-7)
+    k = tg.InferInput("KEYS", [6], "INT64")
+    k.set_data_from_numpy(keys)
+    n = tg.InferInput("NUMKEYS", [1], "INT32")
+    n.set_data_from_numpy(np.array([5], np.int32))  # does not add up to the 6 keys
+    with pytest.raises(InferenceServerException) as e:
+        g.infer("emb", [k, n])
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "NUMKEYS" in e.value.message()
