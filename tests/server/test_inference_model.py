@@ -99,3 +99,31 @@ def test_bad_files_are_clear_errors(demo, tmp_path):
         InferenceModel(str(demo.graph), _params(demo, sparse_model_files=[]))
     with pytest.raises(ConfigError, match="max_batchsize"):
         InferenceParams("m", 0, 0.9, "d", ["s"], False, 0.5, True)
+
+
+def test_parquet_with_slot_sizes_equals_norm(demo, tmp_path):
+    """The same generated rows as Norm (global keys) and Parquet (slot-local keys plus
+    slot_size_array) predict the same."""
+    import tierserve.trainer as hugectr
+    from tierserve.clients.demo_model import DENSE_DIM, SLOT_SIZES
+
+    outs = {}
+    for fmt in ("Norm", "Parquet"):
+        params = hugectr.DataGeneratorParams(
+            format=getattr(hugectr.DataReaderType_t, fmt), label_dim=1, dense_dim=DENSE_DIM,
+            num_slot=len(SLOT_SIZES), i64_input_key=True,
+            source=str(tmp_path / fmt / "train" / "_file_list.txt"),
+            eval_source=str(tmp_path / fmt / "eval" / "_file_list.txt"),
+            slot_size_array=SLOT_SIZES, nnz_array=[1] * len(SLOT_SIZES), num_files=1,
+            eval_num_files=1, num_samples_per_file=1024, num_samples=1024,
+            eval_num_samples=512, seed=3,
+        )  # fmt: skip
+        source = hugectr.DataGenerator(params).generate().eval.source
+        model = InferenceModel(str(demo.graph), _params(demo))
+        try:
+            slots = SLOT_SIZES if fmt == "Parquet" else None
+            check = "Sum" if fmt == "Norm" else "Non"
+            outs[fmt] = model.predict(3, source, fmt, check, slots)
+        finally:
+            model.close()
+    np.testing.assert_array_equal(outs["Norm"], outs["Parquet"])
