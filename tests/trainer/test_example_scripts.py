@@ -17,14 +17,16 @@ COMMON = dict(MAX_ITER=120, BATCH=1024, EVAL_BATCH=4096, EVAL_BATCHES=2, NUM_FIL
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("generated") / "data"
+def data_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("generated")
 
 
-@pytest.mark.parametrize("name", ["dlrm", "dcn", "wdl"])
-def test_script_trains_saves_and_reloads(name, data_dir, tmp_path, monkeypatch):
+# Wide&Deep reads int32 keys (i64_input_key=False), the others int64.
+@pytest.mark.parametrize("name,i64", [("dlrm", 1), ("dcn", 1), ("wdl", 0)])
+def test_script_trains_saves_and_reloads(name, i64, data_root, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    g = run_script(name, monkeypatch, DATA_DIR=data_dir, OUT_DIR=out, I64=1, **COMMON)
+    g = run_script(name, monkeypatch, DATA_DIR=data_root / f"i64_{i64}", OUT_DIR=out, I64=i64,
+                   **COMMON)
     model, reloaded = g["model"], g["reloaded"]
     auc = g["metrics"]["AUC"]
     print(f"{name}: generated-data AUC {auc:.4f}")

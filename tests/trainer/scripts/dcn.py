@@ -35,7 +35,7 @@ if not os.path.exists(os.path.join(DATA_DIR, "file_list.txt")):
             label_dim=1,
             dense_dim=13,
             num_slot=SLOTS,
-            i64_input_key=False,
+            i64_input_key=env("I64", "0") == "1",
             source=os.path.join(DATA_DIR, "file_list.txt"),
             eval_source=os.path.join(DATA_DIR, "file_list_test.txt"),
             slot_size_array=SLOT_SIZES,
