@@ -337,6 +337,8 @@ def test_multi_task_losses_with_weights(data):
     assert not np.array_equal(before[-4], after[-4])
     batch = first_eval_batch(model)
     assert model.predict_batch(batch).shape == (batch.batch_size, 2)
+    with pytest.raises(ConfigError, match="several labels"):
+        model.graph_to_json("multi.json")
 
 
 def test_mixed_precision_on_cpu_is_float32(data):
