@@ -67,8 +67,19 @@ def make_table(spec, opt_params, solver, xp):
     from .embedding.table import EmbeddingTable
 
     slot_sizes = spec.hparam.get("slot_size_array") or None
+    workspace = spec.hparam.get("workspace_size_per_gpu_in_mb")
+    if workspace is None and "max_vocabulary_size_per_gpu" in spec.hparam:
+        # older HugeCTR graphs give rows; turn them into the workspace that holds them
+        from .optimizers import make_optimizer
+
+        copies = make_optimizer(opt_params).num_state_copies
+        rows = int(spec.hparam["max_vocabulary_size_per_gpu"])
+        workspace = rows * (1 + copies) * 4 * spec.embedding_vec_size / float(1 << 20)
+    if workspace is None:
+        raise ConfigError(f"embedding {spec.name!r}: sparse_embedding_hparam has no "
+                          "workspace_size_per_gpu_in_mb")
     return EmbeddingTable(
-        spec.type, spec.embedding_vec_size, spec.hparam["workspace_size_per_gpu_in_mb"],
+        spec.type, spec.embedding_vec_size, workspace,
         opt_params, combiner=spec.combiner, slot_size_array=slot_sizes, name=spec.name,
         seed=solver.seed, xp=xp,
     )
