@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .config import HashMapConfig, ParallelHashMapConfig
+from .config import UNBOUNDED, HashMapConfig, ParallelHashMapConfig
 from .errors import InvalidInputError, NotFoundError
 from .eviction import make_policy, resolution_size
 from .hash_table import HashTable
@@ -52,9 +52,9 @@ class HashMapTier(Tier):
                 if parts[0].dim != dim:
                     raise InvalidInputError(f"table {tag} exists with dim {parts[0].dim}, not {dim}")
                 return
-            self._tables[tag] = [
-                HashTable(dim, track=self.policy.track) for _ in range(self.num_partitions)
-            ]
+            # Without a margin nothing is ever evicted: keep no access statistics at all.
+            track = self.policy.track if self.overflow_margin < UNBOUNDED else None
+            self._tables[tag] = [HashTable(dim, track=track) for _ in range(self.num_partitions)]
 
     def dim(self, tag: str) -> int | None:
         parts = self._tables.get(tag)
