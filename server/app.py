@@ -143,6 +143,7 @@ def serve(settings: Settings, loader: Loader | None = None) -> None:
         log_level=settings.log_level,
         lifespan="on",
         access_log=False,
+        loop="asyncio",  # grpc.aio shares this loop
     )
     uvicorn.Server(config).run()
 
@@ -177,6 +178,7 @@ class BackgroundServer:
             log_level="warning",
             lifespan="on",
             access_log=False,
+            loop="asyncio",
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="tierserve")

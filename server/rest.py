@@ -101,12 +101,13 @@ def build_router(plane: DataPlane, admin_token: str | None, max_request_bytes: i
                 "repository load and unload need 'Authorization: Bearer <token>'"
             )
 
-    # The infer route first: routes are matched in order, and it is the hot one.
-    @router.post("/v2/models/{model}/infer")
-    @router.post("/v2/models/{model}/versions/{version}/infer")
-    async def infer(model: str, request: Request, version: str = "") -> Response:
+    # The infer route first (routes are matched in order, and it is the hot one), as a plain
+    # Starlette route: it needs none of FastAPI's per-request parameter resolution.
+    async def infer(request: Request) -> Response:
         started = time.perf_counter()
         status = None
+        model = request.path_params["model"]
+        version = request.path_params.get("version", "")
         try:
             name = _name(model)
             body = await _read_body(request, max_request_bytes)
@@ -124,6 +125,9 @@ def build_router(plane: DataPlane, admin_token: str | None, max_request_bytes: i
         finally:
             label = plane.metrics_label(model)
             metrics.observe_request(label, "http", time.perf_counter() - started, status)
+
+    for path in ("/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer"):
+        router.add_route(path, infer, methods=["POST"], include_in_schema=False)
 
     @router.get("/v2/health/live")
     async def live() -> Response:
