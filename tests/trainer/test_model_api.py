@@ -404,3 +404,33 @@ def test_mixed_precision_path_with_float16_on_numpy(data):
         model.train()
     for a, b in zip(before, model.dense_parameters()):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["L1", "L2"])
+def test_regularizer_adds_its_gradient(data, kind):
+    """HugeCTR's regularizers over all dense weights: L2 adds lambda/B * w, L1
+    lambda/B * sign(w) to each gradient (B = batch size)."""
+    def build(use):
+        model = make_model(data, optimizer=hugectr.Optimizer_t.SGD, lr=0.1)
+        add_input(model)
+        add_embeddings(model)
+        d, lt = hugectr.DenseLayer, hugectr.Layer_t
+        model.add(d(layer_type=lt.Reshape, bottom_names=["emb_deep"], top_names=["r1"],
+                    leading_dim=12))
+        model.add(d(layer_type=lt.InnerProduct, bottom_names=["r1"], top_names=["fc"],
+                    num_output=2))
+        model.add(d(layer_type=lt.BinaryCrossEntropyLoss, bottom_names=["fc", "label"],
+                    top_names=["loss"], use_regularizer=use,
+                    regularizer_type=getattr(hugectr.Regularizer_t, kind), **{"lambda": 0.5}))
+        model.compile()
+        return model
+
+    plain, regular = build(False), build(True)
+    batch = first_eval_batch(plain)
+    start = plain.dense_parameters()
+    plain.train_on_batch(batch)
+    regular.train_on_batch(batch)
+    for w0, a, b in zip(start, plain.dense_parameters(), regular.dense_parameters()):
+        term = w0 if kind == "L2" else np.sign(w0)
+        np.testing.assert_allclose(a - b, 0.1 * 0.5 / batch.batch_size * term, atol=1e-6)
+    assert regular.get_current_loss() > plain.get_current_loss()
