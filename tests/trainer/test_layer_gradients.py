@@ -6,6 +6,8 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierserve.trainer.layers import build_layer
 
@@ -104,3 +106,39 @@ def test_regularizer_settings_are_read():
          "regularizer": "L2", "lambda": 0.25}
     )
     assert (layer.regularizer, layer.reg_lambda) == ("L2", 0.25)
+
+
+def _check_layer(config, shapes, batch, seed):
+    rng = np.random.default_rng(seed)
+    layer = build_layer(layer_config("h", config, len(shapes)))
+    out_shapes = layer.build(shapes)
+    params = [p.astype(np.float64) for p in layer.init_params(rng)]
+    inputs = [rng.normal(size=(batch, *s)) for s in shapes]
+    weights = [rng.normal(size=(batch, *s)) for s in out_shapes]
+    _, ctx = layer.forward(np, inputs, params, [], True)
+    grad_in, grad_params = layer.backward(np, weights, ctx, params)
+
+    def f():
+        return _objective(layer, inputs, params, [], weights)
+
+    for got, x in zip([*grad_in, *grad_params], [*inputs, *params]):
+        np.testing.assert_allclose(got, _numeric(f, x), rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 4), st.integers(0, 2**31))
+def test_interaction_gradients_any_shape(batch, slots, dim, seed):
+    _check_layer({"type": "Interaction"}, [(dim,), (slots, dim)], batch, seed)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(1, 3), st.integers(0, 2**31))
+def test_multicross_gradients_any_shape(batch, width, num_layers, seed):
+    _check_layer({"type": "MultiCross", "mc_param": {"num_layers": num_layers}}, [(width,)],
+                 batch, seed)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 4), st.integers(0, 2**31))
+def test_fm_order2_gradients_any_shape(batch, slots, dim, seed):
+    _check_layer({"type": "FmOrder2", "out_dim": dim}, [(slots * dim,)], batch, seed)
