@@ -442,11 +442,13 @@ class Model:
                         break
                 elif it >= max_iter:
                     break
-                self.set_learning_rate(self._scheduler.get_next())
-                if not self.train():
+                if epoch_mode and self._train_reader.is_eof():
                     epoch += 1
                     if epoch < num_epochs:
                         self._train_reader.set_source()
+                    continue
+                self.set_learning_rate(self._scheduler.get_next())
+                if not self.train():
                     continue
                 it += 1
                 samples += self.solver.batchsize

@@ -434,3 +434,11 @@ def test_regularizer_adds_its_gradient(data, kind):
         term = w0 if kind == "L2" else np.sign(w0)
         np.testing.assert_allclose(a - b, 0.1 * 0.5 / batch.batch_size * term, atol=1e-6)
     assert regular.get_current_loss() > plain.get_current_loss()
+
+
+def test_fit_epoch_mode_runs_each_epoch_once(data):
+    model = small_net(make_model(data, repeat=False, batch=300))
+    model.compile()
+    model.fit(num_epochs=3, display=100, eval_interval=0)
+    # 4 batches per epoch (1,024 samples); one learning-rate step per trained batch
+    assert model.get_learning_rate_scheduler().step == 12
