@@ -204,7 +204,7 @@ class SparseEmbedding:
         return layer
 
 
-_UNSUPPORTED = {"GRU", "FusedReshapeConcat", "FusedReshapeConcatGeneral"}
+_UNSUPPORTED = {"FusedReshapeConcat", "FusedReshapeConcatGeneral"}
 
 
 class DenseLayer:
@@ -327,6 +327,12 @@ class DenseLayer:
             layer["axis"] = int(s["axis"])
         elif t == "Gather":
             layer["indices"] = s["indices"]
+        elif t == "GRU":
+            layer["gru_param"] = {
+                "num_output": int(s["num_output"]), "batchsize": int(s["batchsize"]),
+                "SeqLength": int(s["SeqLength"]), "vector_size": int(s["vector_size"]),
+                "weight_init": s["weight_init_type"], "bias_init": s["bias_init_type"],
+            }
         elif t == "Scale":
             layer["scale_param"] = {"axis": int(s["axis"]), "factor": int(s["factor"])}
         if t.endswith("Loss"):

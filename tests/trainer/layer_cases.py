@@ -41,6 +41,8 @@ CASES = [
     ("Gather", {"type": "Gather", "indices": [2, 0, 2]}, [(3, 4)]),
     ("Softmax", {"type": "Softmax"}, [(5,)]),
     ("Cast", {"type": "Cast"}, [(3,)]),
+    ("GRU", {"type": "GRU", "gru_param": {"num_output": 3, "SeqLength": 4, "vector_size": 2}},
+     [(8,)]),
     ("BinaryCrossEntropyLoss", {"type": "BinaryCrossEntropyLoss"}, [(1,), (1,)]),
     ("CrossEntropyLoss", {"type": "CrossEntropyLoss"}, [(3,), (1,)]),
     (

@@ -148,3 +148,29 @@ def test_bad_shapes_name_the_layer(config, shapes, message):
 def test_unknown_layer_type_is_named():
     with pytest.raises(ConfigError, match="unsupported layer type 'Nope'"):
         build_layer({"name": "x", "type": "Nope", "bottom": "a", "top": "b"})
+
+
+def test_gru_matches_the_cudnn_equations():
+    rng = np.random.default_rng(5)
+    steps, width, hidden = 3, 2, 4
+    layer = _layer({"type": "GRU", "gru_param": {"num_output": hidden, "SeqLength": steps,
+                                                 "vector_size": width}}, [(steps * width,)])
+    w, r, bw, br = [rng.normal(size=s) for s in layer.param_shapes()]
+    x = rng.normal(size=(2, steps * width))
+    (out,), _ = layer.forward(np, [x], [w, r, bw, br], [], True)
+
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+
+    def gate(m, k):
+        return m[..., k * hidden : (k + 1) * hidden]
+
+    for s in range(2):
+        h = np.zeros(hidden)
+        for t in range(steps):
+            xt = x[s, t * width : (t + 1) * width]
+            rg = sig(xt @ gate(w, 0) + gate(bw, 0) + h @ gate(r, 0) + gate(br, 0))
+            zg = sig(xt @ gate(w, 1) + gate(bw, 1) + h @ gate(r, 1) + gate(br, 1))
+            ng = np.tanh(xt @ gate(w, 2) + gate(bw, 2) + rg * (h @ gate(r, 2) + gate(br, 2)))
+            h = (1 - zg) * ng + zg * h
+            np.testing.assert_allclose(out[s, t * hidden : (t + 1) * hidden], h, rtol=1e-10)

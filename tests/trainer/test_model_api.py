@@ -127,7 +127,8 @@ def test_unknown_arguments_are_rejected():
     with pytest.raises(ConfigError, match="unknown arguments"):
         hugectr.CreateSolver(batch_size=10)
     with pytest.raises(ConfigError, match="not supported"):
-        hugectr.DenseLayer(layer_type=hugectr.Layer_t.GRU, bottom_names=["a"], top_names=["b"])
+        hugectr.DenseLayer(layer_type=hugectr.Layer_t.FusedReshapeConcat, bottom_names=["a"],
+                           top_names=["b"])
     with pytest.raises(ConfigError, match="unknown arguments"):
         hugectr.DenseLayer(layer_type=hugectr.Layer_t.ReLU, bottom_names=["a"],
                            top_names=["b"], num_outputs=3)

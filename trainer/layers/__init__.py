@@ -4,7 +4,16 @@
 :mod:`.base` for the contract shared by training and the inference server.
 """
 
-from . import activation, elementwise, interaction, linear, loss, normalization, shape
+from . import (
+    activation,
+    elementwise,
+    interaction,
+    linear,
+    loss,
+    normalization,
+    recurrent,
+    shape,
+)
 from .base import LAYER_TYPES, Layer, Shape, build_layer, register
 from .loss import LossLayer
 
@@ -20,6 +29,7 @@ __all__ = [
     "linear",
     "loss",
     "normalization",
+    "recurrent",
     "register",
     "shape",
 ]
