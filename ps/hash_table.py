@@ -175,9 +175,13 @@ class _State:
         slot += ar
         if slot[-1] >= self.tab.shape[0]:
             raise _Overfull
-        self.flat[slot * 2] = _encode(keys.take(order))
-        self.tab32[slot * 4 + 2] = order
-        self.tab32[slot * 4 + 3] = stat if np.ndim(stat) == 0 else np.asarray(stat).take(order)
+        # Assemble the records in slot order, then write them with one 16-byte scatter.
+        rec = np.empty((n, 2), dtype=np.int64)
+        np.bitwise_xor(keys.take(order), _SIGN, out=rec[:, 0])
+        rec32 = rec.view(np.int32)
+        rec32[:, 2] = order
+        rec32[:, 3] = stat if np.ndim(stat) == 0 else np.asarray(stat).take(order)
+        self.tab.view(np.complex128).reshape(-1)[slot] = rec.view(np.complex128).reshape(-1)
         self.live += n
         self.used += n
 
