@@ -112,7 +112,13 @@ def encode_infer_response(result) -> pb.ModelInferResponse:
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """The one mapping of :class:`TierserveError` to a gRPC status."""
 
+    def __init__(self) -> None:
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}  # by method, built once
+
     async def intercept_service(self, continuation, handler_call_details):
+        wrapped = self._wrapped.get(handler_call_details.method)
+        if wrapped is not None:
+            return wrapped
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
@@ -124,11 +130,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             except TierserveError as exc:
                 await context.abort(grpc.StatusCode[exc.grpc_status], exc.message)
 
-        return grpc.unary_unary_rpc_method_handler(
+        wrapped = grpc.unary_unary_rpc_method_handler(
             behavior,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+        if handler_call_details.method.startswith(f"/{SERVICE}/"):
+            self._wrapped[handler_call_details.method] = wrapped
+        return wrapped
 
 
 def _name(model: str) -> str:
