@@ -10,7 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from tierserve.ps.config import ModelConfig, PSConfig, load_ps_config
-from tierserve.ps.errors import ConfigError, CorruptModelFileError, NotFoundError
+from tierserve.ps.errors import (
+    ConfigError,
+    CorruptModelFileError,
+    InvalidInputError,
+    NotFoundError,
+)
 from tierserve.ps.sparse_file import KEY_DTYPE, KEY_FILE
 
 from .embedding_cache import EmbeddingCache
@@ -57,7 +62,7 @@ class ModelEmbeddingCache:
     def query_tables(self, keys_per_table: Sequence) -> list:
         """One embedding array per table, keys given in table order."""
         if len(keys_per_table) != len(self._caches):
-            raise ConfigError(
+            raise InvalidInputError(
                 f"model {self.model!r} has {len(self._caches)} tables, got {len(keys_per_table)} key arrays"
             )
         return [c.query(k) for c, k in zip(self._caches, keys_per_table)]

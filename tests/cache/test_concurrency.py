@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import DIM, MODEL, TABLE, vectors_for
+from cache_helpers import DIM, MODEL, TABLE, vectors_for
 
 from tierserve.cache import EmbeddingCache
 from tierserve.cache.device import to_host

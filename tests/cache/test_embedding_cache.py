@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import DEFAULT, DIM, MODEL, TABLE, vectors_for
+from cache_helpers import DEFAULT, DIM, MODEL, TABLE, vectors_for
 from dict_ps import DictParameterServer
 
 from tierserve.cache import EmbeddingCache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DIM, MODEL, TABLE
+from cache_helpers import DIM, MODEL, TABLE
 
 from tierserve.cache import EmbeddingCache, SetAssociativeTable
 from tierserve.cache.device import cupy_or_none

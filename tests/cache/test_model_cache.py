@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import DIM, MODEL, TABLE, make_ps_config, vectors_for
+from cache_helpers import DIM, MODEL, TABLE, make_ps_config, vectors_for
 
 from tierserve.cache import CreateEmbeddingCache, EmbeddingCache, ModelEmbeddingCache
 from tierserve.cache.device import to_host

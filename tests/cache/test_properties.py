@@ -4,7 +4,7 @@ returns equals a direct parameter-server lookup made after the last applied upda
 from __future__ import annotations
 
 import numpy as np
-from conftest import DIM, MODEL, TABLE, make_ps_config, vectors_for
+from cache_helpers import DIM, MODEL, TABLE, make_ps_config, vectors_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
