@@ -53,6 +53,9 @@ def test_predict_and_evaluate(demo, tmp_path, capsys):
                  "--no-progress"]) == 0  # fmt: skip
     assert "AUC 0." in capsys.readouterr().out
     assert main(["evaluate", "--model", str(tmp_path), "--data", demo.eval_source]) == 2
+    criteo = ["evaluate", "--model", str(repo / "dlrm"), "--data", "x.tsv", "--format", "criteo"]
+    assert main(criteo) == 2
+    assert "--hash-buckets" in capsys.readouterr().err
 
 
 def _trained_keys(demo):
