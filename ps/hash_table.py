@@ -78,6 +78,26 @@ def home_slots(keys: np.ndarray, capacity: int) -> np.ndarray:
     return h.view(np.int64)
 
 
+def _check_unique(keys: np.ndarray, homes: np.ndarray) -> None:
+    """Raise :class:`_Repeated` if ``keys`` (sorted by ``homes``) repeat a key.
+
+    Equal keys have equal homes, so only pairs within a run of one home need comparing:
+    pairs ``d`` apart, for growing ``d``, among the (quickly fewer) runs that long.
+    """
+    cand = np.flatnonzero(homes[1:] == homes[:-1])
+    d = 1
+    while cand.size:
+        if (keys.take(cand) == keys.take(cand + d)).any():
+            raise _Repeated
+        d += 1
+        cand = cand[cand + d < keys.size]
+        cand = cand[homes.take(cand) == homes.take(cand + d)]
+
+
+class _Repeated(Exception):
+    """A bulk build met a repeated key."""
+
+
 class _Overfull(Exception):
     """A probe sequence reached the end of the padding: rebuild with more capacity."""
 
@@ -168,6 +188,8 @@ class _State:
         packed.sort()
         order = (packed & np.uint64(0xFFFFFFFF)).view(np.int64)
         packed >>= _U32
+        sorted_keys = keys.take(order)
+        _check_unique(sorted_keys, packed)
         ar = np.arange(n)
         slot = packed.view(np.int64)
         slot -= ar
@@ -177,11 +199,11 @@ class _State:
             raise _Overfull
         # Assemble the records in slot order, then write them with one 16-byte scatter.
         rec = np.empty((n, 2), dtype=np.int64)
-        np.bitwise_xor(keys.take(order), _SIGN, out=rec[:, 0])
+        np.bitwise_xor(sorted_keys, _SIGN, out=rec[:, 0])
         rec32 = rec.view(np.int32)
         rec32[:, 2] = order
         rec32[:, 3] = stat if np.ndim(stat) == 0 else np.asarray(stat).take(order)
-        self.tab.view(np.complex128).reshape(-1)[slot] = rec.view(np.complex128).reshape(-1)
+        self.tab.view(np.complex128).reshape(-1).put(slot, rec.view(np.complex128).reshape(-1))
         self.live += n
         self.used += n
 
@@ -362,14 +384,6 @@ class HashTable:
         if keys.size and keys.min() <= TOMB:
             raise InvalidInputError(f"keys {int(EMPTY)} and {int(TOMB)} are reserved")
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        if keys.size > 1:
-            ordered = np.sort(keys)
-            if (ordered[1:] == ordered[:-1]).any():  # keep each key's last vector
-                _, last = np.unique(keys[::-1], return_index=True)
-                keep = np.sort(keys.size - 1 - last)
-                keys, embeddings = keys[keep], embeddings[keep]
-                copy = True
-            del ordered
         n = keys.size
         if copy or embeddings.dtype != np.float32 or not embeddings.flags.c_contiguous:
             values = np.empty((n, self.dim), dtype=np.float32)
@@ -379,7 +393,13 @@ class HashTable:
         with self._lock:
             self._tick += 1
             stat = self._tick if self.track == "recency" else (1 if self.track else 0)
-            self._state = self._build(keys, stat, values, self._cap_for(n))
+            try:
+                self._state = self._build(keys, stat, values, self._cap_for(n))
+            except _Repeated:  # keep each key's last vector
+                _, last = np.unique(keys[::-1], return_index=True)
+                keep = np.sort(n - 1 - last)
+                values = np.ascontiguousarray(values[keep])
+                self._state = self._build(keys[keep], stat, values, self._cap_for(keep.size))
 
     def remove(self, keys: np.ndarray) -> int:
         """Delete ``keys``; returns how many were present."""

@@ -104,3 +104,16 @@ def test_any_int64_keys(keys):
     got, found = table.lookup(uniq)
     assert found.all() and len(table) == uniq.size
     np.testing.assert_array_equal(got[:, 0], uniq.astype(np.float32))
+
+
+def test_load_with_many_repeats_keeps_each_last_vector():
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 3000, 20_000)
+    emb = np.arange(keys.size, dtype=np.float32)[:, None]
+    table = HashTable(1)
+    table.load(keys, emb)
+    uniq = np.unique(keys)
+    last = {k: i for i, k in enumerate(keys.tolist())}
+    got, found = table.lookup(uniq)
+    assert found.all() and len(table) == uniq.size
+    np.testing.assert_array_equal(got[:, 0], [last[k] for k in uniq.tolist()])
