@@ -204,9 +204,6 @@ class SparseEmbedding:
         return layer
 
 
-_UNSUPPORTED = {"FusedReshapeConcat", "FusedReshapeConcatGeneral"}
-
-
 class DenseLayer:
     """A dense layer or loss (HugeCTR's ``DenseLayer``); arguments and defaults are HugeCTR's.
 
@@ -255,11 +252,6 @@ class DenseLayer:
         self.layer_type = _name(layer_type)
         self.bottom_names = _names(bottom_names)
         self.top_names = _names(top_names)
-        if self.layer_type in _UNSUPPORTED:
-            raise ConfigError(
-                f"DenseLayer {self.top_names}: layer type {self.layer_type} is not supported "
-                "by tierserve's trainer"
-            )
         if self.layer_type not in LAYER_TYPES:
             raise ConfigError(f"DenseLayer {self.top_names}: unknown layer type {layer_type!r}")
         self.settings = dict(

@@ -33,6 +33,7 @@ class DenseNetwork:
         self.layers: list[Layer] = []
         shapes: dict[str, Shape] = dict(input_shapes)
         needs_grad = {name: name in grad_sources for name in input_shapes}
+        flat: dict[str, bool] = {}
         for config in layer_dicts:
             layer = build_layer(config)
             missing = [b for b in layer.bottom if b not in shapes]
@@ -41,7 +42,10 @@ class DenseNetwork:
                     f"layer {layer.name!r} ({layer.type_name}): bottom tensor "
                     f"{missing[0]!r} does not exist (known tensors: {', '.join(shapes)})"
                 )
-            out_shapes = layer.build([shapes[b] for b in layer.bottom])
+            out_shapes = layer.build([shapes[b] for b in layer.bottom],
+                                     [flat.get(b, False) for b in layer.bottom])
+            for top, is_flat in zip(layer.top, layer.flat_outputs()):
+                flat[top] = is_flat
             for top, shape in zip(layer.top, out_shapes):
                 if top in shapes:
                     raise ConfigError(

@@ -41,6 +41,8 @@ CASES = [
     ("Gather", {"type": "Gather", "indices": [2, 0, 2]}, [(3, 4)]),
     ("Softmax", {"type": "Softmax"}, [(5,)]),
     ("Cast", {"type": "Cast"}, [(3,)]),
+    ("FusedReshapeConcat", {"type": "FusedReshapeConcat"}, [(3, 2), (3, 1)]),
+    ("FusedReshapeConcatGeneral", {"type": "FusedReshapeConcatGeneral"}, [(3, 2), (3, 2)]),
     ("GRU", {"type": "GRU", "gru_param": {"num_output": 3, "SeqLength": 4, "vector_size": 2}},
      [(8,)]),
     ("BinaryCrossEntropyLoss", {"type": "BinaryCrossEntropyLoss"}, [(1,), (1,)]),
@@ -51,6 +53,12 @@ CASES = [
         [(3,), (3,)],
     ),
 ]
+
+
+def num_tops(config: dict) -> int:
+    if config["type"] == "FusedReshapeConcat":
+        return 2
+    return len(config.get("ranges", [])) or 1
 
 
 def layer_config(case_id: str, config: dict, num_inputs: int, num_outputs: int = 1) -> dict:

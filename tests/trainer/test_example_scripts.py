@@ -1,4 +1,4 @@
-"""The HugeCTR-style DLRM, DCN and Wide&Deep scripts train on generated data (a planted
+"""The HugeCTR-style DLRM, DCN, Wide&Deep and DIN scripts train on generated data (a planted
 model), save with save_params_to_files, reload with construct_from_json + load_*_weights and
 predict the same; the serving forward (InferenceGraph) matches the trainer's."""
 
@@ -22,11 +22,11 @@ def data_root(tmp_path_factory):
 
 
 # Wide&Deep reads int32 keys (i64_input_key=False), the others int64.
-@pytest.mark.parametrize("name,i64", [("dlrm", 1), ("dcn", 1), ("wdl", 0)])
+@pytest.mark.parametrize("name,i64", [("dlrm", 1), ("dcn", 1), ("wdl", 0), ("din", 1)])
 def test_script_trains_saves_and_reloads(name, i64, data_root, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    g = run_script(name, monkeypatch, DATA_DIR=data_root / f"i64_{i64}", OUT_DIR=out, I64=i64,
-                   **COMMON)
+    data = data_root / ("din" if name == "din" else f"i64_{i64}")
+    g = run_script(name, monkeypatch, DATA_DIR=data, OUT_DIR=out, I64=i64, **COMMON)
     model, reloaded = g["model"], g["reloaded"]
     auc = g["metrics"]["AUC"]
     print(f"{name}: generated-data AUC {auc:.4f}")
@@ -39,6 +39,7 @@ def test_script_trains_saves_and_reloads(name, i64, data_root, tmp_path, monkeyp
     assert before.shape == (batch.batch_size, 1)
     assert np.abs(before - after).max() <= 1e-6
 
-    served = InferenceGraph(out / f"{name}.json", dense_model_name(str(out / name), COMMON["MAX_ITER"]))
+    served = InferenceGraph(out / f"{name}.json",
+                            dense_model_name(str(out / name), COMMON["MAX_ITER"]))
     scores = served.predict(batch.dense, embeddings_for(model, batch))
     assert np.abs(scores - before).max() <= 1e-5

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tierserve.trainer.layers import build_layer
 
-from .layer_cases import CASES, layer_config
+from .layer_cases import CASES, layer_config, num_tops
 
 EPS = 1e-6
 
@@ -61,8 +61,7 @@ def test_backward_matches_finite_differences(case_id, config, shapes, batch):
     if case_id in ("BatchNorm", "PReLU_Dice") and batch == 1:
         pytest.skip("batch statistics of one sample have zero variance")
     rng = np.random.default_rng(zlib.crc32(case_id.encode()))
-    num_out = len(config.get("ranges", [])) or 1
-    layer = build_layer(layer_config(case_id, config, len(shapes), num_out))
+    layer = build_layer(layer_config(case_id, config, len(shapes), num_tops(config)))
     out_shapes = layer.build(shapes)
     params = [p.astype(np.float64) + rng.normal(scale=0.3, size=p.shape)
               for p in layer.init_params(rng)]

@@ -7,7 +7,7 @@ import pytest
 
 from tierserve.trainer.layers import build_layer
 
-from .layer_cases import CASES, layer_config
+from .layer_cases import CASES, layer_config, num_tops
 
 cupy = pytest.importorskip("cupy")
 try:
@@ -24,8 +24,7 @@ def test_cupy_matches_numpy(case_id, config, shapes):
     if case_id == "Dropout":
         pytest.skip("the device draws different random masks")
     rng = np.random.default_rng(0)
-    layer = build_layer(layer_config(case_id, config, len(shapes),
-                                     len(config.get("ranges", [])) or 1))
+    layer = build_layer(layer_config(case_id, config, len(shapes), num_tops(config)))
     layer.build(shapes)
     params = layer.init_params(rng)
     state = layer.init_state()

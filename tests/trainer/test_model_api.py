@@ -126,9 +126,8 @@ def test_embedding_with_unknown_sparse_input_is_named(data):
 def test_unknown_arguments_are_rejected():
     with pytest.raises(ConfigError, match="unknown arguments"):
         hugectr.CreateSolver(batch_size=10)
-    with pytest.raises(ConfigError, match="not supported"):
-        hugectr.DenseLayer(layer_type=hugectr.Layer_t.FusedReshapeConcat, bottom_names=["a"],
-                           top_names=["b"])
+    with pytest.raises(ConfigError, match="unknown layer type 'Nope'"):
+        hugectr.DenseLayer(layer_type="Nope", bottom_names=["a"], top_names=["b"])
     with pytest.raises(ConfigError, match="unknown arguments"):
         hugectr.DenseLayer(layer_type=hugectr.Layer_t.ReLU, bottom_names=["a"],
                            top_names=["b"], num_outputs=3)

@@ -103,10 +103,21 @@ class Layer:
 
     # -- the contract ------------------------------------------------------------------------
 
-    def build(self, input_shapes: list[Shape]) -> list[Shape]:
+    def build(self, input_shapes: list[Shape], input_flat: list[bool] | None = None
+              ) -> list[Shape]:
+        """Output shapes for these input shapes.  ``input_flat`` marks inputs that HugeCTR
+        holds as 2-D [batch * rows, n] tensors while they are per-sample [rows, n] here (see
+        :meth:`flat_outputs`)."""
         self.input_shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        self.input_flat = list(input_flat or [False] * len(self.input_shapes))
         self.output_shapes = [tuple(int(d) for d in s) for s in self.infer_shapes()]
         return self.output_shapes
+
+    def flat_outputs(self) -> list[bool]:
+        """Which outputs are HugeCTR 2-D tensors with several rows per sample (per-sample
+        [rows, n] here).  By default a 3-D output is flat when an input is."""
+        flat = any(self.input_flat)
+        return [flat and len(s) == 2 for s in self.output_shapes]
 
     def infer_shapes(self) -> list[Shape]:
         """Output shapes from ``self.input_shapes`` (override)."""

@@ -19,8 +19,9 @@ class Concat(Layer):
         ranks = {len(s) + 1 for s in self.input_shapes}
         if len(ranks) != 1 or not ranks <= {2, 3}:
             raise self.error(f"inputs must all be 2-D or all 3-D, got {self.input_shapes}")
-        if ranks == {2}:
-            self.axis = 1
+        if ranks == {2} or all(self.input_flat):
+            # HugeCTR's 2-D tensors concatenate on their last dimension
+            self.axis = 1 if ranks == {2} else 2
         else:
             self.axis = int(self.param("axis", 1))
             if self.axis not in (1, 2):
@@ -34,6 +35,9 @@ class Concat(Layer):
         out = list(first)
         out[cat] = sum(self.sizes)
         return [tuple(out)]
+
+    def flat_outputs(self) -> list[bool]:
+        return [len(self.output_shapes[0]) == 2 and all(self.input_flat)]
 
     def forward(self, xp, inputs, params, state, training):
         return [xp.concatenate(inputs, axis=self.axis)], None
@@ -91,6 +95,9 @@ class Reshape(Layer):
         if n == self.leading_dim:
             return [(n,)]
         return [(n // self.leading_dim, self.leading_dim)]
+
+    def flat_outputs(self) -> list[bool]:
+        return [self.selected is None and self.time_step <= 0 and len(self.output_shapes[0]) == 2]
 
     def forward(self, xp, inputs, params, state, training):
         x = inputs[0]
@@ -177,8 +184,9 @@ class Gather(Layer):
 
 @register
 class Scale(Layer):
-    """Widens a 2-D input ``factor`` times: axis 0 repeats each value ``factor`` times in
-    place, axis 1 repeats the whole row."""
+    """Repeats a 2-D input ``factor`` times.  Axis 0 (x direction) repeats each value in place:
+    [N] -> [N * factor].  Axis 1 (y direction) repeats the whole row, which HugeCTR makes
+    ``factor`` rows of the batch: here per sample [N] -> [factor, N]."""
 
     type_name = "Scale"
 
@@ -191,17 +199,95 @@ class Scale(Layer):
 
     def infer_shapes(self) -> list[Shape]:
         self.check_rank(self.input_shapes[0], (2,))
-        return [(self.input_shapes[0][0] * self.factor,)]
+        n = self.input_shapes[0][0]
+        return [(n * self.factor,)] if self.axis == 0 else [(self.factor, n)]
+
+    def flat_outputs(self) -> list[bool]:
+        return [self.axis == 1]
 
     def forward(self, xp, inputs, params, state, training):
         x = inputs[0]
         if self.axis == 0:
             return [xp.repeat(x, self.factor, axis=1)], None
-        return [xp.tile(x, (1, self.factor))], None
+        return [xp.broadcast_to(x[:, None, :], (x.shape[0], self.factor, x.shape[1])).copy()], None
 
     def backward(self, xp, grad_outputs, ctx, params):
         g = grad_outputs[0]
         n = self.input_shapes[0][0]
         if self.axis == 0:
             return [g.reshape(g.shape[0], n, self.factor).sum(axis=2)], []
-        return [g.reshape(g.shape[0], self.factor, n).sum(axis=1)], []
+        return [g.sum(axis=1)], []
+
+
+@register
+class FusedReshapeConcat(Layer):
+    """DIN's split of sequence embeddings [S, D_i] (several inputs): concatenated on the
+    vector, the first S - 1 slots (the history) [S - 1, sum D_i] and the last slot (the
+    item) [sum D_i]."""
+
+    type_name = "FusedReshapeConcat"
+    num_inputs = (1, None)
+    num_outputs = (2, 2)
+
+    def infer_shapes(self) -> list[Shape]:
+        for s in self.input_shapes:
+            self.check_rank(s, (3,))
+        slots = {s[0] for s in self.input_shapes}
+        if len(slots) != 1 or min(slots) < 2:
+            raise self.error(f"inputs need one slot count >= 2, got {self.input_shapes}")
+        self.sizes = [s[1] for s in self.input_shapes]
+        s, d = self.input_shapes[0][0], sum(self.sizes)
+        return [(s - 1, d), (d,)]
+
+    def flat_outputs(self) -> list[bool]:
+        return [True, False]
+
+    def forward(self, xp, inputs, params, state, training):
+        cat = xp.concatenate(inputs, axis=2)
+        return [cat[:, :-1], cat[:, -1]], None
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        his, item = grad_outputs
+        b = (his if his is not None else item).shape[0]
+        s, d = self.input_shapes[0][0], sum(self.sizes)
+        full = xp.zeros((b, s, d), dtype=(his if his is not None else item).dtype)
+        if his is not None:
+            full[:, :-1] = his
+        if item is not None:
+            full[:, -1] = item
+        out, start = [], 0
+        for n in self.sizes:
+            out.append(full[:, :, start : start + n])
+            start += n
+        return out, []
+
+
+@register
+class FusedReshapeConcatGeneral(Layer):
+    """Concatenates sequence embeddings [S, D_i] on the vector: [S, sum D_i] (HugeCTR's
+    [batch * S, sum D_i], the same values in the same order)."""
+
+    type_name = "FusedReshapeConcatGeneral"
+    num_inputs = (1, None)
+
+    def infer_shapes(self) -> list[Shape]:
+        for s in self.input_shapes:
+            self.check_rank(s, (3,))
+        if len({s[0] for s in self.input_shapes}) != 1:
+            raise self.error(f"inputs need one slot count, got {self.input_shapes}")
+        self.sizes = [s[1] for s in self.input_shapes]
+        return [(self.input_shapes[0][0], sum(self.sizes))]
+
+    def flat_outputs(self) -> list[bool]:
+        return [True]
+
+    def forward(self, xp, inputs, params, state, training):
+        return [xp.concatenate(inputs, axis=2)], None
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        g = grad_outputs[0]
+        out, start = [], 0
+        for n in self.sizes:
+            out.append(g[:, :, start : start + n])
+            start += n
+        return out, []
