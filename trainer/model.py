@@ -31,7 +31,7 @@ from .dense_file import (
 )
 from .device import is_gpu, select_xp, to_numpy, to_xp
 from .graph_json import Graph, load_graph_json, save_graph_json
-from .inference_graph import EMBEDDING_TYPES, graph_inputs, label_layout
+from .inference_graph import EMBEDDING_TYPES, graph_inputs, input_shapes, label_layout
 from .layer_specs import DenseLayer, GroupDenseLayer, Input, SparseEmbedding
 from .metrics import Metrics
 from .network import DenseNetwork
@@ -117,8 +117,6 @@ class Model:
         self.dense_name = data["dense"]["top"]
         self.dense_dim = int(data["dense"]["dense_dim"])
         self.sparse_names = [s["top"] for s in data.get("sparse", [])]
-        from .inference_graph import input_shapes
-
         self.network = DenseNetwork(
             self._dense_dicts, input_shapes(graph),
             grad_sources={s.name for s in self.embedding_specs},
@@ -143,8 +141,7 @@ class Model:
         self._open_readers()
 
     def _check_bottoms(self, graph: Graph) -> None:
-        produced = set(graph.data_layer.get("sparse") and
-                       [s["top"] for s in graph.data_layer["sparse"]] or [])
+        produced = {s["top"] for s in graph.data_layer.get("sparse") or []}
         for layer in self._embedding_dicts:
             if layer["bottom"] not in produced:
                 raise ConfigError(
@@ -152,12 +149,12 @@ class Model:
                     f"sparse input of the Input layer ({', '.join(sorted(produced)) or 'none'})"
                 )
 
-    def _table_optimizer(self, spec):
-        opt = spec.hparam.get("optimizer")
+    def _table_optimizer(self, spec) -> OptParamsPy:
+        """The embedding's own optimizer, else the model's (HugeCTR's rule)."""
         layer = next(d for d in self._embedding_dicts if d["name"] == spec.name)
         if "optimizer" in layer:
             return OptParamsPy.from_dict(layer["optimizer"])
-        return opt or self.opt_params
+        return self.opt_params
 
     def _loss_weights(self, names, weights) -> dict[str, float]:
         losses = self.network.loss_layers
