@@ -147,9 +147,9 @@ class InferenceGraph:
         )
 
     def predict(self, dense: Any, embeddings: dict[str, Any] | list[Any]) -> Any:
-        """Probabilities ``[B, label_dim]`` from dense features ``[B, dense_dim]`` and each
-        table's combined embeddings ``[B, slot_num, vec_size]`` (a dict by table name, or a
-        list in graph order)."""
+        """Probabilities ``[B, label_dim]`` from dense features ``[B, dense_dim]`` (None when
+        ``dense_dim`` is 0) and each table's combined embeddings ``[B, slot_num, vec_size]``
+        (a dict by table name, or a list in graph order)."""
         xp = self.xp
         if not isinstance(embeddings, dict):
             if len(embeddings) != len(self.embeddings):
@@ -173,6 +173,8 @@ class InferenceGraph:
             tensors[spec.name] = e
             batch = e.shape[0]
         if self.dense_name:
+            if dense is None and self.dense_dim == 0 and batch is not None:
+                dense = np.zeros((batch, 0), np.float32)
             d = to_xp(xp, dense, np.float32)
             if d.ndim == 1 and self.dense_dim and d.size % self.dense_dim == 0:
                 d = d.reshape(-1, self.dense_dim)

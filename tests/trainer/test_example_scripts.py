@@ -43,3 +43,6 @@ def test_script_trains_saves_and_reloads(name, i64, data_root, tmp_path, monkeyp
                             dense_model_name(str(out / name), COMMON["MAX_ITER"]))
     scores = served.predict(batch.dense, embeddings_for(model, batch))
     assert np.abs(scores - before).max() <= 1e-5
+    if name == "din":  # no dense features
+        scores = served.predict(None, embeddings_for(model, batch))
+        assert np.abs(scores - before).max() <= 1e-5
