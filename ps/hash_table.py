@@ -122,8 +122,8 @@ class _State:
         """``(slots, found, records)`` of ``keys``.
 
         ``records`` are the slots' ``[n, 4]`` int32 rows (key lo, key hi, row, stat).  One
-        gather reads every key's home slot; the keys displaced by collisions (a fifth or so
-        at the table's load) then read windows of the next eight slots at once.
+        gather reads every key's home pair of slots; the keys displaced further by
+        collisions (a few percent at the table's load) then read windows of eight slots.
         """
         slots = home_slots(keys, self.cap)
         pair = self.pairs.take(slots >> 1, axis=0)  # [n, 4]: key, row|stat of both slots
@@ -137,6 +137,7 @@ class _State:
         if not found.all():
             pending = ~found
             pending &= pair[:, 2] != _FREE  # both slots taken, by other keys: probe on
+            pending &= pair[:, 0] != _FREE
             idx = np.flatnonzero(pending)
             if idx.size:
                 hit = self._probe(kx, slots, found, idx)
