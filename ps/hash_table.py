@@ -55,8 +55,6 @@ _MAX_LOAD = 0.75
 _INDEX_BUDGET = 1.45
 _LOAD_RANGE = (0.25, 0.6)
 _TICK_REBASE = 2**30
-_AR8 = np.arange(0, 16, 2)  # flat offsets of eight consecutive slots' keys
-_BYTE_BITS = np.array([1 << (8 * j) for j in range(8)], dtype=np.uint64)
 #: Slots past ``cap`` that probes may run into; a probe that would leave them grows the table.
 _PAD = 2048
 
@@ -140,34 +138,36 @@ class _State:
             pending &= pair[:, 0] != _FREE
             idx = np.flatnonzero(pending)
             if idx.size:
-                hit = self._probe(kx, slots, found, idx)
-                rec.view(np.complex128).reshape(-1)[hit] = (
-                    self.tab.view(np.complex128).reshape(-1).take(slots[hit])
-                )
+                self._probe(kx, slots, found, rec, idx)
         if keys.size and keys.min() <= TOMB:
             found &= keys > TOMB
         return slots, found, rec.view(np.int32)
 
-    def _probe(self, kx, slots, found, idx) -> np.ndarray:
-        """Resolve the displaced (encoded) keys ``idx``; returns those found, slots set."""
-        # The table's tail padding keeps every window inside the array: no wrap-around.
-        start = slots[idx] + 2
-        hits = []
-        for _ in range(self.tab.shape[0] // 8 + 1):
-            wk = self.flat.take((start * 2)[:, None] + _AR8)
-            word = (wk == kx[idx][:, None]).view(np.uint64).reshape(-1)  # byte j: column j
-            is_hit = word != 0
-            hi = idx[is_hit]
-            slots[hi] = start[is_hit] + np.searchsorted(_BYTE_BITS, word[is_hit])
-            found[hi] = True
-            hits.append(hi)
-            more = ~is_hit
-            more &= (wk == _FREE).view(np.uint64).reshape(-1) == 0
+    def _probe(self, kx, slots, found, rec, idx) -> None:
+        """Resolve the displaced (encoded) keys ``idx`` pair by pair; fill their slots/records."""
+        # The table's tail padding keeps every pair inside the array: no wrap-around.
+        pair_at = (slots[idx] >> 1) + 1
+        rec16 = rec.view(np.complex128).reshape(-1)
+        last = self.pairs.shape[0]
+        for _ in range(last):
+            pair = self.pairs.take(pair_at, axis=0)
+            mine = kx[idx]
+            second = pair[:, 2] == mine
+            hit = pair[:, 0] == mine
+            hit |= second
+            if hit.any():
+                hi = idx[hit]
+                slots[hi] = pair_at[hit] * 2 + second[hit]
+                found[hi] = True
+                both = pair[hit].view(np.complex128)
+                rec16[hi] = np.where(second[hit], both[:, 1], both[:, 0])
+            more = ~hit
+            more &= pair[:, 2] != _FREE
             if not more.any():
-                return np.concatenate(hits)
+                return
             idx = idx[more]
-            start = start[more] + 8
-            if start.max() + 8 > self.tab.shape[0]:
+            pair_at = pair_at[more] + 1
+            if pair_at.max() >= last:
                 raise RuntimeError("hash table probe ran past the padding")
         raise RuntimeError("hash table probe did not terminate")
 
