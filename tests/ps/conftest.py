@@ -19,7 +19,7 @@ from tierserve.ps.config import (
 from tierserve.ps.tier import create_tier
 
 if str(Path(__file__).parent) not in sys.path:  # for `import ps_helpers`
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.append(str(Path(__file__).parent))
 
 VOLATILE_KINDS = [
     "hash_map",
