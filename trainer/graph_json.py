@@ -32,7 +32,7 @@ def data_layer_tops(layer: dict[str, Any]) -> list[str]:
     for key in ("label", "dense"):
         part = layer.get(key)
         if isinstance(part, dict) and part.get("top"):
-            tops.append(part["top"])
+            tops.extend(as_list(part["top"]))  # several label tops in multi-task graphs
     for sparse in layer.get("sparse", []) or []:
         tops.append(sparse["top"])
     return tops

@@ -503,10 +503,6 @@ class Model:
 
     def graph_to_json(self, graph_config_file: str) -> None:
         """Write the model graph (DESIGN.md, Formats 3)."""
-        if self._input is not None and len(self._input.label_names) > 1:
-            # graph_json's Data-layer reader takes one label top; see the report to its owner
-            raise ConfigError("graph_to_json: graphs with several labels (multi-task) cannot "
-                              "be written yet")
         save_graph_json(graph_config_file, self._graph_dict())
 
     def construct_from_json(self, graph_config_file: str, include_dense_network: bool) -> None:

@@ -308,7 +308,8 @@ def test_group_dense_layer_and_sparse_only_reconstruction(data, tmp_path):
     assert tuned.train()
 
 
-def test_multi_task_losses_with_weights(data):
+def multi_task_model(data):
+    """Two heads, "click" and "buy", the second with loss weight 0."""
     model = make_model(data)
     model.add(hugectr.Input(label_dim=[1, 1], label_name=["click", "buy"], dense_dim=3,
                             dense_name="dense",
@@ -329,6 +330,11 @@ def test_multi_task_losses_with_weights(data):
         model.add(d(layer_type=lt.BinaryCrossEntropyLoss,
                     bottom_names=[f"{task}_fc", task], top_names=[f"{task}_loss"]))
     model.compile(loss_names=["click", "buy"], loss_weights=[1.0, 0.0])
+    return model
+
+
+def test_multi_task_losses_with_weights(data):
+    model = multi_task_model(data)
     before = model.dense_parameters()
     model.train()
     after = model.dense_parameters()
@@ -337,8 +343,23 @@ def test_multi_task_losses_with_weights(data):
     assert not np.array_equal(before[-4], after[-4])
     batch = first_eval_batch(model)
     assert model.predict_batch(batch).shape == (batch.batch_size, 2)
-    with pytest.raises(ConfigError, match="several labels"):
-        model.graph_to_json("multi.json")
+
+
+def test_multi_task_graph_round_trip(data, tmp_path):
+    model = multi_task_model(data)
+    assert model.train()
+    model.graph_to_json(str(tmp_path / "multi.json"))
+    graph = json.loads((tmp_path / "multi.json").read_text())
+    assert graph["layers"][0]["label"]["top"] == ["click", "buy"]
+    prefix = str(tmp_path / "multi")
+    model.save_params_to_files(prefix, 1)
+    again = make_model(data)
+    again.construct_from_json(str(tmp_path / "multi.json"), include_dense_network=True)
+    again.compile(loss_names=["click", "buy"], loss_weights=[1.0, 0.0])
+    again.load_dense_weights(f"{prefix}_dense_1.model")
+    again.load_sparse_weights([f"{prefix}0_sparse_1.model", f"{prefix}1_sparse_1.model"])
+    batch = first_eval_batch(model)
+    np.testing.assert_allclose(again.predict_batch(batch), model.predict_batch(batch), atol=1e-6)
 
 
 def test_mixed_precision_on_cpu_is_float32(data):
