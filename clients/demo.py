@@ -19,7 +19,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--workdir", default=".demo", help="where data, model and RocksDB go")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    parser.add_argument("--iterations", type=int, default=300, help="training iterations")
+    parser.add_argument(
+        "--iterations", type=int, default=120, help="training iterations (default 120)"
+    )
     parser.add_argument(
         "--exit-after-check",
         action="store_true",
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     repository = workdir / "repository"
     if repository.exists():
         shutil.rmtree(repository)
+    print(f"[demo] eval AUC {demo.eval_auc:.4f} over {demo.eval_batches} batches of held-out rows")
     write_repository(demo, repository)
     print(f"[demo] model repository {repository} (hash_map + rocks_db tiers, see ps.json)")
     settings = Settings.from_env(
