@@ -305,7 +305,8 @@ class PSConfig(_Strict):
         )
 
 
-def _format_errors(exc: ValidationError, source: str) -> str:
+def format_validation_errors(exc: ValidationError, source: str) -> str:
+    """One line per invalid field: ``<dotted path>: <problem>`` (unknown fields named so)."""
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -323,7 +324,7 @@ def parse_ps_config(data: dict[str, Any], source: str = "ps config") -> PSConfig
     try:
         return PSConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source)) from None
+        raise ConfigError(format_validation_errors(exc, source)) from None
 
 
 def _resolve(base: Path, value: str) -> str:

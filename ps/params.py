@@ -20,27 +20,42 @@ from .config import (
     UpdateSourceConfig,
     UpdateSourceType_t,
     VolatileDBConfig,
-    _format_errors,
     default_num_partitions,
+    format_validation_errors,
 )
 from .errors import ConfigError
 
 
-class _Params(BaseModel):
+class ParamsModel(BaseModel):
+    """Base of HugeCTR-style parameter objects: built by keyword or positionally (HugeCTR's
+    argument order = field order), validated on construction and on every assignment, with
+    :class:`ConfigError` naming the field."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = list(type(self).model_fields)
+        if len(args) > len(names):
+            raise ConfigError(
+                f"{type(self).__name__} takes at most {len(names)} positional arguments"
+            )
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise ConfigError(f"{type(self).__name__}: {name} given twice")
+            kwargs[name] = value
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:
-            raise ConfigError(_format_errors(exc, type(self).__name__)) from None
+            raise ConfigError(format_validation_errors(exc, type(self).__name__)) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
         try:
             super().__setattr__(name, value)
         except ValidationError as exc:
-            raise ConfigError(_format_errors(exc, type(self).__name__)) from None
+            raise ConfigError(format_validation_errors(exc, type(self).__name__)) from None
 
+
+class _TierParams(ParamsModel):
     _target: Any = None  # the discriminated union this object converts into
 
     def to_config(self):
@@ -50,11 +65,11 @@ class _Params(BaseModel):
             return TypeAdapter(self._target).validate_python(data)
         except ValidationError as exc:
             raise ConfigError(
-                _format_errors(exc, f"{type(self).__name__} ({self.type.value})")
+                format_validation_errors(exc, f"{type(self).__name__} ({self.type.value})")
             ) from None
 
 
-class VolatileDatabaseParams(_Params):
+class VolatileDatabaseParams(_TierParams):
     """The volatile (in-memory or Redis) tier: HugeCTR's ``VolatileDatabaseParams``."""
 
     _target = VolatileDBConfig
@@ -80,7 +95,7 @@ class VolatileDatabaseParams(_Params):
     tls_server_name_identification: str = "redis.localhost"
 
 
-class PersistentDatabaseParams(_Params):
+class PersistentDatabaseParams(_TierParams):
     """The persistent tier: HugeCTR's ``PersistentDatabaseParams`` (disabled by default)."""
 
     _target = PersistentDBConfig
@@ -93,7 +108,7 @@ class PersistentDatabaseParams(_Params):
     update_filters: list[str] = Field(default_factory=lambda: [".+"])
 
 
-class UpdateSourceParams(_Params):
+class UpdateSourceParams(_TierParams):
     """The online update source: HugeCTR's ``UpdateSourceParams`` (none by default)."""
 
     _target = UpdateSourceConfig

@@ -31,7 +31,7 @@ from tierserve.ps.config import (
     PSConfig,
     UpdateSourceConfig,
     VolatileDBConfig,
-    _format_errors,
+    format_validation_errors,
 )
 from tierserve.ps.errors import ConfigError, InvalidInputError
 from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
@@ -120,7 +120,7 @@ class InferenceParams(BaseModel):
         try:
             super().__init__(**kwargs)
         except ValidationError as exc:
-            raise ConfigError(_format_errors(exc, "InferenceParams")) from None
+            raise ConfigError(format_validation_errors(exc, "InferenceParams")) from None
 
     def tier_configs(self) -> tuple[Any, Any, Any]:
         """The typed volatile, persistent and update-source configs."""

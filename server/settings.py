@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tierserve.ps.config import _format_errors
+from tierserve.ps.config import format_validation_errors
 from tierserve.ps.errors import ConfigError
 
 Port = Annotated[int, Field(ge=0, le=65535)]
@@ -62,7 +62,7 @@ class Settings(BaseModel):
         try:
             return cls(**values)
         except ValidationError as exc:
-            raise ConfigError(_format_errors(exc, "server settings")) from None
+            raise ConfigError(format_validation_errors(exc, "server settings")) from None
 
     @classmethod
     def from_env(cls, **values: Any) -> Settings:

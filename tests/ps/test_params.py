@@ -64,3 +64,12 @@ def test_persistent_and_update_source():
     kafka.brokers = "127.0.0.1:9093"
     assert isinstance(kafka.to_config(), KafkaUpdateSourceConfig)
     assert kafka.to_config().brokers == "127.0.0.1:9093"
+
+
+def test_positional_arguments_follow_field_order():
+    params = VolatileDatabaseParams(DatabaseType_t.hash_map, "127.0.0.1:7000")
+    assert params.type is DatabaseType_t.hash_map and params.address == "127.0.0.1:7000"
+    with pytest.raises(ConfigError, match="type given twice"):
+        VolatileDatabaseParams(DatabaseType_t.hash_map, type=DatabaseType_t.redis_cluster)
+    with pytest.raises(ConfigError, match="at most"):
+        UpdateSourceParams(*range(20))

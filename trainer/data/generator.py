@@ -33,10 +33,11 @@ import numpy as np
 from pydantic import Field
 
 from tierserve.ps.errors import ConfigError
+from tierserve.ps.params import ParamsModel
 
 from .filelist import write_file_list
 from .norm import write_norm_file
-from .params import Check_t, DataReaderType_t, _Params
+from .params import Check_t, DataReaderType_t
 from .parquet import (
     ParquetMetadata,
     default_column_names,
@@ -71,7 +72,7 @@ class PowerLaw_t(str, Enum):  # noqa: N801 - HugeCTR's name
 POWER_LAW_ALPHA = {PowerLaw_t.Long: 0.9, PowerLaw_t.Medium: 1.1, PowerLaw_t.Short: 1.3}
 
 
-class DataGeneratorParams(_Params):
+class DataGeneratorParams(ParamsModel):
     """HugeCTR's ``DataGeneratorParams`` (same names, order and defaults).
 
     tierserve adds ``seed`` (the output is a function of it) and ``variable_nnz``: when true,

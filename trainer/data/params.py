@@ -11,9 +11,10 @@ import os
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
 from tierserve.ps.errors import ConfigError
+from tierserve.ps.params import ParamsModel
 
 
 class DataReaderType_t(str, Enum):  # noqa: N801 - HugeCTR's name
@@ -32,43 +33,7 @@ class Check_t(str, Enum):  # noqa: N801 - HugeCTR's name
     Non = "Non"
 
 
-def _format_errors(exc: ValidationError, source: str) -> str:
-    lines = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-        lines.append(f"{where}: {msg}")
-    return f"invalid {source}:\n  " + "\n  ".join(lines)
-
-
-class _Params(BaseModel):
-    """Keyword or positional (HugeCTR order = field order) construction, validated."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        names = list(type(self).model_fields)
-        if len(args) > len(names):
-            raise ConfigError(
-                f"{type(self).__name__} takes at most {len(names)} positional arguments"
-            )
-        for name, value in zip(names, args):
-            if name in kwargs:
-                raise ConfigError(f"{type(self).__name__}: {name} given twice")
-            kwargs[name] = value
-        try:
-            super().__init__(**kwargs)
-        except ValidationError as exc:
-            raise ConfigError(_format_errors(exc, type(self).__name__)) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        try:
-            super().__setattr__(name, value)
-        except ValidationError as exc:
-            raise ConfigError(_format_errors(exc, type(self).__name__)) from None
-
-
-class DataReaderSparseParam(_Params):
+class DataReaderSparseParam(ParamsModel):
     """One sparse input of the ``Input`` layer: ``slot_num`` consecutive slots.
 
     ``nnz_per_slot`` as an int is the average number of keys per slot (a sample holds at most
@@ -104,7 +69,7 @@ class DataReaderSparseParam(_Params):
         return self.nnz_per_slot * self.slot_num
 
 
-class AsyncParam(_Params):
+class AsyncParam(ParamsModel):
     """HugeCTR's MLPerf-only async raw reader settings; accepted and ignored here."""
 
     num_threads: int
@@ -119,7 +84,7 @@ class AsyncParam(_Params):
 Source = str | list[str]
 
 
-class DataReaderParams(_Params):
+class DataReaderParams(ParamsModel):
     """HugeCTR's ``DataReaderParams``: the format, the train and eval sources and reading options.
 
     ``source`` / ``eval_source``: for Norm and Parquet a file list (first line the number of
