@@ -258,15 +258,7 @@ class EmbeddingCache:
                 keys, vectors = keys[fresh], vectors[fresh]
             if not keys.size:
                 return
-            keys_d = xp.asarray(keys)
-            _, cached = self._table.probe(keys_d)
-            absent = xp.flatnonzero(~cached)
-            if not absent.size:
-                return
-            vectors_d = xp.asarray(vectors)
-            if absent.size != keys.size:
-                keys_d, vectors_d = keys_d[absent], vectors_d[absent]
-            inserted, evicted = self._table.place(keys_d, vectors_d, self._tick)
+            inserted, evicted = self._table.insert(xp.asarray(keys), xp.asarray(vectors), self._tick)
         with self._stats:
             self._inserted += inserted
             self._evicted += evicted

@@ -20,6 +20,10 @@ lookups cheap, batches of more than ``STAMP_ALL`` keys stamp every ``STAMP_STRID
 batches, is stamped almost surely, and a lukewarm key a few batches late.  The CUDA kernel
 stamps every hit.
 
+On numpy the work is done by the numba kernels of :mod:`tierserve.cache.cpu_kernels`
+(software-pipelined loops, one pass per step); on cupy by the array passes written against
+``xp`` below (``*_xp`` methods), which the tests also run on numpy as the kernels' reference.
+
 This class does no locking; :class:`~tierserve.cache.embedding_cache.EmbeddingCache`
 serialises writers and validates readers with a sequence number.
 """
@@ -62,6 +66,11 @@ class SetAssociativeTable:
         self.values = xp.zeros((self.capacity, self.dim), dtype=np.float32)
         self._flat = self.keys.reshape(-1)
         self.size = 0
+        self._cpu = None
+        if xp is np:
+            from . import cpu_kernels
+
+            self._cpu = cpu_kernels
 
     @property
     def nbytes(self) -> int:
@@ -72,6 +81,15 @@ class SetAssociativeTable:
     def probe(self, keys):
         """``(slots, hit)``: each key's slot and whether it is cached (``slots`` is
         meaningless where ``hit`` is False)."""
+        if self._cpu is None:
+            return self.probe_xp(keys)
+        slots = np.empty(keys.size, dtype=np.int64)
+        hit = np.empty(keys.size, dtype=bool)
+        self._cpu.probe(keys, self.keys, slots, hit)
+        return slots, hit
+
+    def probe_xp(self, keys):
+        """:meth:`probe` in array passes (the cupy path)."""
         xp = self.xp
         sets = set_of(keys, self.num_sets)
         rows = xp.take(self.keys, sets, axis=0)
@@ -89,8 +107,18 @@ class SetAssociativeTable:
         """``(embeddings, hit, hits)``: each key's cached vector (garbage where ``hit`` is
         False) and the number of hits.  With ``tick`` (the batch number), hit slots are
         stamped with it, sampled in large batches (see the module doc)."""
+        if self._cpu is None:
+            return self.lookup_xp(keys, tick)
+        out = np.empty((keys.size, self.dim), dtype=np.float32)
+        hit = np.empty(keys.size, dtype=bool)
+        hits = self._cpu.lookup(keys, self.keys, self.ticks, self.values, out, hit,
+                                -1 if tick is None else int(tick))
+        return out, hit, int(hits)
+
+    def lookup_xp(self, keys, tick: int | None = None):
+        """:meth:`lookup` in array passes (the cupy path; misses gather some slot's row)."""
         xp = self.xp
-        slots, hit = self.probe(keys)
+        slots, hit = self.probe_xp(keys)
         embeddings = xp.take(self.values, slots, axis=0)
         hits = int(xp.count_nonzero(hit))
         if tick is not None and hits:
@@ -128,14 +156,36 @@ class SetAssociativeTable:
             self.size -= int(idx.size)
         return int(idx.size)
 
+    def insert(self, keys, values, tick: int) -> tuple[int, int]:
+        """Insert those of the unique ``keys`` that are not cached, with their ``values``,
+        stamped ``tick``; as :meth:`place` otherwise.  Returns ``(inserted, evicted)``."""
+        if self._cpu is not None:
+            return self.place(keys, values, tick)
+        _, cached = self.probe_xp(keys)
+        absent = self.xp.flatnonzero(~cached)
+        if absent.size != keys.size:
+            keys, values = keys[absent], values[absent]
+        return self.place_xp(keys, values, tick)
+
     def place(self, keys, values, tick: int) -> tuple[int, int]:
         """Insert unique, uncached ``keys`` with ``values``, stamped ``tick``.
 
         Per set the empty ways fill first, then the oldest ways are evicted; a way stamped
         ``tick`` (used by the current batch) is never evicted, so keys beyond what their set
-        can take now are not inserted: earlier keys in ``keys`` win (the sort by set is
-        stable).  Returns ``(inserted, evicted)``.
+        can take now are not inserted: earlier keys in ``keys`` win.  Returns ``(inserted,
+        evicted)``.  (On numpy, keys already cached or equal to ``EMPTY`` are skipped.)
         """
+        if self._cpu is None:
+            return self.place_xp(keys, values, tick)
+        inserted, evicted = self._cpu.insert(
+            keys, np.ascontiguousarray(values, dtype=np.float32), self.keys, self.ticks,
+            self.values, int(tick),
+        )
+        self.size += int(inserted) - int(evicted)
+        return int(inserted), int(evicted)
+
+    def place_xp(self, keys, values, tick: int) -> tuple[int, int]:
+        """:meth:`place` in array passes (the cupy path; the sort by set is stable)."""
         xp = self.xp
         n = int(keys.size)
         if n == 0:
