@@ -33,25 +33,33 @@ _U32 = np.uint64(32)
 _AGE_EMPTY = np.int64(2**32)  # older than any real age: empty ways are taken first
 
 
-@intrinsic
-def _prefetch(typingctx, array, index):
-    """Hint the CPU to load element ``index`` of the C-contiguous 1-D ``array`` (no
-    bounds check, no fault: a prefetch of a bad address is dropped)."""
-    if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
-        return None
+def _prefetch_intrinsic(write: int):
+    @intrinsic
+    def prefetch(typingctx, array, index):
+        if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
+            return None
 
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        at = context.cast(builder, args[1], signature.args[1], types.intp)
-        ptr = builder.bitcast(builder.gep(ary.data, [at]), ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        # read (0), high temporal locality (3), data cache (1)
-        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            at = context.cast(builder, args[1], signature.args[1], types.intp)
+            ptr = builder.bitcast(builder.gep(ary.data, [at]), ir.IntType(8).as_pointer())
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+            # read (0) or write (1), high temporal locality (3), data cache (1)
+            builder.call(fn, [ptr, i32(write), i32(3), i32(1)])
+            return context.get_dummy_value()
 
-    return types.void(array, index), codegen
+        return types.void(array, index), codegen
+
+    return prefetch
+
+
+#: ``_prefetch(array, i)`` / ``_prefetch_write(array, i)``: hint the CPU to load element
+#: ``i`` of the C-contiguous 1-D ``array`` (to read it, or to write it).  No bounds check and
+#: no fault: a prefetch of a bad address is dropped.
+_prefetch = _prefetch_intrinsic(0)
+_prefetch_write = _prefetch_intrinsic(1)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -107,9 +115,13 @@ def gather(values, ticks, slots, hit, out, tick, hits):
     phase = tick % stride
     now = np.uint32(tick & 0xFFFFFFFF)
     seen = 0
+    ahead = 0  # hits seen by the prefetch stage
     for i in range(n + PREFETCH):
         if i < n and hit[i]:
             _prefetch(flat, slots[i] * dim)
+            if tick >= 0 and ahead % stride == phase:
+                _prefetch_write(ticks, slots[i])
+            ahead += 1
         j = i - PREFETCH
         if j >= 0 and hit[j]:
             slot = slots[j]

@@ -38,7 +38,19 @@ EMPTY = -(2**63)
 _EMPTY = np.int64(EMPTY)
 STAMP_ALL = 4096
 STAMP_STRIDE = 4
+_LINE = 64  # bytes in a CPU cache line
 _AGE_EMPTY = np.int64(2**32)  # older than any real age: empty slots are taken first
+
+
+def _zeros(xp, shape: tuple, dtype):
+    """Zeros, starting on a cache line: numpy's large buffers start 16 bytes into a page, so
+    every 64-byte row (dim 16) would straddle two lines and cost two misses.  (cupy aligns.)"""
+    if xp is not np:
+        return xp.zeros(shape, dtype=dtype)
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buf = np.zeros(nbytes + _LINE, dtype=np.uint8)
+    start = -buf.ctypes.data % _LINE
+    return buf[start : start + nbytes].view(dtype).reshape(shape)
 
 
 class SetAssociativeTable:
@@ -61,9 +73,10 @@ class SetAssociativeTable:
         self.ways = int(ways)
         self.num_sets = capacity // ways
         self.capacity = self.num_sets * self.ways
-        self.keys = xp.full((self.num_sets, self.ways), _EMPTY, dtype=np.int64)
-        self.ticks = xp.zeros(self.capacity, dtype=np.uint32)
-        self.values = xp.zeros((self.capacity, self.dim), dtype=np.float32)
+        self.keys = _zeros(xp, (self.num_sets, self.ways), np.int64)
+        self.keys[...] = _EMPTY
+        self.ticks = _zeros(xp, (self.capacity,), np.uint32)
+        self.values = _zeros(xp, (self.capacity, self.dim), np.float32)
         self._flat = self.keys.reshape(-1)
         self.size = 0
         self._cpu = None
