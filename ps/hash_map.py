@@ -2,8 +2,11 @@
 
 Each table is split into ``num_partitions`` :class:`~tierserve.ps.hash_table.HashTable`
 partitions by :func:`~tierserve.ps.partition.partition_of`; the parallel variant works the
-partitions of one call in a thread pool (numpy releases the GIL in its gathers).  Overflow
-handling runs per partition after each insert.
+partitions of one call in a thread pool (the compiled kernels release the GIL), the calling
+thread taking one partition itself.  A lookup groups the keys by partition in one kernel
+(:func:`~tierserve.ps.hash_kernels.group_by_partition`) and each partition's kernel writes its
+rows straight into the request-ordered result.  Overflow handling runs per partition after
+each insert.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import numpy as np
 from .config import UNBOUNDED, HashMapConfig, ParallelHashMapConfig
 from .errors import InvalidInputError, NotFoundError
 from .eviction import make_policy, resolution_size
+from .hash_kernels import group_by_partition
 from .hash_table import HashTable
-from .partition import as_keys, group_by_partition
+from .partition import as_keys
 from .tier import Tier
 
 
@@ -80,22 +84,27 @@ class HashMapTier(Tier):
         return parts
 
     def _map(self, fn, n: int) -> None:
-        if self._pool is None:
+        if self._pool is None or n == 1:
             for p in range(n):
                 fn(p)
-        else:
-            for f in [self._pool.submit(fn, p) for p in range(n)]:
-                f.result()
+        else:  # the calling thread works partition 0 while the pool works the others
+            futures = [self._pool.submit(fn, p) for p in range(1, n)]
+            try:
+                fn(0)
+            finally:
+                for f in futures:
+                    f.result()
 
     def lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
         parts = self._parts(tag)
         keys = as_keys(keys)
         with self.stats.timed("lookup"):
             if len(parts) == 1:
-                emb, found = parts[0].lookup(keys)
+                emb = np.empty((keys.size, parts[0].dim), dtype=np.float32)
+                found = np.empty(keys.size, dtype=bool)
+                hits = parts[0].lookup_into(keys, None, emb, found)
             else:
-                emb, found = self._lookup_partitioned(parts, keys)
-            hits = int(np.count_nonzero(found))
+                emb, found, hits = self._lookup_partitioned(parts, keys)
             self.stats.hits += hits
             self.stats.misses += keys.size - hits
             return emb, found
@@ -104,17 +113,16 @@ class HashMapTier(Tier):
         order, bounds = group_by_partition(keys, len(parts))
         emb = np.empty((keys.size, parts[0].dim), dtype=np.float32)
         found = np.empty(keys.size, dtype=bool)
+        hits = [0] * len(parts)
 
         def work(p: int) -> None:
-            # Each worker also scatters its rows back to request order: all in parallel.
+            # Each partition writes its rows straight to request order: all in parallel.
             pos = order[bounds[p] : bounds[p + 1]]
             if pos.size:
-                e, f = parts[p].lookup(keys.take(pos))
-                emb[pos] = e
-                found[pos] = f
+                hits[p] = parts[p].lookup_into(keys, pos, emb, found)
 
         self._map(work, len(parts))
-        return emb, found
+        return emb, found, sum(hits)
 
     def insert(self, tag: str, keys, embeddings) -> None:
         parts = self._parts(tag)

@@ -12,7 +12,9 @@ PYTHONPATH and does not see the virtual environment. Two things follow:
 - ``triton_python_backend_utils`` imports numpy before any model code runs, so ``backends/python``
   also holds its own ``numpy<2`` (the stub was built against numpy 1: with numpy 2,
   ``Tensor.as_numpy()`` reads zeros and ``pb_utils.Tensor(name, array)`` sends no data) and
-  ``async-timeout`` (redis-py needs it on Python < 3.11.3, and Debian's is 3.11.2);
+  ``async-timeout`` (redis-py needs it on Python < 3.11.3, and Debian's is 3.11.2), and a
+  ``numba`` + ``llvmlite`` built for numpy 1 (tierserve's hash tables are numba kernels; the
+  virtual environment's numba is built for numpy 2 and would not import next to numpy 1);
 - a model's ``model.py`` adds the virtual environment's site-packages itself, from a
   config.pbtxt parameter written by ``site_packages_parameter()``::
 
@@ -55,7 +57,8 @@ from .ports import HOST, free_ports
 from .process import ServiceProcess
 
 PYTRITON_VERSION = "0.7.0"
-STUB_PACKAGES = ("numpy<2", "async-timeout")
+#: numba 0.61 supports numpy 1.24-2.1 and Python 3.10-3.13; llvmlite 0.44 is its match.
+STUB_PACKAGES = ("numpy<2", "async-timeout", "numba==0.61.2", "llvmlite==0.44.0")
 SITE_PACKAGES_PARAMETER = "site_packages"
 START_TIMEOUT = 120.0
 

@@ -1,0 +1,307 @@
+"""The compiled (numba) kernels of :class:`~tierserve.ps.hash_table.HashTable`.
+
+Layout of one table generation (``nslots = cap + pad`` slots):
+
+- ``tags`` (uint8, ``nslots``): 0 empty, 1 deleted, else 2 + an 8-bit hash of the key (the
+  tag), so probing scans one byte per slot and reads a slot's key only on a tag match;
+- ``words`` (float32, ``nslots * width``): each slot's row holds the key (int64, the first
+  two words; ``keyw`` is the int64 view of the same memory, a slot's key at
+  ``keyw[slot * width // 2]``) followed by its vector of ``dim`` floats (``width = 2 + dim``
+  rounded up to even), so the key check and the vector copy touch the same cache lines;
+- ``stats`` (int32, ``nslots``, or empty when no statistic is kept): last access tick or
+  access count, for the eviction policies.
+
+A key's home slot is ``((h >> 32) * cap) >> 32`` and its tag ``2 + (h & 0xFFFF) % 254``, with
+``h`` the key's 64 bits, xor the generation's ``seed``, mixed by two multiplies (murmur3's
+fmix64 constants).  Each generation (rebuild) takes a new seed: with one hash for all, home
+order would be the same in the old and the new table, and the survivors of an eviction that
+picks victims in slot order (ties) would crowd into one stretch of the new table.  Probing is
+linear and never wraps: the ``pad`` slots past ``cap`` take the overflow, and writers never
+fill the last slot, so every probe ends on an empty one.
+
+Lookups are latency-bound (two random cache lines per key: the tag and the row), so the
+lookup kernel is a software pipeline: while it copies key ``i``'s vector it probes key
+``i + D`` (and prefetches that key's row) and prefetches key ``i + 2D``'s tag.
+
+Writers publish a slot by writing its tag last, after the key and vector: a reader without
+a lock never sees a tag whose row is not written yet (x86 keeps stores in order).
+
+All kernels release the GIL and are cached on disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from llvmlite import binding as _llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+EMPTY_TAG = 0
+DELETED_TAG = 1
+#: How far ahead (in keys) the lookup and insert pipelines run.
+_AHEAD = 16
+_TRACK_NONE, TRACK_RECENCY, TRACK_FREQUENCY = 0, 1, 2
+_INT32_MAX = 2**31 - 1
+
+# LLVM >= 17 has opaque pointers (the intrinsic is named by address space only).
+_PREFETCH_NAME = "llvm.prefetch.p0" if _llvm.llvm_version_info[0] >= 17 else "llvm.prefetch.p0i8"
+
+
+def _make_prefetch(write: int):
+    @intrinsic
+    def _prefetch(typingctx, arr, idx):
+        sig = types.void(arr, idx)
+
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer2(
+                context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
+                inds=[args[1]], wraparound=False, boundscheck=False,
+            )  # fmt: skip
+            i8p = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, _PREFETCH_NAME)
+            # (address, rw, locality 3 = keep in all levels, cache type 1 = data)
+            builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, write),
+                              ir.Constant(i32, 3), ir.Constant(i32, 1)])  # fmt: skip
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return _prefetch
+
+
+#: ``prefetch(arr, i)``: ask for the cache line holding ``arr[i]`` (1-D ``arr``), no wait.
+prefetch = _make_prefetch(0)
+prefetch_write = _make_prefetch(1)
+
+
+@nb.njit(inline="always")
+def _mix(key, seed):
+    h = np.uint64(key ^ seed) * np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(32)
+    return h * np.uint64(0xC4CEB9FE1A85EC53)
+
+
+@nb.njit(inline="always")
+def _home(h, cap):
+    return np.int64(((h >> np.uint64(32)) * np.uint64(cap)) >> np.uint64(32))
+
+
+@nb.njit(inline="always")
+def _tag(h):
+    return np.uint8(np.uint64(2) + (h & np.uint64(0xFFFF)) % np.uint64(254))
+
+
+@nb.njit(inline="always")
+def _probe(key, h, tags, keyw, half, cap):
+    """The slot holding ``key``, or -1."""
+    s = _home(h, cap)
+    tg = _tag(h)
+    while True:
+        t = tags[s]
+        if t == tg:
+            if keyw[s * half] == key:
+                return s
+        elif t == EMPTY_TAG:
+            return -1
+        s += 1
+
+
+@nb.njit(nogil=True, cache=True)
+def lookup(keys, pos, indexed, tags, words, cap, seed, width, stats, track, tick, out, found):
+    """Copy the vectors of ``keys`` into ``out``; set ``found``; return how many were found.
+
+    With ``indexed`` only the keys ``keys[pos[j]]`` are looked up and written to
+    ``out[pos[j]]`` / ``found[pos[j]]`` (one partition's share of a request).  Rows of keys
+    not found are zeroed.  ``track`` 1 stamps found slots with ``tick`` in ``stats``,
+    2 counts the access.  Three stages run ``_AHEAD`` keys apart: prefetch the home tag,
+    probe the tags (and prefetch the row found), copy the row.
+    """
+    keyw = words.view(np.int64)
+    half = width // 2
+    dim = out.shape[1]
+    m = pos.size if indexed else keys.size
+    slot = np.empty(m, np.int64)
+    d = _AHEAD
+    hits = 0
+    for j in range(-2 * d, m):
+        a = j + 2 * d  # stage 1: the tag's cache line
+        if a < m:
+            k = keys[pos[a]] if indexed else keys[a]
+            s = _home(_mix(k, seed), cap)
+            slot[a] = s
+            prefetch(tags, s)
+        b = j + d  # stage 2: probe, then the row's cache lines
+        if b >= 0 and b < m:
+            k = keys[pos[b]] if indexed else keys[b]
+            h = _mix(k, seed)
+            s = _probe(k, h, tags, keyw, half, cap)
+            slot[b] = s
+            if s >= 0:
+                base = s * width
+                for c in range(0, width, 16):
+                    prefetch(words, base + c)
+                prefetch(words, base + width - 1)
+        if j >= 0:  # stage 3: copy
+            i = pos[j] if indexed else j
+            s = slot[j]
+            if s >= 0:
+                base = s * width + 2
+                for c in range(dim):
+                    out[i, c] = words[base + c]
+                found[i] = True
+                hits += 1
+                if track == TRACK_RECENCY:
+                    stats[s] = tick
+                elif track == TRACK_FREQUENCY and stats[s] < _INT32_MAX:
+                    stats[s] += 1
+            else:
+                for c in range(dim):
+                    out[i, c] = 0.0
+                found[i] = False
+    return hits
+
+
+@nb.njit(nogil=True, cache=True)
+def find(keys, tags, words, cap, seed, width, slots):
+    """Write each key's slot (or -1 when absent) to ``slots``."""
+    keyw = words.view(np.int64)
+    half = width // 2
+    n = keys.size
+    for i in range(n):
+        if i + _AHEAD < n:
+            prefetch(tags, _home(_mix(keys[i + _AHEAD], seed), cap))
+        k = keys[i]
+        slots[i] = _probe(k, _mix(k, seed), tags, keyw, half, cap)
+
+
+@nb.njit(nogil=True, cache=True)
+def insert(keys, emb, tags, words, cap, seed, width, stats, stat, track, limit, used):
+    """Insert or overwrite ``keys[i]`` with ``emb[i]``, in order (a repeated key: the last wins).
+
+    A new key takes the first deleted slot of its probe, else the empty slot ending it.  New
+    slots get the statistic ``stat``; overwritten ones get it only when ``track`` is 1
+    (recency).  Stops before a key that needs an empty slot when ``used`` (slots ever
+    filled) reached ``limit`` or the probe reached the last slot.  Returns ``(keys done,
+    new keys, used)``: the caller grows the table and goes on from there.
+    """
+    keyw = words.view(np.int64)
+    half = width // 2
+    dim = emb.shape[1]
+    n = keys.size
+    nslots = tags.size
+    new = 0
+    keep_stats = stats.size > 0
+    for i in range(n):
+        a = i + _AHEAD
+        if a < n:
+            s = _home(_mix(keys[a], seed), cap)
+            prefetch_write(tags, s)
+            prefetch_write(words, s * width)
+            prefetch_write(words, s * width + width - 1)
+        k = keys[i]
+        h = _mix(k, seed)
+        tg = _tag(h)
+        s = _home(h, cap)
+        free = -1
+        hit = False
+        while True:
+            t = tags[s]
+            if t == tg:
+                if keyw[s * half] == k:
+                    hit = True
+                    break
+            elif t == EMPTY_TAG:
+                break
+            elif t == DELETED_TAG and free < 0:
+                free = s
+            s += 1
+        if hit:
+            base = s * width + 2
+            for c in range(dim):
+                words[base + c] = emb[i, c]
+            if track == TRACK_RECENCY:
+                stats[s] = stat
+            continue
+        if free >= 0:
+            s = free
+        else:
+            if used >= limit or s >= nslots - 1:
+                return i, new, used
+            used += 1
+        keyw[s * half] = k
+        base = s * width + 2
+        for c in range(dim):
+            words[base + c] = emb[i, c]
+        if keep_stats:
+            stats[s] = stat
+        tags[s] = tg  # publish last
+        new += 1
+    return n, new, used
+
+
+@nb.njit(nogil=True, cache=True)
+def rehash(old_tags, old_words, old_stats, tags, words, cap, seed, width, stats):
+    """Copy every live slot of the old arrays into the empty new ones; False if they overflow."""
+    old_keyw = old_words.view(np.int64)
+    half = width // 2
+    nslots = tags.size
+    keep_stats = stats.size > 0 and old_stats.size > 0
+    n = old_tags.size
+    for o in range(n):
+        a = o + _AHEAD
+        if a < n and old_tags[a] > DELETED_TAG:
+            prefetch_write(tags, _home(_mix(old_keyw[a * half], seed), cap))
+        if old_tags[o] <= DELETED_TAG:
+            continue
+        h = _mix(old_keyw[o * half], seed)
+        s = _home(h, cap)
+        while tags[s] != EMPTY_TAG:
+            s += 1
+        if s >= nslots - 1:
+            return False
+        src = o * width
+        dst = s * width
+        for c in range(width):
+            words[dst + c] = old_words[src + c]
+        if keep_stats:
+            stats[s] = old_stats[o]
+        tags[s] = _tag(h)  # the tag too depends on the seed
+    return True
+
+
+@nb.njit(nogil=True, cache=True)
+def group_by_partition(keys, num_partitions):
+    """``(order, bounds)`` as :func:`tierserve.ps.partition.group_by_partition`: stable.
+
+    One pass computes each key's partition (``splitmix64(key) % num_partitions``) and
+    counts, one more scatters the positions.
+    """
+    n = keys.size
+    part = np.empty(n, np.int32)
+    bounds = np.zeros(num_partitions + 1, np.int64)
+    m = np.uint64(num_partitions)
+    for i in range(n):
+        z = np.uint64(keys[i])
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        p = np.int32(z % m)
+        part[i] = p
+        bounds[p + 1] += 1
+    for p in range(num_partitions):
+        bounds[p + 1] += bounds[p]
+    fill = bounds[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        p = part[i]
+        order[fill[p]] = i
+        fill[p] += 1
+    return order, bounds
