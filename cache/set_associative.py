@@ -174,6 +174,10 @@ class SetAssociativeTable:
         stamped ``tick``; as :meth:`place` otherwise.  Returns ``(inserted, evicted)``."""
         if self._cpu is not None:
             return self.place(keys, values, tick)
+        return self.insert_xp(keys, values, tick)
+
+    def insert_xp(self, keys, values, tick: int) -> tuple[int, int]:
+        """:meth:`insert` in array passes (the cupy path)."""
         _, cached = self.probe_xp(keys)
         absent = self.xp.flatnonzero(~cached)
         if absent.size != keys.size:
@@ -218,7 +222,7 @@ class SetAssociativeTable:
             way = (age[:, 1] > age[:, 0]).astype(np.int64)
             way ^= rank
         else:
-            way = xp.argsort(-age, axis=1)[m, rank]  # oldest first
+            way = xp.argsort(-age, axis=1, kind="stable")[m, rank]  # oldest (then lowest) first
         ok = age[m, way] > 0
         order, slots = order[ok], set_slots[m, way][ok]
         evicted = int(xp.count_nonzero(self._flat[slots] != _EMPTY))
