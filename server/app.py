@@ -24,7 +24,7 @@ from .dataplane import DataPlane
 from .grpc_server import create_grpc_server
 from .metrics import ServerMetrics
 from .repository import Loader, ModelRepository
-from .rest import build_router, install_error_handler
+from .rest import InferFastPath, build_router, install_error_handler
 from .settings import Settings
 
 log = logging.getLogger("tierserve.server")
@@ -137,7 +137,7 @@ def serve(settings: Settings, loader: Loader | None = None) -> None:
     sys.setswitchinterval(0.0005)
     app = create_app(settings, loader)
     config = uvicorn.Config(
-        app,
+        InferFastPath(app),
         host=settings.host,
         port=settings.http_port,
         log_level=settings.log_level,
@@ -172,7 +172,7 @@ class BackgroundServer:
         self.app = create_app(self.settings, loader)
         self.plane: DataPlane = self.app.state.plane
         config = uvicorn.Config(
-            self.app,
+            InferFastPath(self.app),
             host=self.settings.host,
             port=self.settings.http_port,
             log_level="warning",

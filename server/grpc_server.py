@@ -1,8 +1,9 @@
 """The KServe v2 gRPC front end: ``inference.GRPCInferenceService`` on ``grpc.aio``.
 
 The servicer only converts protobuf messages to data-plane calls and back; it runs on the
-same event loop as the REST front end, so both feed the same dynamic batchers.  One
-interceptor maps every :class:`TierserveError` to ``grpc.StatusCode[error.grpc_status]``.
+same event loop as the REST front end, so both feed the same dynamic batchers.  One wrapper
+around every handler maps every :class:`TierserveError` to
+``grpc.StatusCode[error.grpc_status]``.
 
 The messages come from ``server/proto/grpc_predict_v2.proto`` (Triton's field numbers, in
 package ``tierserve.v2`` so they coexist with tritonclient's generated ``inference.*``
@@ -109,35 +110,19 @@ def encode_infer_response(result) -> pb.ModelInferResponse:
     return response
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """The one mapping of :class:`TierserveError` to a gRPC status."""
+def _mapping_errors(method):
+    """``method`` with the one mapping of :class:`TierserveError` to a gRPC status.
 
-    def __init__(self) -> None:
-        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}  # by method, built once
+    A wrapper at registration rather than a server interceptor: grpc.aio runs an interceptor
+    chain (and its extra coroutines) for every RPC once any interceptor is installed."""
 
-    async def intercept_service(self, continuation, handler_call_details):
-        wrapped = self._wrapped.get(handler_call_details.method)
-        if wrapped is not None:
-            return wrapped
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        inner = handler.unary_unary
+    async def behavior(request, context):
+        try:
+            return await method(request, context)
+        except TierserveError as exc:
+            await context.abort(grpc.StatusCode[exc.grpc_status], exc.message)
 
-        async def behavior(request, context):
-            try:
-                return await inner(request, context)
-            except TierserveError as exc:
-                await context.abort(grpc.StatusCode[exc.grpc_status], exc.message)
-
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            behavior,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-        if handler_call_details.method.startswith(f"/{SERVICE}/"):
-            self._wrapped[handler_call_details.method] = wrapped
-        return wrapped
+    return behavior
 
 
 def _name(model: str) -> str:
@@ -243,7 +228,7 @@ def service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
     """The method handlers of ``inference.GRPCInferenceService`` bound to ``servicer``."""
     handlers = {
         method: grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, method),
+            _mapping_errors(getattr(servicer, method)),
             request_deserializer=req.FromString,
             response_serializer=resp.SerializeToString,
         )
@@ -259,14 +244,12 @@ def create_grpc_server(
     max_message_bytes: int = 64 * 1024 * 1024,
 ) -> tuple[grpc.aio.Server, int]:
     """An unstarted ``grpc.aio`` server bound to ``address`` (``host:port``), and its port."""
-    server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),
-        ],
-    )
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((service_handler(InferenceServicer(plane, admin_token)),))
     port = server.add_insecure_port(address)
     return server, port

@@ -1,16 +1,24 @@
 """Benchmark of the server against InferenceModel.predict in the same run.
 
-    python -m bench.server.run                    # the trainer's DLRM (26 slots x 2000, dim 16)
+    python -m bench.server.run                    # the trainer issue's DLRM (see 1.)
     python -m bench.server.run --quick            # fewer requests
 
-1. Trains the trainer issue's DLRM (``tests/trainer/scripts/dlrm.py``) for a few iterations and
-   writes it into a model repository (hash map tier).
+1. Trains the trainer issue's DLRM (``tests/trainer/scripts/dlrm.py`` with 26 tables of dim 16,
+   ~1M keys in all, power-law keys, bottom MLP 13-512-256-16, top MLP 512-256-1; the same model
+   as ``bench.trainer.run``) for a few iterations and writes it into a model repository (hash
+   map tier).  The sparse file then holds every key of the ~1M (vectors the few training
+   iterations never touched are drawn at random), so the tier is as large as the model's.
 2. Times ``InferenceModel.predict_batch`` on fixed batches of 1, 64 and 1024 rows (the peer).
 3. Starts ``tierserve serve`` in a subprocess and sends the same batches, one client, over HTTP
    (tritonclient.http, binary tensors) and gRPC (tritonclient.grpc): throughput and p50/p99.
    Overhead = end-to-end p50 minus predict p50, over predict p50.
-4. 64 concurrent batch-1 clients (gRPC, asyncio) against the server with dynamic batching on
-   and again with it off: throughput ratio.
+4. 64 concurrent batch-1 clients against the server with dynamic batching on and again with
+   it off: throughput ratio, over gRPC and over HTTP.  The load generator must cost little CPU
+   per request, since it shares the cores with the server: it sends real KServe v2 requests
+   (the same bytes tritonclient sends, built once) on a raw ``grpc.aio`` channel (one
+   connection, as tritonclient's aio client) and on 64 raw HTTP/1.1 keep-alive connections
+   (binary tensor extension), and checks each reply's status.  It is the same for batched
+   and unbatched.
 
 Prints a table (and with ``--json FILE`` writes the figures there).
 """
@@ -38,6 +46,16 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCHES = (1, 64, 1024)
+# The trainer issue's DLRM (bench.trainer.run): 26 tables x dim 16, ~1M keys, MLPs 512-256.
+SLOTS = 26
+KEYS = 1_000_000
+MODEL_ENV = {
+    "EMB_DIM": "16",
+    "BOTTOM": "512,256",
+    "TOP": "512,256",
+    "SLOT_SIZES": ",".join([str(KEYS // SLOTS)] * SLOTS),
+    "WORKSPACE_MB": "512",
+}
 
 
 def train(workdir: Path, iterations: int) -> Path:
@@ -52,6 +70,7 @@ def train(workdir: Path, iterations: int) -> Path:
         "EVAL_BATCHES": "1",
         "NUM_FILES": "2",
         "TIERSERVE_FORCE_CPU": "1",
+        **MODEL_ENV,
     }
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -61,13 +80,34 @@ def train(workdir: Path, iterations: int) -> Path:
     return out
 
 
+def full_table(trained: Path, target: Path) -> int:
+    """Write the trained sparse file to ``target`` with every key of the model's ~1M: the
+    trained vectors, and random ones (the trainer's scale) for keys training never saw."""
+    from tierserve.ps.sparse_file import read_sparse_model, write_sparse_model
+
+    table = read_sparse_model(trained)
+    total = (KEYS // SLOTS) * SLOTS
+    keys = np.arange(total, dtype=np.int64)
+    rng = np.random.default_rng(0)
+    vectors = rng.uniform(-0.05, 0.05, (total, table.embeddings.shape[1])).astype(np.float32)
+    known = np.asarray(table.keys, dtype=np.int64)
+    inside = (known >= 0) & (known < total)
+    vectors[known[inside]] = np.asarray(table.embeddings)[inside]
+    extra = known[~inside]  # none expected: the generator draws keys below the slot sizes
+    if extra.size:
+        keys = np.concatenate([keys, extra])
+        vectors = np.concatenate([vectors, np.asarray(table.embeddings)[~inside]])
+    write_sparse_model(target, keys, vectors)
+    return int(keys.size)
+
+
 def make_repository(out: Path, iterations: int, repo: Path, volatile: dict | None = None) -> Path:
     version = repo / "dlrm" / "1"
     version.mkdir(parents=True)
     shutil.copy2(out / "dlrm.json", version / "dlrm.json")
     shutil.copy2(out / f"dlrm_dense_{iterations}.model", version)
-    shutil.copytree(out / f"dlrm0_sparse_{iterations}.model",
-                    version / f"dlrm0_sparse_{iterations}.model")  # fmt: skip
+    full_table(out / f"dlrm0_sparse_{iterations}.model",
+               version / f"dlrm0_sparse_{iterations}.model")  # fmt: skip
     graph = json.loads((out / "dlrm.json").read_text())
     slots = graph["layers"][0]["sparse"][0]["slot_num"]
     ps = {
@@ -195,34 +235,143 @@ def start_server(
     raise RuntimeError("server did not start")
 
 
-def concurrent_throughput(url: str, data: dict, clients: int, seconds: float) -> float:
-    """Rows per second of ``clients`` concurrent batch-1 gRPC clients (asyncio)."""
-    import tritonclient.grpc.aio as tga
+def grpc_request_bytes(des: np.ndarray, cat: np.ndarray) -> bytes:
+    """A serialized ``ModelInferRequest`` as tritonclient.grpc builds it (raw contents)."""
+    import tritonclient.grpc as tg
+    from tritonclient.grpc import service_pb2
 
-    des, cat = data[1]
+    request = service_pb2.ModelInferRequest(model_name="dlrm")
+    for name, array, datatype in (("DES", des, "FP32"), ("CATCOLUMN", cat, "INT64")):
+        inp = tg.InferInput(name, list(array.shape), datatype)
+        inp.set_data_from_numpy(array)
+        request.inputs.extend([inp._get_tensor()])
+        request.raw_input_contents.extend([inp._get_content()])
+    return request.SerializeToString()
 
-    async def main() -> int:
-        client = tga.InferenceServerClient(url)
-        a = tga.InferInput("DES", list(des.shape), "FP32")
-        a.set_data_from_numpy(des)
-        k = tga.InferInput("CATCOLUMN", list(cat.shape), "INT64")
-        k.set_data_from_numpy(cat)
+
+def http_request_bytes(des: np.ndarray, cat: np.ndarray, host: str) -> bytes:
+    """A whole HTTP/1.1 KServe v2 infer request (binary tensor extension), as tritonclient.http
+    sends it."""
+    import tritonclient.http as th
+
+    inputs = []
+    for name, array, datatype in (("DES", des, "FP32"), ("CATCOLUMN", cat, "INT64")):
+        inp = th.InferInput(name, list(array.shape), datatype)
+        inp.set_data_from_numpy(array, binary_data=True)
+        inputs.append(inp)
+    body, header_length = th.InferenceServerClient.generate_request_body(inputs)
+    head = (
+        f"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/octet-stream\r\n"
+        f"Inference-Header-Content-Length: {header_length}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _grpc_load(url: str, payload: bytes, clients: int, seconds: float) -> int:
+    import grpc
+
+    async with grpc.aio.insecure_channel(url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        await call(payload)  # connected, and the model answers
         done = 0
         stop = time.perf_counter() + seconds
 
         async def worker():
             nonlocal done
             while time.perf_counter() < stop:
-                await client.infer("dlrm", [a, k])
+                reply = await call(payload)
+                if not reply:
+                    raise RuntimeError("empty gRPC reply")
                 done += 1
 
         await asyncio.gather(*(worker() for _ in range(clients)))
-        await client.close()
         return done
 
-    started = time.perf_counter()
-    done = asyncio.run(main())
-    return done / (time.perf_counter() - started)
+
+async def _http_load(url: str, payload: bytes, clients: int, seconds: float) -> int:
+    host, port = url.rsplit(":", 1)
+    stop = time.perf_counter() + seconds
+    counts = [0] * clients
+
+    async def worker(i: int) -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            first = True
+            while first or time.perf_counter() < stop:
+                writer.write(payload)
+                head = await reader.readuntil(b"\r\n\r\n")
+                if not head.startswith(b"HTTP/1.1 200"):
+                    raise RuntimeError(f"HTTP reply {head[:40]!r}")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                await reader.readexactly(length)
+                if not first:
+                    counts[i] += 1
+                first = False
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(worker(i) for i in range(clients)))
+    return sum(counts)
+
+
+def concurrent_throughput(
+    protocol: str, url: str, data: dict, clients: int, seconds: float
+) -> tuple[float, float]:
+    """Requests (= rows) per second of ``clients`` concurrent batch-1 clients over
+    ``protocol``, and the load generator's own CPU seconds per request."""
+    des, cat = data[1]
+    if protocol == "grpc":
+        run = _grpc_load(url, grpc_request_bytes(des, cat), clients, seconds)
+    else:
+        run = _http_load(url, http_request_bytes(des, cat, url), clients, seconds)
+    started, cpu = time.perf_counter(), time.process_time()
+    done = asyncio.run(run)
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return done / elapsed, cpu / max(done, 1)
+
+
+def server_cpu(proc: subprocess.Popen) -> float:
+    """CPU seconds (user + system) the server process has used so far."""
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def concurrency_runs(proc, http: int, grpc: int, data: dict, seconds: float) -> dict:
+    """Both protocols' concurrent throughput, with client and server CPU per request."""
+    out = {}
+    for protocol, port in (("grpc", grpc), ("http", http)):
+        before = server_cpu(proc)
+        started = time.perf_counter()
+        rate, client_cpu = concurrent_throughput(protocol, f"127.0.0.1:{port}", data, 64, seconds)
+        requests = rate * (time.perf_counter() - started)
+        out[protocol] = {
+            "rows_s": rate,
+            "client_cpu_ms_per_request": client_cpu * 1e3,
+            "server_cpu_ms_per_request": (server_cpu(proc) - before) / max(requests, 1) * 1e3,
+        }
+    return out
+
+
+def executions(http: int) -> dict:
+    """Requests and model executions the server counted (its /metrics)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10).read().decode()
+    found = {"requests": 0, "executions": 0}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == "tierserve_batch_requests_sum":
+            found["requests"] += int(float(line.rsplit(" ", 1)[1]))
+        elif name == "tierserve_batch_requests_count":
+            found["executions"] += int(float(line.rsplit(" ", 1)[1]))
+    return found
 
 
 def main() -> int:
@@ -231,6 +380,11 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--iterations", type=int, default=50, help="training iterations")
     parser.add_argument("--seconds", type=float, default=8.0, help="concurrency test length")
+    parser.add_argument(
+        "--train-dir", default=None,
+        help="keep the trained model (and its data) here and reuse it on later runs",
+    )  # fmt: skip
+    parser.add_argument("--concurrency-only", action="store_true", help="skip the latency figures")
     parser.add_argument(
         "--volatile", choices=["hash_map", "redis_cluster"], default="hash_map",
         help="volatile tier; redis_cluster starts a three-node cluster on loopback with the "
@@ -243,9 +397,14 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        print("training the trainer's DLRM ...", flush=True)
-        out = train(work, args.iterations)
-        repo = work / "repo"
+        if args.train_dir:
+            work = Path(args.train_dir)
+            work.mkdir(parents=True, exist_ok=True)
+        out = work / "out"
+        if not (out / f"dlrm_dense_{args.iterations}.model").exists():
+            print("training the trainer's DLRM ...", flush=True)
+            out = train(work, args.iterations)
+        repo = Path(tmp) / "repo"
         cluster, volatile = None, None
         if args.volatile == "redis_cluster":
             sys.path.insert(0, str(ROOT / "tests"))
@@ -272,9 +431,12 @@ def main() -> int:
                 "http": client_call("http", f"127.0.0.1:{http}"),
                 "grpc": client_call("grpc", f"127.0.0.1:{grpc}"),
             }
-            results.update(interleaved(paths, data, repeats))
-            results["concurrent_batched_rows_s"] = concurrent_throughput(
-                f"127.0.0.1:{grpc}", data, 64, args.seconds)  # fmt: skip
+            if not args.concurrency_only:
+                results.update(interleaved(paths, data, repeats))
+            before = executions(http)
+            results["concurrent_batched"] = concurrency_runs(proc, http, grpc, data, args.seconds)
+            after = executions(http)
+            results["executions"] = {k: after[k] - before[k] for k in after}
         finally:
             proc.terminate()
             proc.wait()
@@ -282,8 +444,8 @@ def main() -> int:
         http, grpc = free_port(), free_port()
         proc = start_server(repo, http, grpc, batching=False)
         try:
-            results["concurrent_unbatched_rows_s"] = concurrent_throughput(
-                f"127.0.0.1:{grpc}", data, 64, args.seconds)  # fmt: skip
+            results["concurrent_unbatched"] = concurrency_runs(
+                proc, http, grpc, data, args.seconds)  # fmt: skip
         finally:
             proc.terminate()
             proc.wait()
@@ -292,19 +454,31 @@ def main() -> int:
 
     print(f"\nCPU cores: {results['cpu_count']}, volatile tier: {args.volatile}")
     print(f"{'path':<10}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'overhead':>10}")
-    for path in ("predict", "http", "grpc"):
+    for path in ("predict", "http", "grpc") if not args.concurrency_only else ():
         for b in BATCHES:
             r = results[path][b]
             base = results["predict"][b]["p50_ms"]
             over = "" if path == "predict" else f"{(r['p50_ms'] - base) / base:>9.0%}"
             print(f"{path:<10}{b:>6}{r['rows_per_s']:>12,.0f}{r['p50_ms']:>9.3f}"
                   f"{r['p99_ms']:>9.3f}{over:>10}")  # fmt: skip
-    ratio = results["concurrent_batched_rows_s"] / results["concurrent_unbatched_rows_s"]
-    results["batching_speedup"] = ratio
-    print(
-        f"64 concurrent batch-1 gRPC clients: {results['concurrent_batched_rows_s']:,.0f} rows/s "
-        f"batched, {results['concurrent_unbatched_rows_s']:,.0f} unbatched ({ratio:.1f}x)"
-    )
+    for protocol in ("grpc", "http"):
+        on = results["concurrent_batched"][protocol]
+        off = results["concurrent_unbatched"][protocol]
+        ratio = on["rows_s"] / off["rows_s"]
+        results[f"batching_speedup_{protocol}"] = ratio
+        print(
+            f"64 concurrent batch-1 {protocol} clients: {on['rows_s']:,.0f} rows/s batched, "
+            f"{off['rows_s']:,.0f} unbatched ({ratio:.1f}x); CPU ms per request, server / "
+            f"load generator: batched {on['server_cpu_ms_per_request']:.3f} / "
+            f"{on['client_cpu_ms_per_request']:.3f}, unbatched "
+            f"{off['server_cpu_ms_per_request']:.3f} / {off['client_cpu_ms_per_request']:.3f}"
+        )
+    ex = results["executions"]
+    if ex["executions"]:
+        print(
+            f"batched server, concurrency runs: {ex['requests']:,} requests in {ex['executions']:,} "
+            f"executions ({ex['requests'] / ex['executions']:.1f} per execution)"
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps({str(k): v for k, v in results.items()}, indent=2, default=str)
