@@ -114,22 +114,23 @@ def gather(values, ticks, slots, hit, out, tick, hits):
     stride = STAMP_STRIDE if hits > STAMP_ALL else 1
     phase = tick % stride
     now = np.uint32(tick & 0xFFFFFFFF)
-    seen = 0
-    ahead = 0  # hits seen by the prefetch stage
+    stamp = tick >= 0
+    ahead = 0  # hit number modulo stride, in the prefetch stage (no division in the loop)
+    seen = 0  # the same in the copy stage
     for i in range(n + PREFETCH):
         if i < n and hit[i]:
             _prefetch(flat, slots[i] * dim)
-            if tick >= 0 and ahead % stride == phase:
+            if stamp and ahead == phase:
                 _prefetch_write(ticks, slots[i])
-            ahead += 1
+            ahead = ahead + 1 if ahead + 1 < stride else 0
         j = i - PREFETCH
         if j >= 0 and hit[j]:
             slot = slots[j]
             for c in range(dim):
                 out[j, c] = values[slot, c]
-            if tick >= 0 and seen % stride == phase:
+            if stamp and seen == phase:
                 ticks[slot] = now
-            seen += 1
+            seen = seen + 1 if seen + 1 < stride else 0
 
 
 @njit(nogil=True, cache=True)
@@ -187,3 +188,54 @@ def insert(keys, vectors, table_keys, ticks, values, tick):
         values[slot, :] = vectors[i, :]
         inserted += 1
     return inserted, evicted
+
+
+@njit(nogil=True, cache=True)
+def distinct_by_count(keys):
+    """``(distinct, inverse)``: the distinct values of int64 ``keys``, most frequent first
+    (ties: first seen first), and each key's index in ``distinct``
+    (``distinct[inverse] == keys``).  One pass with a linear-probing hash set: what
+    ``np.unique(return_inverse, return_counts)`` plus a sort by count does in several."""
+    n = keys.size
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    mask = size - 1
+    held = np.empty(size, dtype=np.int64)
+    index = np.full(size, -1, dtype=np.int64)
+    firsts = np.empty(n, dtype=np.int64)
+    counts = np.zeros(n, dtype=np.int64)
+    inverse = np.empty(n, dtype=np.int64)
+    u = 0
+    for i in range(n):
+        key = keys[i]
+        at = set_of_key(key, size)
+        while index[at] >= 0 and held[at] != key:
+            at = (at + 1) & mask
+        if index[at] < 0:
+            held[at] = key
+            index[at] = u
+            firsts[u] = key
+            u += 1
+        inverse[i] = index[at]
+        counts[index[at]] += 1
+    # Counting sort by count, descending and stable (ties keep first-seen order).
+    top = 0
+    for d in range(u):
+        top = max(top, counts[d])
+    start = np.zeros(top + 2, dtype=np.int64)  # start[c]: first rank of count c
+    for d in range(u):
+        start[counts[d]] += 1
+    at = 0
+    for c in range(top, 0, -1):
+        at, start[c] = at + start[c], at
+    rank = np.empty(u, dtype=np.int64)
+    distinct = np.empty(u, dtype=np.int64)
+    for d in range(u):
+        r = start[counts[d]]
+        start[counts[d]] = r + 1
+        rank[d] = r
+        distinct[r] = firsts[d]
+    for i in range(n):
+        inverse[i] = rank[inverse[i]]
+    return distinct, inverse

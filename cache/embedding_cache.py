@@ -28,6 +28,7 @@ import numpy as np
 
 from tierserve.ps.errors import ConfigError, InvalidInputError
 
+from .cpu_kernels import distinct_by_count
 from .device import array_module, device_context, to_host
 from .freshness import UpdateLog
 from .insert_worker import InsertWorker
@@ -177,9 +178,8 @@ class EmbeddingCache:
             if misses:
                 miss_idx = xp.flatnonzero(~hit)
                 miss_keys = to_host(keys_d[miss_idx]) if keys_h is None else keys_h[to_host(miss_idx)]
-                unique, inverse, counts = np.unique(
-                    miss_keys, return_inverse=True, return_counts=True
-                )
+                # Most requested first: where a set cannot take every new key, they win.
+                unique, inverse = distinct_by_count(miss_keys)
                 epoch = self._log.epoch  # before the fetch: updates after it make it stale
                 fetched = self._fetch(unique)
                 if xp is np:
@@ -188,9 +188,6 @@ class EmbeddingCache:
                     out[miss_idx] = xp.asarray(fetched)[xp.asarray(inverse)]
             self._account(n, hits)
             if misses and self._worker is not None:
-                # Most requested first: where a set cannot take every new key, they win.
-                hot_first = np.argsort(-counts, kind="stable")
-                unique, fetched = unique[hot_first], fetched[hot_first]
                 if self._running < self.hit_rate_threshold:
                     self._insert_fetched(unique, fetched, epoch)
                 else:

@@ -113,3 +113,15 @@ def test_cpu_arrays_start_on_a_cache_line():
     for array in (t.keys, t.ticks, t.values):
         assert array.ctypes.data % 64 == 0 and array.flags.c_contiguous
     assert (t.keys == EMPTY).all() and not t.ticks.any() and not t.values.any()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 3000])
+def test_distinct_by_count_is_unique_ordered_by_count_then_first_seen(n):
+    rng = np.random.default_rng(n)
+    keys = np.concatenate([rng.zipf(1.2, n) % 500, -rng.integers(0, 2**62, n // 3)]).astype(np.int64)
+    rng.shuffle(keys)
+    distinct, inverse = cpu_kernels.distinct_by_count(keys)
+    np.testing.assert_array_equal(distinct[inverse], keys)
+    unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    order = np.lexsort((first, -counts))  # by count descending, then first position
+    np.testing.assert_array_equal(distinct, unique[order])
