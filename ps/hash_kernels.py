@@ -100,17 +100,24 @@ def _tag(h):
 
 
 @nb.njit(inline="always")
-def _probe(key, h, tags, keyw, half, cap):
-    """The slot holding ``key``, or -1."""
-    s = _home(h, cap)
-    tg = _tag(h)
+def _scan(tg, s, tags):
+    """The first slot from ``s`` on whose tag is ``tg``, or -1 at an empty slot (tags only)."""
     while True:
         t = tags[s]
         if t == tg:
-            if keyw[s * half] == key:
-                return s
-        elif t == EMPTY_TAG:
+            return s
+        if t == EMPTY_TAG:
             return -1
+        s += 1
+
+
+@nb.njit(inline="always")
+def _probe(key, tg, s, tags, keyw, half):
+    """The slot holding ``key``, probing from slot ``s``, or -1."""
+    while True:
+        s = _scan(tg, s, tags)
+        if s < 0 or keyw[s * half] == key:
+            return s
         s += 1
 
 
@@ -138,20 +145,24 @@ def lookup(keys, pos, indexed, tags, words, cap, seed, width, stats, track, tick
             s = _home(_mix(k, seed), cap)
             slot[a] = s
             prefetch(tags, s)
-        b = j + d  # stage 2: probe, then the row's cache lines
+        b = j + d  # stage 2: the first tag match (no key read yet), then its row's lines
         if b >= 0 and b < m:
             k = keys[pos[b]] if indexed else keys[b]
             h = _mix(k, seed)
-            s = _probe(k, h, tags, keyw, half, cap)
+            s = _scan(_tag(h), slot[b], tags)
             slot[b] = s
             if s >= 0:
                 base = s * width
                 for c in range(0, width, 16):
                     prefetch(words, base + c)
                 prefetch(words, base + width - 1)
-        if j >= 0:  # stage 3: copy
+        if j >= 0:  # stage 3: check the key (a tag matches a wrong key 1 in 254), copy
             i = pos[j] if indexed else j
             s = slot[j]
+            if s >= 0:
+                k = keys[i]
+                if keyw[s * half] != k:
+                    s = _probe(k, _tag(_mix(k, seed)), s + 1, tags, keyw, half)
             if s >= 0:
                 base = s * width + 2
                 for c in range(dim):
@@ -179,7 +190,8 @@ def find(keys, tags, words, cap, seed, width, slots):
         if i + _AHEAD < n:
             prefetch(tags, _home(_mix(keys[i + _AHEAD], seed), cap))
         k = keys[i]
-        slots[i] = _probe(k, _mix(k, seed), tags, keyw, half, cap)
+        h = _mix(k, seed)
+        slots[i] = _probe(k, _tag(h), _home(h, cap), tags, keyw, half)
 
 
 @nb.njit(nogil=True, cache=True)

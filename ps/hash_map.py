@@ -157,7 +157,7 @@ class HashMapTier(Tier):
 
                 def work(p: int) -> None:
                     sel = order[bounds[p] : bounds[p + 1]]
-                    parts[p].load(keys[sel], embeddings[sel], copy=False)
+                    parts[p].load(keys[sel], embeddings[sel])
                     self._resolve_overflow(parts[p])
 
                 self._map(work, len(parts))

@@ -1,0 +1,252 @@
+"""The compiled hash table (ps/hash_kernels.py behind ps/hash_table.py) against plain references.
+
+A dict of key -> vector (and key -> statistic) is the reference; the table goes through random
+inserts with repeats, overwrites, removals (tombstones, and their reuse), evictions, growth
+and bulk loads, and must agree after every step.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from tierserve.ps import hash_kernels
+from tierserve.ps.config import ParallelHashMapConfig
+from tierserve.ps.eviction import EvictLeastUsed, EvictOldest, EvictRandom
+from tierserve.ps.hash_map import HashMapTier
+from tierserve.ps.hash_table import HashTable
+from tierserve.ps.partition import group_by_partition
+
+
+def agree(table: HashTable, ref: dict, dim: int, rng, probes=None) -> None:
+    """Every reference key is found with its vector, absent keys are not, keys() matches."""
+    assert len(table) == len(ref)
+    keys = np.fromiter(ref, dtype=np.int64, count=len(ref))
+    absent = rng.integers(-(2**63) + 2, 2**63 - 1, 500, dtype=np.int64)
+    if probes is not None:
+        absent = np.concatenate([absent, probes])
+    absent = absent[~np.isin(absent, keys)]
+    mixed = rng.permutation(np.concatenate([keys, absent]))
+    got, found = table.lookup(mixed)
+    want = np.isin(mixed, keys)
+    np.testing.assert_array_equal(found, want)
+    if keys.size:
+        np.testing.assert_array_equal(got[found], np.stack([ref[k] for k in mixed[found].tolist()]))
+    assert not got[~found].any()  # rows of keys not found are zero
+    np.testing.assert_array_equal(table.contains(mixed), want)
+    assert np.array_equal(np.sort(table.keys()), np.sort(keys))
+
+
+@pytest.mark.parametrize("dim", [1, 5, 16])
+def test_long_random_run_matches_a_dict(dim):
+    rng = np.random.default_rng(dim)
+    table, ref = HashTable(dim, track="recency"), {}
+    # A small pool: many repeats, overwrites, removals and re-inserts into tombstones.
+    pool = rng.integers(-(2**63) + 2, 2**63 - 1, 3000, dtype=np.int64)
+    for step in range(120):
+        op = rng.integers(0, 5)
+        if op <= 1:
+            keys = rng.choice(pool, rng.integers(1, 700))
+            emb = rng.standard_normal((keys.size, dim)).astype(np.float32)
+            new = table.insert(keys, emb)
+            assert new == len(set(keys.tolist()) - set(ref))
+            for k, e in zip(keys.tolist(), emb):
+                ref[k] = e
+        elif op == 2:
+            keys = rng.choice(pool, rng.integers(1, 500))
+            present = {k for k in set(keys.tolist()) if k in ref}
+            assert table.remove(keys) == len(present)
+            for k in present:
+                del ref[k]
+        elif op == 3 and ref:
+            target = int(len(ref) * rng.uniform(0.3, 0.9))
+            before = set(table.keys().tolist())
+            gone = table.evict_to(target, EvictRandom(), rng)
+            assert gone == len(ref) - target and len(table) == target
+            left = set(table.keys().tolist())
+            assert left <= before
+            for k in before - left:
+                del ref[k]
+        else:
+            keys = rng.choice(pool, 400)
+            _, found = table.lookup(keys)
+            np.testing.assert_array_equal(found, [k in ref for k in keys.tolist()])
+        if step % 15 == 14:
+            agree(table, ref, dim, rng, probes=pool)
+    agree(table, ref, dim, rng, probes=pool)
+
+
+def test_tombstones_are_reused_and_dropped_on_rebuild():
+    rng = np.random.default_rng(5)
+    table, ref = HashTable(4), {}
+    keys = np.arange(1, 20_001, dtype=np.int64) * 104_729
+    for _ in range(6):  # churn: remove half, insert as many new ones
+        emb = rng.standard_normal((keys.size, 4)).astype(np.float32)
+        table.insert(keys, emb)
+        ref.update(zip(keys.tolist(), emb))
+        drop = rng.choice(keys, keys.size // 2, replace=False)
+        assert table.remove(drop) == np.unique(drop).size
+        for k in np.unique(drop).tolist():
+            del ref[k]
+        keys = keys + 1
+        agree(table, ref, 4, rng)
+    st = table._state
+    assert st.used - st.live <= max(st.live // 4, 1024)  # tombstones do not pile up
+
+
+def test_growth_from_empty_by_small_batches():
+    rng = np.random.default_rng(7)
+    table, ref = HashTable(3), {}
+    for _ in range(300):
+        keys = rng.integers(0, 2**40, 97)
+        emb = rng.standard_normal((keys.size, 3)).astype(np.float32)
+        table.insert(keys, emb)
+        ref.update(zip(keys.tolist(), emb))
+    agree(table, ref, 3, rng)
+    st = table._state
+    assert st.used <= st.limit < st.cap and st.live / st.cap >= 0.4
+
+
+def test_bulk_load_matches_inserts_and_keeps_the_last_repeat():
+    rng = np.random.default_rng(11)
+    keys = rng.integers(-(2**40), 2**40, 60_000)
+    keys[::7] = keys[3]  # many repeats of one key, spread out
+    emb = rng.standard_normal((keys.size, 6)).astype(np.float32)
+    ref = dict(zip(keys.tolist(), emb))  # the last occurrence wins
+    loaded = HashTable(6)
+    loaded.load(keys, emb)
+    agree(loaded, ref, 6, rng)
+    inserted = HashTable(6)
+    inserted.insert(keys, emb)
+    agree(inserted, ref, 6, rng)
+    loaded.load(keys[:10], emb[:10])  # a load replaces everything
+    agree(loaded, dict(zip(keys[:10].tolist(), emb[:10])), 6, rng)
+
+
+def test_load_from_a_read_only_memory_map(tmp_path):
+    rng = np.random.default_rng(2)
+    keys = rng.permutation(5000).astype(np.int64) * 31
+    emb = rng.standard_normal((keys.size, 8)).astype(np.float32)
+    keys.tofile(tmp_path / "k")
+    emb.tofile(tmp_path / "e")
+    mk = np.memmap(tmp_path / "k", dtype=np.int64, mode="r")
+    me = np.memmap(tmp_path / "e", dtype=np.float32, mode="r").reshape(-1, 8)
+    table = HashTable(8)
+    table.load(mk, me)
+    agree(table, dict(zip(keys.tolist(), emb)), 8, rng)
+
+
+@pytest.mark.parametrize("policy", [EvictOldest(), EvictLeastUsed()])
+def test_statistics_follow_the_accesses(policy):
+    rng = np.random.default_rng(3)
+    table = HashTable(2, track=policy.track)
+    keys = np.arange(1000, dtype=np.int64) * 7 + 1
+    table.insert(keys, np.zeros((1000, 2), np.float32))
+    hot = keys[rng.choice(1000, 100, replace=False)]
+    for _ in range(3):
+        table.lookup(hot)
+    table.lookup(rng.integers(2**50, 2**51, 300))  # absent keys change nothing
+    table.evict_to(100, policy, rng)
+    assert np.array_equal(np.sort(table.keys()), np.sort(hot))
+    live = table._state.live_slots()
+    stats = table._state.stats[live]
+    if policy.track == "frequency":
+        assert (stats == 1 + 3).all()  # inserted with 1, three lookups
+    else:
+        assert (stats == stats.max()).all()  # stamped by the last lookup
+
+
+def test_evicting_tied_entries_keeps_the_table_compact():
+    # Equal statistics: the policy's victims follow slot order, so the survivors hold one
+    # stretch of hash values; the next generation's seed must spread them again.
+    for seed in range(3):
+        table = HashTable(8, track="recency")
+        table.insert(np.arange(40_000) * (seed + 3), np.ones((40_000, 8), np.float32))
+        table.evict_to(2000, EvictOldest(), np.random.default_rng(seed))
+        assert len(table) == 2000
+        assert table._state.cap == HashTable._cap_for(2000)
+
+
+def test_lookup_into_writes_only_its_positions():
+    rng = np.random.default_rng(4)
+    table = HashTable(3)
+    keys = rng.integers(0, 2**40, 500)
+    emb = rng.standard_normal((500, 3)).astype(np.float32)
+    table.insert(keys, emb)
+    query = np.concatenate([keys[:50], rng.integers(2**41, 2**42, 50)])
+    pos = np.arange(0, 100, 3, dtype=np.int64)
+    out = np.full((100, 3), 7.0, np.float32)
+    found = np.zeros(100, bool)
+    hits = table.lookup_into(query, pos, out, found)
+    assert hits == np.count_nonzero(pos < 50)
+    rest = np.setdiff1d(np.arange(100), pos)
+    assert (out[rest] == 7.0).all() and not found[rest].any()
+    np.testing.assert_array_equal(found[pos], pos < 50)
+    np.testing.assert_array_equal(out[pos[pos < 50]], emb[pos[pos < 50]])
+
+
+@pytest.mark.parametrize("parts", [1, 3, 16, 300])
+def test_partition_kernel_matches_numpy_grouping(parts):
+    keys = np.random.default_rng(parts).integers(-(2**63), 2**63 - 1, 5000, dtype=np.int64)
+    order, bounds = hash_kernels.group_by_partition(keys, parts)
+    want_order, want_bounds = group_by_partition(keys, parts)
+    np.testing.assert_array_equal(bounds, want_bounds)
+    np.testing.assert_array_equal(order, want_order)
+
+
+def test_parallel_hash_map_agrees_with_one_table():
+    rng = np.random.default_rng(9)
+    tier = HashMapTier(ParallelHashMapConfig(num_partitions=4))
+    tier.create_table("t", 5)
+    keys = rng.integers(-(2**62), 2**62, 30_000)
+    emb = rng.standard_normal((keys.size, 5)).astype(np.float32)
+    tier.load_table("t", keys, emb)
+    ref = dict(zip(keys.tolist(), emb))
+    more = rng.integers(-(2**62), 2**62, 5000)
+    more_emb = rng.standard_normal((more.size, 5)).astype(np.float32)
+    tier.insert("t", more, more_emb)
+    ref.update(zip(more.tolist(), more_emb))
+    assert tier.evict("t", keys[:1000]) == len(set(keys[:1000].tolist()))
+    for k in keys[:1000].tolist():
+        ref.pop(k, None)
+    query = rng.permutation(np.concatenate([keys, more, rng.integers(2**62, 2**63 - 1, 999)]))
+    got, found = tier.lookup("t", query)
+    np.testing.assert_array_equal(found, [k in ref for k in query.tolist()])
+    np.testing.assert_array_equal(got[found], np.stack([ref[k] for k in query[found].tolist()]))
+    assert tier.size("t") == len(ref) and sum(tier.partition_sizes("t")) == len(ref)
+    tier.close()
+
+
+def test_readers_never_see_a_key_without_its_vector():
+    """Lock-free lookups while a writer inserts (and grows the table): a key found has its
+    own vector (each vector holds its key), and keys inserted before the reader started are
+    always found."""
+    table = HashTable(4)
+    base = np.arange(1, 2001, dtype=np.int64)
+    table.insert(base, np.repeat(base.astype(np.float32)[:, None], 4, axis=1))
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def reader():
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            q = rng.integers(1, 200_000, 4000)
+            got, found = table.lookup(q)
+            if not (got[found] == q[found].astype(np.float32)[:, None]).all():
+                errors.append("a found key had another vector")
+            if not found[q <= 2000].all():
+                errors.append("a key inserted earlier was not found")
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for start in range(2001, 200_000, 5000):
+            k = np.arange(start, min(start + 5000, 200_000), dtype=np.int64)
+            table.insert(k, np.repeat(k.astype(np.float32)[:, None], 4, axis=1))
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors[:3]
+    assert len(table) == 199_999
