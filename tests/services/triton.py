@@ -88,10 +88,16 @@ class TritonInstall:
         return self.home / "backends"
 
     def environment(self) -> dict[str, str]:
-        """The environment tritonserver runs with: ours plus the wheel's libraries."""
+        """The environment tritonserver runs with: ours plus the wheel's libraries.
+
+        The backend's numba (another version than the virtual environment's) keeps its
+        compiled kernels in a folder of its own: sharing ``__pycache__`` with the other numba
+        would make each recompile and overwrite the other's cache on every start.
+        """
         env = dict(os.environ)
         paths = [str(self.libs), *filter(None, [env.get("LD_LIBRARY_PATH")])]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
+        env.setdefault("NUMBA_CACHE_DIR", str(self.home / "numba-cache"))
         return env
 
 
