@@ -152,19 +152,23 @@ def insert(keys, vectors, table_keys, ticks, values, tick):
     Keys go in order, so earlier keys win where a set cannot take them all: each takes an
     empty way of its set, else the oldest way (age ``(tick - ticks) mod 2**32``), never one
     stamped ``tick`` (used by this batch, or just filled).  That is the ``xp`` path's
-    ``place`` (the oldest ways go to the earliest keys), done one key at a time.
+    ``place`` (the oldest ways go to the earliest keys), done one key at a time.  Two
+    pipelined passes, as a lookup: choose the slots (keys and ticks), then copy the vectors.
     """
     num_sets, ways = table_keys.shape
     flat = table_keys.reshape(-1)
+    dim = values.shape[1]
+    flat_values = values.reshape(-1)
     n = keys.size
     now = np.int64(tick & 0xFFFFFFFF)
-    inserted = 0
+    slots = np.empty(n, dtype=np.int64)  # where each key goes, -1: nowhere
     evicted = 0
     for i in range(n):
         if i + PREFETCH < n:
             ahead = set_of_key(keys[i + PREFETCH], num_sets) * ways
-            _prefetch(flat, ahead)
-            _prefetch(ticks, ahead)
+            _prefetch_write(flat, ahead)
+            _prefetch_write(ticks, ahead)
+        slots[i] = -1
         key = keys[i]
         if key == EMPTY:
             continue
@@ -179,14 +183,21 @@ def insert(keys, vectors, table_keys, ticks, values, tick):
             age = _AGE_EMPTY if held == EMPTY else (now - np.int64(ticks[first + w])) & 0xFFFFFFFF
             if age > best_age:
                 best, best_age = w, age
-        if best < 0:
-            continue
-        slot = first + best
-        evicted += flat[slot] != EMPTY
-        flat[slot] = key
-        ticks[slot] = np.uint32(now)
-        values[slot, :] = vectors[i, :]
-        inserted += 1
+        if best >= 0:
+            slot = first + best
+            slots[i] = slot
+            evicted += flat[slot] != EMPTY
+            flat[slot] = key
+            ticks[slot] = np.uint32(now)
+    inserted = 0
+    for i in range(n + PREFETCH):
+        if i < n and slots[i] >= 0:
+            _prefetch_write(flat_values, slots[i] * dim)
+        j = i - PREFETCH
+        if j >= 0 and slots[j] >= 0:
+            slot = slots[j]
+            values[slot, :] = vectors[j, :]
+            inserted += 1
     return inserted, evicted
 
 
@@ -239,3 +250,24 @@ def distinct_by_count(keys):
     for i in range(n):
         inverse[i] = rank[inverse[i]]
     return distinct, inverse
+
+
+_warm = False
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's on-disk cache) every kernel for the array types the
+    table uses, once per process: tables call this when created, so no query pays the
+    seconds a first compile takes (and no concurrent reader stalls behind it)."""
+    global _warm
+    if _warm:
+        return
+    keys = np.array([1, EMPTY], dtype=np.int64)
+    table_keys = np.full((1, 2), EMPTY, dtype=np.int64)
+    ticks = np.zeros(2, dtype=np.uint32)
+    values = np.zeros((2, 1), dtype=np.float32)
+    insert(keys, np.ones((2, 1), dtype=np.float32), table_keys, ticks, values, 1)
+    lookup(keys, table_keys, ticks, values, np.empty((2, 1), np.float32), np.empty(2, bool), 2)
+    probe(keys, table_keys, np.empty(2, np.int64), np.empty(2, bool))
+    distinct_by_count(keys)
+    _warm = True

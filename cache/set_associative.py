@@ -83,6 +83,7 @@ class SetAssociativeTable:
         if xp is np:
             from . import cpu_kernels
 
+            cpu_kernels.warm_up()
             self._cpu = cpu_kernels
 
     @property
