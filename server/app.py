@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -130,6 +131,16 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
     return app
 
 
+def http_protocol() -> Any:
+    """uvicorn's ``http`` setting: httptools writing each response in one send (see
+    :mod:`.http_protocol`), or uvicorn's choice when httptools is missing."""
+    try:
+        from .http_protocol import GatheringHttpToolsProtocol
+    except ImportError:
+        return "auto"
+    return GatheringHttpToolsProtocol
+
+
 def serve(settings: Settings, loader: Loader | None = None) -> None:
     """Run the server in the foreground until interrupted."""
     # The event loop shares the GIL with the inference and gRPC threads; a shorter switch
@@ -144,6 +155,7 @@ def serve(settings: Settings, loader: Loader | None = None) -> None:
         lifespan="on",
         access_log=False,
         loop="asyncio",  # grpc.aio shares this loop
+        http=http_protocol(),
     )
     uvicorn.Server(config).run()
 
@@ -179,6 +191,7 @@ class BackgroundServer:
             lifespan="on",
             access_log=False,
             loop="asyncio",
+            http=http_protocol(),
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="tierserve")

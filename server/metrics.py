@@ -113,6 +113,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         self._children: dict[tuple[str, str], tuple] = {}
+        self._batch_children: dict[str, tuple] = {}
         self._tiers = _TierCollector()
         self.registry.register(self._tiers)
 
@@ -125,8 +126,12 @@ class ServerMetrics:
         self._tiers.tier_sources.append(source)
 
     def observe_batch(self, model: str, rows: int, requests: int) -> None:
-        self.batch_size.labels(model).observe(rows)
-        self.batch_requests.labels(model).observe(requests)
+        children = self._batch_children.get(model)
+        if children is None:  # model names here are loaded models: a bounded set
+            children = (self.batch_size.labels(model), self.batch_requests.labels(model))
+            self._batch_children[model] = children
+        children[0].observe(rows)
+        children[1].observe(requests)
 
     def observe_request(
         self, model: str, protocol: str, seconds: float, status: str | None = None
