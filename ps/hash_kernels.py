@@ -4,10 +4,10 @@ Layout of one table generation (``nslots = cap + pad`` slots):
 
 - ``tags`` (uint8, ``nslots``): 0 empty, 1 deleted, else 2 + an 8-bit hash of the key (the
   tag), so probing scans one byte per slot and reads a slot's key only on a tag match;
-- ``words`` (float32, ``nslots * width``): each slot's row holds the key (int64, the first
-  two words; ``keyw`` is the int64 view of the same memory, a slot's key at
-  ``keyw[slot * width // 2]``) followed by its vector of ``dim`` floats (``width = 2 + dim``
-  rounded up to even), so the key check and the vector copy touch the same cache lines;
+- ``rows`` (float32, ``[nslots, width]``): each slot's row holds the key (int64: the first
+  two floats; ``rows.view(np.int64)[slot, 0]``) followed by its vector of ``dim`` floats
+  (``width = 2 + dim`` rounded up to even, so keys stay 8-byte aligned): the key check and
+  the vector copy touch the same cache lines;
 - ``stats`` (int32, ``nslots``, or empty when no statistic is kept): last access tick or
   access count, for the eviction policies.
 
@@ -112,61 +112,72 @@ def _scan(tg, s, tags):
 
 
 @nb.njit(inline="always")
-def _probe(key, tg, s, tags, keyw, half):
+def _probe(key, tg, s, tags, rkeys):
     """The slot holding ``key``, probing from slot ``s``, or -1."""
     while True:
         s = _scan(tg, s, tags)
-        if s < 0 or keyw[s * half] == key:
+        if s < 0 or rkeys[s, 0] == key:
             return s
         s += 1
 
 
+@nb.njit(inline="always")
+def _prefetch_row(rows, s, write):
+    """Every cache line of slot ``s``'s row (72 bytes at dim 16: two lines)."""
+    row = rows[s]
+    width = row.size
+    for c in range(0, width - 1, 16):
+        if write:
+            prefetch_write(row, c)
+        else:
+            prefetch(row, c)
+    if write:
+        prefetch_write(row, width - 1)
+    else:
+        prefetch(row, width - 1)
+
+
 @nb.njit(nogil=True, cache=True)
-def lookup(keys, pos, indexed, tags, words, cap, seed, width, stats, track, tick, out, found):
+def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found):
     """Copy the vectors of ``keys`` into ``out``; set ``found``; return how many were found.
 
     With ``indexed`` only the keys ``keys[pos[j]]`` are looked up and written to
     ``out[pos[j]]`` / ``found[pos[j]]`` (one partition's share of a request).  Rows of keys
     not found are zeroed.  ``track`` 1 stamps found slots with ``tick`` in ``stats``,
     2 counts the access.  Three stages run ``_AHEAD`` keys apart: prefetch the home tag,
-    probe the tags (and prefetch the row found), copy the row.
+    probe the tags (and prefetch the row found), check the key and copy the row.
     """
-    keyw = words.view(np.int64)
-    half = width // 2
+    rkeys = rows.view(np.int64)
     dim = out.shape[1]
     m = pos.size if indexed else keys.size
     slot = np.empty(m, np.int64)
+    hs = np.empty(m, np.uint64)
     d = _AHEAD
     hits = 0
     for j in range(-2 * d, m):
         a = j + 2 * d  # stage 1: the tag's cache line
         if a < m:
-            k = keys[pos[a]] if indexed else keys[a]
-            s = _home(_mix(k, seed), cap)
+            h = _mix(keys[pos[a]] if indexed else keys[a], seed)
+            hs[a] = h
+            s = _home(h, cap)
             slot[a] = s
             prefetch(tags, s)
         b = j + d  # stage 2: the first tag match (no key read yet), then its row's lines
         if b >= 0 and b < m:
-            k = keys[pos[b]] if indexed else keys[b]
-            h = _mix(k, seed)
-            s = _scan(_tag(h), slot[b], tags)
+            s = _scan(_tag(hs[b]), slot[b], tags)
             slot[b] = s
             if s >= 0:
-                base = s * width
-                for c in range(0, width, 16):
-                    prefetch(words, base + c)
-                prefetch(words, base + width - 1)
+                _prefetch_row(rows, s, False)
         if j >= 0:  # stage 3: check the key (a tag matches a wrong key 1 in 254), copy
             i = pos[j] if indexed else j
             s = slot[j]
             if s >= 0:
                 k = keys[i]
-                if keyw[s * half] != k:
-                    s = _probe(k, _tag(_mix(k, seed)), s + 1, tags, keyw, half)
+                if rkeys[s, 0] != k:
+                    s = _probe(k, _tag(hs[j]), s + 1, tags, rkeys)
             if s >= 0:
-                base = s * width + 2
                 for c in range(dim):
-                    out[i, c] = words[base + c]
+                    out[i, c] = rows[s, 2 + c]
                 found[i] = True
                 hits += 1
                 if track == TRACK_RECENCY:
@@ -181,21 +192,20 @@ def lookup(keys, pos, indexed, tags, words, cap, seed, width, stats, track, tick
 
 
 @nb.njit(nogil=True, cache=True)
-def find(keys, tags, words, cap, seed, width, slots):
+def find(keys, tags, rows, cap, seed, slots):
     """Write each key's slot (or -1 when absent) to ``slots``."""
-    keyw = words.view(np.int64)
-    half = width // 2
+    rkeys = rows.view(np.int64)
     n = keys.size
     for i in range(n):
         if i + _AHEAD < n:
             prefetch(tags, _home(_mix(keys[i + _AHEAD], seed), cap))
         k = keys[i]
         h = _mix(k, seed)
-        slots[i] = _probe(k, _tag(h), _home(h, cap), tags, keyw, half)
+        slots[i] = _probe(k, _tag(h), _home(h, cap), tags, rkeys)
 
 
 @nb.njit(nogil=True, cache=True)
-def insert(keys, emb, tags, words, cap, seed, width, stats, stat, track, limit, used):
+def insert(keys, emb, tags, rows, cap, seed, stats, stat, track, limit, used):
     """Insert or overwrite ``keys[i]`` with ``emb[i]``, in order (a repeated key: the last wins).
 
     A new key takes the first deleted slot of its probe, else the empty slot ending it.  New
@@ -204,8 +214,7 @@ def insert(keys, emb, tags, words, cap, seed, width, stats, stat, track, limit, 
     filled) reached ``limit`` or the probe reached the last slot.  Returns ``(keys done,
     new keys, used)``: the caller grows the table and goes on from there.
     """
-    keyw = words.view(np.int64)
-    half = width // 2
+    rkeys = rows.view(np.int64)
     dim = emb.shape[1]
     n = keys.size
     nslots = tags.size
@@ -216,8 +225,7 @@ def insert(keys, emb, tags, words, cap, seed, width, stats, stat, track, limit, 
         if a < n:
             s = _home(_mix(keys[a], seed), cap)
             prefetch_write(tags, s)
-            prefetch_write(words, s * width)
-            prefetch_write(words, s * width + width - 1)
+            _prefetch_row(rows, s, True)
         k = keys[i]
         h = _mix(k, seed)
         tg = _tag(h)
@@ -227,7 +235,7 @@ def insert(keys, emb, tags, words, cap, seed, width, stats, stat, track, limit, 
         while True:
             t = tags[s]
             if t == tg:
-                if keyw[s * half] == k:
+                if rkeys[s, 0] == k:
                     hit = True
                     break
             elif t == EMPTY_TAG:
@@ -236,9 +244,8 @@ def insert(keys, emb, tags, words, cap, seed, width, stats, stat, track, limit, 
                 free = s
             s += 1
         if hit:
-            base = s * width + 2
             for c in range(dim):
-                words[base + c] = emb[i, c]
+                rows[s, 2 + c] = emb[i, c]
             if track == TRACK_RECENCY:
                 stats[s] = stat
             continue
@@ -248,10 +255,9 @@ def insert(keys, emb, tags, words, cap, seed, width, stats, stat, track, limit, 
             if used >= limit or s >= nslots - 1:
                 return i, new, used
             used += 1
-        keyw[s * half] = k
-        base = s * width + 2
+        rkeys[s, 0] = k
         for c in range(dim):
-            words[base + c] = emb[i, c]
+            rows[s, 2 + c] = emb[i, c]
         if keep_stats:
             stats[s] = stat
         tags[s] = tg  # publish last
@@ -260,29 +266,27 @@ def insert(keys, emb, tags, words, cap, seed, width, stats, stat, track, limit, 
 
 
 @nb.njit(nogil=True, cache=True)
-def rehash(old_tags, old_words, old_stats, tags, words, cap, seed, width, stats):
+def rehash(old_tags, old_rows, old_stats, tags, rows, cap, seed, stats):
     """Copy every live slot of the old arrays into the empty new ones; False if they overflow."""
-    old_keyw = old_words.view(np.int64)
-    half = width // 2
+    old_keys = old_rows.view(np.int64)
     nslots = tags.size
+    width = rows.shape[1]
     keep_stats = stats.size > 0 and old_stats.size > 0
     n = old_tags.size
     for o in range(n):
         a = o + _AHEAD
         if a < n and old_tags[a] > DELETED_TAG:
-            prefetch_write(tags, _home(_mix(old_keyw[a * half], seed), cap))
+            prefetch_write(tags, _home(_mix(old_keys[a, 0], seed), cap))
         if old_tags[o] <= DELETED_TAG:
             continue
-        h = _mix(old_keyw[o * half], seed)
+        h = _mix(old_keys[o, 0], seed)
         s = _home(h, cap)
         while tags[s] != EMPTY_TAG:
             s += 1
         if s >= nslots - 1:
             return False
-        src = o * width
-        dst = s * width
         for c in range(width):
-            words[dst + c] = old_words[src + c]
+            rows[s, c] = old_rows[o, c]
         if keep_stats:
             stats[s] = old_stats[o]
         tags[s] = _tag(h)  # the tag too depends on the seed

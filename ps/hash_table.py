@@ -1,7 +1,7 @@
 """An open-addressing hash table of embeddings, worked by compiled kernels.
 
 One :class:`HashTable` maps int64 keys to float32 vectors of length ``dim``.  Each slot keeps
-the key next to its vector (one row of ``words``), and a separate byte per slot (the tag:
+the key next to its vector (one row of ``rows``), and a separate byte per slot (the tag:
 empty, deleted, or 8 bits of the key's hash) is what probing scans, so a lookup costs about
 one random cache line for the tag and one for the row: the layout and the kernels are in
 :mod:`tierserve.ps.hash_kernels`.  A statistic per slot (last access tick or access count)
@@ -45,17 +45,17 @@ _NO_POS = np.empty(0, dtype=np.int64)
 class _State:
     """The arrays of one table generation; replaced as a whole on resize."""
 
-    __slots__ = ("cap", "seed", "width", "tags", "words", "stats", "live", "used", "limit")
+    __slots__ = ("cap", "seed", "tags", "rows", "stats", "live", "used", "limit")
 
     def __init__(self, cap: int, dim: int, track: bool, generation: int):
         self.cap = cap
         # A fresh hash per generation (see hash_kernels): the golden-ratio multiple, as int64.
         self.seed = (generation * 0x9E3779B97F4A7C15 + 2**63) % 2**64 - 2**63
-        self.width = 2 + dim + (dim & 1)  # int64 key + vector, even: keys stay 8-byte aligned
+        width = 2 + dim + (dim & 1)  # int64 key + vector, even: keys stay 8-byte aligned
         # Probes never wrap: they run into the padding, whose last slot stays empty.
         nslots = cap + min(4096, max(32, cap // 16))
         self.tags = np.zeros(nslots, dtype=np.uint8)  # all empty
-        self.words = np.empty(nslots * self.width, dtype=np.float32)
+        self.rows = np.empty((nslots, width), dtype=np.float32)
         self.stats = np.zeros(nslots if track else 0, dtype=np.int32)
         self.live = 0  # slots holding a key
         self.used = 0  # slots holding a key or a tombstone
@@ -63,18 +63,18 @@ class _State:
 
     @property
     def nbytes(self) -> int:
-        return self.tags.nbytes + self.words.nbytes + self.stats.nbytes
+        return self.tags.nbytes + self.rows.nbytes + self.stats.nbytes
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Each key's slot, -1 where absent."""
         slots = np.empty(keys.size, dtype=np.int64)
-        _k.find(keys, self.tags, self.words, self.cap, self.seed, self.width, slots)
+        _k.find(keys, self.tags, self.rows, self.cap, self.seed, slots)
         return slots
 
     def insert(self, keys: np.ndarray, emb: np.ndarray, stat: int, track: int) -> int:
         """Insert until full; returns how many of ``keys`` were done (counts updated)."""
         done, new, used = _k.insert(
-            keys, emb, self.tags, self.words, self.cap, self.seed, self.width, self.stats, stat, track,
+            keys, emb, self.tags, self.rows, self.cap, self.seed, self.stats, stat, track,
             self.limit, self.used,
         )  # fmt: skip
         self.live += new
@@ -85,8 +85,7 @@ class _State:
         return np.flatnonzero(self.tags > _k.DELETED_TAG)
 
     def keys(self) -> np.ndarray:
-        keyw = self.words.view(np.int64)[:: self.width // 2]
-        return keyw[self.tags > _k.DELETED_TAG]
+        return self.rows.view(np.int64)[self.tags > _k.DELETED_TAG, 0]
 
 
 def _as_keys(keys) -> np.ndarray:
@@ -146,8 +145,8 @@ class HashTable:
             self._tick += 1
             tick = self._tick
         hits = _k.lookup(
-            keys, _NO_POS if pos is None else pos, pos is not None, st.tags, st.words, st.cap,
-            st.seed, st.width, st.stats, self._track, tick, out, found,
+            keys, _NO_POS if pos is None else pos, pos is not None, st.tags, st.rows, st.cap,
+            st.seed, st.stats, self._track, tick, out, found,
         )  # fmt: skip
         if tick >= _TICK_REBASE:
             self._rebase()
@@ -266,8 +265,7 @@ class HashTable:
         cap = max(cap, self._cap_for(old.live))
         while True:
             st = self._new_state(cap)
-            if _k.rehash(old.tags, old.words, old.stats, st.tags, st.words, st.cap, st.seed,
-                         st.width, st.stats):  # fmt: skip
+            if _k.rehash(old.tags, old.rows, old.stats, st.tags, st.rows, st.cap, st.seed, st.stats):
                 st.live = st.used = old.live
                 self._state = st
                 return
