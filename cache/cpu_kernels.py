@@ -134,10 +134,9 @@ def gather(values, ticks, slots, hit, out, tick, hits):
 
 
 @njit(nogil=True, cache=True)
-def lookup(keys, table_keys, ticks, values, out, hit, tick):
-    """Probe and gather (see both): cached rows into ``out``, flags into ``hit``; return the
-    number of hits."""
-    slots = np.empty(keys.size, dtype=np.int64)
+def lookup(keys, table_keys, ticks, values, out, hit, slots, tick):
+    """Probe and gather (see both): cached rows into ``out``, flags into ``hit``, slots read
+    into ``slots``; return the number of hits."""
     hits = probe(keys, table_keys, slots, hit)
     if hits:
         gather(values, ticks, slots, hit, out, tick, hits)
@@ -145,28 +144,31 @@ def lookup(keys, table_keys, ticks, values, out, hit, tick):
 
 
 @njit(nogil=True, cache=True)
-def insert(keys, vectors, table_keys, ticks, values, tick):
-    """Insert each key of ``keys`` (with its row of ``vectors``) that is not cached yet;
-    return ``(inserted, evicted)``.
+def plan_insert(keys, table_keys, ticks, tick, slots):
+    """Choose a slot for each of the unique ``keys`` that is not cached yet (``slots[i]``,
+    -1: none) and stamp it ``tick``; return how many of them hold a key now (evictions).
+    Changes only ``ticks``; :func:`apply_insert` then writes keys and vectors.
 
     Keys go in order, so earlier keys win where a set cannot take them all: each takes an
     empty way of its set, else the oldest way (age ``(tick - ticks) mod 2**32``), never one
-    stamped ``tick`` (used by this batch, or just filled).  That is the ``xp`` path's
-    ``place`` (the oldest ways go to the earliest keys), done one key at a time.  Two
-    pipelined passes, as a lookup: choose the slots (keys and ticks), then copy the vectors.
+    stamped ``tick`` (used by this batch, or just chosen).  That is the ``xp`` path's
+    ``place`` (the oldest ways go to the earliest keys), done one key at a time.
     """
     num_sets, ways = table_keys.shape
     flat = table_keys.reshape(-1)
-    dim = values.shape[1]
-    flat_values = values.reshape(-1)
     n = keys.size
     now = np.int64(tick & 0xFFFFFFFF)
-    slots = np.empty(n, dtype=np.int64)  # where each key goes, -1: nowhere
+    # The slots chosen so far (a linear-probing set): still empty in the table, taken here.
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    mask = size - 1
+    chosen = np.full(size, -1, dtype=np.int64)
     evicted = 0
     for i in range(n):
         if i + PREFETCH < n:
             ahead = set_of_key(keys[i + PREFETCH], num_sets) * ways
-            _prefetch_write(flat, ahead)
+            _prefetch(flat, ahead)
             _prefetch_write(ticks, ahead)
         slots[i] = -1
         key = keys[i]
@@ -180,15 +182,40 @@ def insert(keys, vectors, table_keys, ticks, values, tick):
             if held == key:
                 best = -1
                 break
-            age = _AGE_EMPTY if held == EMPTY else (now - np.int64(ticks[first + w])) & 0xFFFFFFFF
+            if held == EMPTY:
+                age = _AGE_EMPTY
+                at = set_of_key(first + w, size)
+                while chosen[at] >= 0:
+                    if chosen[at] == first + w:
+                        age = 0
+                        break
+                    at = (at + 1) & mask
+            else:
+                age = (now - np.int64(ticks[first + w])) & 0xFFFFFFFF
             if age > best_age:
                 best, best_age = w, age
         if best >= 0:
             slot = first + best
             slots[i] = slot
-            evicted += flat[slot] != EMPTY
-            flat[slot] = key
+            if flat[slot] == EMPTY:
+                at = set_of_key(slot, size)
+                while chosen[at] >= 0:
+                    at = (at + 1) & mask
+                chosen[at] = slot
+            else:
+                evicted += 1
             ticks[slot] = np.uint32(now)
+    return evicted
+
+
+@njit(nogil=True, cache=True)
+def apply_insert(keys, vectors, slots, table_keys, values):
+    """Write ``keys[i]`` and ``vectors[i]`` into slot ``slots[i]`` (skipped where -1), the
+    vector rows prefetched for writing ahead; return how many were written."""
+    flat = table_keys.reshape(-1)
+    flat_values = values.reshape(-1)
+    dim = values.shape[1]
+    n = keys.size
     inserted = 0
     for i in range(n + PREFETCH):
         if i < n and slots[i] >= 0:
@@ -196,9 +223,37 @@ def insert(keys, vectors, table_keys, ticks, values, tick):
         j = i - PREFETCH
         if j >= 0 and slots[j] >= 0:
             slot = slots[j]
+            flat[slot] = keys[j]
             values[slot, :] = vectors[j, :]
             inserted += 1
-    return inserted, evicted
+    return inserted
+
+
+@njit(nogil=True, cache=True)
+def touches(slots, hit, written):
+    """Whether any slot ``slots[i]`` with ``hit[i]`` is among ``written`` (a reader's check
+    that the writes which overlapped its read changed none of the rows it returned)."""
+    m = written.size
+    if m == 0:
+        return False
+    size = 2
+    while size < 2 * m:
+        size *= 2
+    mask = size - 1
+    held = np.full(size, -1, dtype=np.int64)
+    for i in range(m):
+        at = set_of_key(written[i], size)
+        while held[at] >= 0 and held[at] != written[i]:
+            at = (at + 1) & mask
+        held[at] = written[i]
+    for i in range(slots.size):
+        if hit[i]:
+            at = set_of_key(slots[i], size)
+            while held[at] >= 0:
+                if held[at] == slots[i]:
+                    return True
+                at = (at + 1) & mask
+    return False
 
 
 @njit(nogil=True, cache=True)
@@ -266,8 +321,12 @@ def warm_up() -> None:
     table_keys = np.full((1, 2), EMPTY, dtype=np.int64)
     ticks = np.zeros(2, dtype=np.uint32)
     values = np.zeros((2, 1), dtype=np.float32)
-    insert(keys, np.ones((2, 1), dtype=np.float32), table_keys, ticks, values, 1)
-    lookup(keys, table_keys, ticks, values, np.empty((2, 1), np.float32), np.empty(2, bool), 2)
-    probe(keys, table_keys, np.empty(2, np.int64), np.empty(2, bool))
+    slots = np.empty(2, dtype=np.int64)
+    hit = np.empty(2, dtype=bool)
+    plan_insert(keys, table_keys, ticks, 1, slots)
+    apply_insert(keys, np.ones((2, 1), dtype=np.float32), slots, table_keys, values)
+    lookup(keys, table_keys, ticks, values, np.empty((2, 1), np.float32), hit, slots, 2)
+    probe(keys, table_keys, slots, hit)
+    touches(slots, hit, slots)
     distinct_by_count(keys)
     _warm = True

@@ -22,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections import deque
 from typing import Literal
 
 import numpy as np
 
 from tierserve.ps.errors import ConfigError, InvalidInputError
 
+from . import cpu_kernels
 from .cpu_kernels import distinct_by_count
 from .device import array_module, device_context, to_host
 from .freshness import UpdateLog
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 CacheType = Literal["dynamic", "static"]
 _EMA = 0.2  # weight of the newest batch in the running hit rate
 _REFRESH_CHUNK = 65536
+_WRITE_LOG = 64  # writes whose slots readers can check (see _read)
 #: Ways per set.  Two cost the fewest array passes per lookup; in the power-law benchmark
 #: (alpha 1.2, 20% cache) 2, 4 and 8 ways reach the same hit rate within 0.5%.
 DEFAULT_WAYS = 2
@@ -109,6 +112,7 @@ class EmbeddingCache:
         self._device_id = device_id
         self._lock = threading.Lock()  # writers
         self._seq = 0  # odd while a writer changes the table
+        self._written: deque = deque(maxlen=_WRITE_LOG)  # (odd seq, slots changed or None)
         self._stats = threading.Lock()
         self._log = UpdateLog()
         self._tick = 0
@@ -197,20 +201,40 @@ class EmbeddingCache:
     lookup = query
 
     def _read(self, keys, tick: int):
+        """``(embeddings, hit, hits)`` of a consistent read: retried (at last under the
+        writer lock) when a write overlapped it, unless the write log shows that the
+        overlapping writes changed none of the slots it hit."""
         for _ in range(3):
             seq = self._seq
-            if seq & 1:
-                continue
-            result = self._lookup(keys, tick)
-            if self._seq == seq:
-                return result
+            out, hit, hits, slots = self._lookup(keys, tick)
+            now = self._seq
+            if now == seq and not seq & 1:
+                return out, hit, hits
+            if slots is not None and self._untouched(slots, hit, seq, now):
+                return out, hit, hits
         with self._lock:
-            return self._lookup(keys, tick)
+            return self._lookup(keys, tick)[:3]
+
+    def _untouched(self, slots, hit, seq: int, now: int) -> bool:
+        """Whether the writes that overlapped a read (sequence numbers ``seq`` .. ``now``)
+        are all in the write log, with their slots, and changed none of the slots it hit."""
+        first = seq if seq & 1 else seq + 1  # writes are logged under odd numbers
+        if now < first:
+            return True
+        written = [at for odd, at in list(self._written) if first <= odd <= now]
+        if len(written) != (now - first) // 2 + 1 or any(at is None for at in written):
+            return False  # the log no longer reaches back, or a write may change any slot
+        return not cpu_kernels.touches(slots, hit, np.concatenate(written))
 
     def _lookup(self, keys, tick: int):
-        if self._kernel is not None and self.cache_type == "dynamic":
-            return self._kernel.lookup(self._table, keys, tick)
-        return self._table.lookup(keys, tick)
+        """``(embeddings, hit, hits, slots)``: ``slots`` the slots read, where known."""
+        if self.cache_type == "dynamic":
+            if self._kernel is not None:
+                return (*self._kernel.lookup(self._table, keys, tick), None)
+            if self.xp is np:
+                slots = np.empty(keys.size, dtype=np.int64)
+                return (*self._table.lookup(keys, tick, slots), slots)
+        return (*self._table.lookup(keys, tick), None)
 
     def _fetch(self, keys: np.ndarray) -> np.ndarray:
         vectors = np.asarray(self._ps.lookup(self.model, self.table, keys), dtype=np.float32)
@@ -233,13 +257,24 @@ class EmbeddingCache:
     # --- writes -----------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _writing(self):
-        with self._lock:
+    def _changing(self, slots=None):
+        """Bump the sequence number around a change of the table (the caller holds the
+        writer lock), after logging which ``slots`` change (numpy int64; ``None``: maybe
+        any), so that readers whose read overlapped only other slots need not retry."""
+        if slots is not None and not isinstance(slots, np.ndarray):
+            slots = None
+        self._written.append((self._seq + 1, slots))
+        self._seq += 1
+        try:
+            yield
+        finally:
             self._seq += 1
-            try:
-                yield
-            finally:
-                self._seq += 1
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """The writer lock, and a change of any slot."""
+        with self._lock, self._changing():
+            yield
 
     def _insert_fetched(self, keys: np.ndarray, vectors: np.ndarray, epoch: int) -> None:
         """Insert fetched ``vectors`` unless an update overtook them (see UpdateLog).
@@ -247,7 +282,7 @@ class EmbeddingCache:
         Earlier keys win where a set cannot take them all (callers pass the hottest first).
         """
         xp = self.xp
-        with device_context(self.xp, self._device_id), self._writing():
+        with device_context(self.xp, self._device_id), self._lock:
             fresh = self._log.fresh(keys, epoch)
             if fresh is not None:
                 with self._stats:
@@ -255,7 +290,9 @@ class EmbeddingCache:
                 keys, vectors = keys[fresh], vectors[fresh]
             if not keys.size:
                 return
-            inserted, evicted = self._table.insert(xp.asarray(keys), xp.asarray(vectors), self._tick)
+            inserted, evicted = self._table.insert(
+                xp.asarray(keys), xp.asarray(vectors), self._tick, self._changing
+            )
         with self._stats:
             self._inserted += inserted
             self._evicted += evicted
@@ -293,13 +330,13 @@ class EmbeddingCache:
         if vectors is None:
             keys_h = np.unique(keys_h)
         xp = self.xp
-        with device_context(self.xp, self._device_id), self._writing():
+        with device_context(self.xp, self._device_id), self._lock:
             self._log.record(keys_h)
             keys_d = xp.asarray(keys_h)
             if vectors is None:
-                self._table.invalidate(keys_d)
+                self._table.invalidate(keys_d, self._changing)
             else:
-                self._table.overwrite(keys_d, xp.asarray(vectors))
+                self._table.overwrite(keys_d, xp.asarray(vectors), self._changing)
         with self._stats:
             self._updates += 1
 
@@ -336,11 +373,13 @@ class EmbeddingCache:
             for start in range(0, cached.size, _REFRESH_CHUNK):
                 keys = cached[start : start + _REFRESH_CHUNK]
                 vectors = self._fetch(keys)
-                with self._writing():
+                with self._lock:
                     fresh = self._log.fresh(keys, epoch)
                     if fresh is not None:  # updated since: the cache already has newer rows
                         keys, vectors = keys[fresh], vectors[fresh]
-                    total += self._table.overwrite(xp.asarray(keys), xp.asarray(vectors))
+                    total += self._table.overwrite(
+                        xp.asarray(keys), xp.asarray(vectors), self._changing
+                    )
         with self._stats:
             self._refreshed += total
         return total

@@ -30,6 +30,8 @@ serialises writers and validates readers with a sequence number.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .hashing import set_of
@@ -40,6 +42,11 @@ STAMP_ALL = 4096
 STAMP_STRIDE = 4
 _LINE = 64  # bytes in a CPU cache line
 _AGE_EMPTY = np.int64(2**32)  # older than any real age: empty slots are taken first
+
+
+def unlogged(slots) -> contextlib.AbstractContextManager:
+    """The default ``changing`` of the write methods: no sequence number, no log."""
+    return contextlib.nullcontext()
 
 
 def _zeros(xp, shape: tuple, dtype):
@@ -117,15 +124,18 @@ class SetAssociativeTable:
             hit &= keys != _EMPTY  # the empty marker matches empty slots: never a hit
         return slots, hit
 
-    def lookup(self, keys, tick: int | None = None):
+    def lookup(self, keys, tick: int | None = None, slots=None):
         """``(embeddings, hit, hits)``: each key's cached vector (garbage where ``hit`` is
         False) and the number of hits.  With ``tick`` (the batch number), hit slots are
-        stamped with it, sampled in large batches (see the module doc)."""
+        stamped with it, sampled in large batches (see the module doc).  On numpy, an int64
+        array ``slots`` receives the slot each hit was read from."""
         if self._cpu is None:
             return self.lookup_xp(keys, tick)
         out = np.empty((keys.size, self.dim), dtype=np.float32)
         hit = np.empty(keys.size, dtype=bool)
-        hits = self._cpu.lookup(keys, self.keys, self.ticks, self.values, out, hit,
+        if slots is None:
+            slots = np.empty(keys.size, dtype=np.int64)
+        hits = self._cpu.lookup(keys, self.keys, self.ticks, self.values, out, hit, slots,
                                 -1 if tick is None else int(tick))
         return out, hit, int(hits)
 
@@ -147,35 +157,53 @@ class SetAssociativeTable:
         return self._flat[self._flat != _EMPTY]
 
     # --- writes (the caller holds the writer lock) ------------------------------------------
+    #
+    # ``changing(slots)`` is the caller's context manager around the change of the table's
+    # ``slots`` (on numpy: an int64 array; ``None``: any slot); the cache bumps its sequence
+    # number there and logs the slots for its readers.  Default: nothing.
 
-    def clear(self) -> None:
+    def clear(self, changing=unlogged) -> None:
         """Drop every embedding."""
-        self.keys[...] = _EMPTY
+        with changing(None):
+            self.keys[...] = _EMPTY
         self.size = 0
 
-    def overwrite(self, keys, values) -> int:
+    def overwrite(self, keys, values, changing=unlogged) -> int:
         """Replace the vectors of those ``keys`` that are cached; return how many were."""
         slots, hit = self.probe(keys)
         idx = self.xp.flatnonzero(hit)
         if idx.size:
-            self.values[slots[idx]] = values[idx]
+            at = slots[idx]
+            with changing(at if self._cpu is not None else None):
+                self.values[at] = values[idx]
         return int(idx.size)
 
-    def invalidate(self, keys) -> int:
+    def invalidate(self, keys, changing=unlogged) -> int:
         """Drop those ``keys`` that are cached (give unique keys); return how many were."""
         slots, hit = self.probe(keys)
         idx = self.xp.flatnonzero(hit)
         if idx.size:
-            self._flat[slots[idx]] = _EMPTY
+            at = slots[idx]
+            with changing(at if self._cpu is not None else None):
+                self._flat[at] = _EMPTY
             self.size -= int(idx.size)
         return int(idx.size)
 
-    def insert(self, keys, values, tick: int) -> tuple[int, int]:
+    def insert(self, keys, values, tick: int, changing=unlogged) -> tuple[int, int]:
         """Insert those of the unique ``keys`` that are not cached, with their ``values``,
         stamped ``tick``; as :meth:`place` otherwise.  Returns ``(inserted, evicted)``."""
-        if self._cpu is not None:
-            return self.place(keys, values, tick)
-        return self.insert_xp(keys, values, tick)
+        if self._cpu is None:
+            with changing(None):
+                return self.insert_xp(keys, values, tick)
+        slots = np.empty(keys.size, dtype=np.int64)
+        evicted = int(self._cpu.plan_insert(keys, self.keys, self.ticks, int(tick), slots))
+        with changing(slots[slots >= 0]):
+            inserted = int(self._cpu.apply_insert(
+                keys, np.ascontiguousarray(values, dtype=np.float32), slots, self.keys,
+                self.values,
+            ))
+        self.size += inserted - evicted
+        return inserted, evicted
 
     def insert_xp(self, keys, values, tick: int) -> tuple[int, int]:
         """:meth:`insert` in array passes (the cupy path)."""
@@ -195,12 +223,7 @@ class SetAssociativeTable:
         """
         if self._cpu is None:
             return self.place_xp(keys, values, tick)
-        inserted, evicted = self._cpu.insert(
-            keys, np.ascontiguousarray(values, dtype=np.float32), self.keys, self.ticks,
-            self.values, int(tick),
-        )
-        self.size += int(inserted) - int(evicted)
-        return int(inserted), int(evicted)
+        return self.insert(keys, values, tick)
 
     def place_xp(self, keys, values, tick: int) -> tuple[int, int]:
         """:meth:`place` in array passes (the cupy path; the sort by set is stable)."""

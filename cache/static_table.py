@@ -12,6 +12,8 @@ import numpy as np
 
 from tierserve.ps.errors import CapacityExceededError
 
+from .set_associative import unlogged
+
 
 class StaticTable:
     """All ``keys`` of a table with their ``embeddings``, on ``xp`` (numpy or cupy).
@@ -77,7 +79,9 @@ class StaticTable:
         """Every key of the table (valid or not): what a refresh re-pulls."""
         return self._keys
 
-    def overwrite(self, keys, values) -> int:
+    # Writes: ``changing`` as for SetAssociativeTable (readers of this table always retry).
+
+    def overwrite(self, keys, values, changing=unlogged) -> int:
         """Replace the vectors of those ``keys`` the table has (valid or not); mark them valid."""
         if self._keys.size == 0:
             return 0
@@ -85,18 +89,21 @@ class StaticTable:
         self.xp.minimum(pos, int(self._keys.size) - 1, out=pos)
         idx = self.xp.flatnonzero(self.xp.take(self._keys, pos) == keys)
         if idx.size:
-            self.values[pos[idx]] = values[idx]
-            self.valid[pos[idx]] = True
+            with changing(None):
+                self.values[pos[idx]] = values[idx]
+                self.valid[pos[idx]] = True
         return int(idx.size)
 
-    def clear(self) -> None:
+    def clear(self, changing=unlogged) -> None:
         """Mark every row invalid (each misses until overwritten)."""
-        self.valid[...] = False
+        with changing(None):
+            self.valid[...] = False
 
-    def invalidate(self, keys) -> int:
+    def invalidate(self, keys, changing=unlogged) -> int:
         """Mark those ``keys`` invalid: they miss until overwritten again."""
         pos, hit = self._find(keys)
         idx = self.xp.flatnonzero(hit)
         if idx.size:
-            self.valid[pos[idx]] = False
+            with changing(None):
+                self.valid[pos[idx]] = False
         return int(idx.size)
