@@ -206,6 +206,16 @@ class DecodedRequest:
     binary_output: bool = False
 
 
+def _json_text(data) -> str | bytes:
+    """UTF-8 JSON as str (json.loads then skips its encoding detection); anything else as
+    bytes, for json to detect UTF-16/32."""
+    try:
+        text = str(data, "utf-8")
+    except UnicodeDecodeError:
+        return bytes(data)
+    return text[1:] if text.startswith("\ufeff") else text
+
+
 def decode_rest_request(body: bytes, header_length: int | None) -> DecodedRequest:
     """Decode a KServe v2 REST infer body (JSON, or JSON header + binary tensors)."""
     if header_length is None:
@@ -219,7 +229,7 @@ def decode_rest_request(body: bytes, header_length: int | None) -> DecodedReques
         view = memoryview(body)
         header, binary = view[:header_length], view[header_length:]
     try:
-        request = json.loads(bytes(header))
+        request = json.loads(_json_text(header))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(request, dict):
