@@ -74,3 +74,33 @@ def test_concurrent_queries_and_updates(hps, use_gpu, threshold, mode):
         assert m.size <= m.capacity and m.updates > 0 and m.hits > 0
         keys = np.arange(ROWS, dtype=np.int64)
         np.testing.assert_array_equal(to_host(cache.query(keys)), hps.lookup(MODEL, TABLE, keys))
+
+
+def test_a_read_overlapped_only_by_writes_to_other_slots_is_kept():
+    """The CPU write log: writes during a read that changed none of the slots it hit leave
+    it valid; a write to one of them (or to any slot, e.g. a clear) makes it retry."""
+    from dict_ps import DictParameterServer
+
+    ps = DictParameterServer({(MODEL, TABLE): DIM})
+    ps.fill(MODEL, TABLE, np.arange(4000))
+    with EmbeddingCache(ps, MODEL, TABLE, DIM, 1024, hit_rate_threshold=1.0) as cache:
+        held = np.arange(300, dtype=np.int64)
+        cache.query(held)
+        seq = cache._seq
+        _, hit, hits, slots = cache._lookup(held, 1)
+        assert hits > 250 and slots is not None  # a few keys did not fit their set
+        others = np.arange(1000, 1100, dtype=np.int64)
+        cache._insert_fetched(others, ps.lookup(MODEL, TABLE, others), cache._log.epoch)
+        evicted_one_of_ours = not np.isin(held[hit], to_host(cache._table.cached_keys())).all()
+        assert cache._seq > seq
+        assert cache._untouched(slots, hit, seq, cache._seq) != evicted_one_of_ours
+        seq = cache._seq
+        _, hit, hits, slots = cache._lookup(held, 2)
+        one = held[hit][:1]
+        cache.update(one, vectors_for(one, version=9))  # rewrites one hit slot
+        assert not cache._untouched(slots, hit, seq, cache._seq)
+        seq = cache._seq
+        _, hit, hits, slots = cache._lookup(held, 3)
+        cache.clear()  # any slot
+        assert not cache._untouched(slots, hit, seq, cache._seq)
+        assert cache._untouched(slots, hit, cache._seq, cache._seq)  # no write: nothing to check
