@@ -7,11 +7,11 @@ one random cache line for the tag and one for the row: the layout and the kernel
 :mod:`tierserve.ps.hash_kernels`.  A statistic per slot (last access tick or access count)
 is kept only when ``track`` asks for one.
 
-Sizing: a load (and any rebuild) fills the table to 3/4 of its ``cap`` slots, so keys,
-vectors and tags take ``(8 + 4 dim + 1) / 0.75`` bytes per key, about 1.35x their raw bytes;
-inserts grow it (rebuilding for a fill of 0.65) once slots in use, deleted ones included,
-reach 0.85.  Deleted slots become tombstones, which inserts reuse; bulk deletions (overflow
-eviction) and many tombstones rebuild the table.
+Sizing: a load (and a rebuild after deletions) fills the table to 3/4 of its ``cap`` slots,
+so keys, vectors and tags take ``(8 + 4 dim + 1) / 0.75`` bytes per key, 1.35x their raw
+bytes at dim 16; inserts grow it (rebuilding for a fill of 0.7: at most 1.45x) once slots
+in use, deleted ones included, reach 0.85 (1.19x).  Deleted slots become tombstones, which
+inserts reuse; bulk deletions (overflow eviction) and many tombstones rebuild the table.
 
 Writers are serialised by a lock; readers take no lock: they read one immutable reference to
 the current arrays, writers fill a slot's key and vector before its tag, and a rebuild fills
@@ -35,7 +35,7 @@ EMPTY = np.int64(-(2**63))
 TOMB = np.int64(-(2**63) + 1)
 
 _FILL = 0.75  # fill after a load or a rebuild
-_GROW_FILL = 0.65  # fill after growing for inserts
+_GROW_FILL = 0.7  # fill after growing for inserts
 _MAX_FILL = 0.85  # slots in use (tombstones included) that trigger growth
 _TICK_REBASE = 2**30
 _TRACK = {None: 0, "recency": _k.TRACK_RECENCY, "frequency": _k.TRACK_FREQUENCY}
