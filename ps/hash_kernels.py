@@ -47,6 +47,8 @@ EMPTY_TAG = 0
 DELETED_TAG = 1
 #: How far ahead (in keys) the lookup and insert pipelines run.
 _AHEAD = 16
+_RING = 64  # > 2 * _AHEAD, a power of two
+_RING_MASK = _RING - 1
 _TRACK_NONE, TRACK_RECENCY, TRACK_FREQUENCY = 0, 1, 2
 _INT32_MAX = 2**31 - 1
 
@@ -126,19 +128,19 @@ def _probe(key, tg, s, tags, rkeys):
 
 
 @nb.njit(inline="always")
-def _prefetch_row(rows, s, write):
-    """Every cache line of slot ``s``'s row (72 bytes at dim 16: two lines)."""
-    row = rows[s]
-    width = row.size
+def _prefetch_row(flat, width, s, write):
+    """Every cache line of slot ``s``'s row (72 bytes at dim 16: two lines); ``flat`` is
+    ``rows.reshape(-1)`` (cheaper than a row view per call)."""
+    base = s * width
     for c in range(0, width - 1, 16):
         if write:
-            prefetch_write(row, c)
+            prefetch_write(flat, base + c)
         else:
-            prefetch(row, c)
+            prefetch(flat, base + c)
     if write:
-        prefetch_write(row, width - 1)
+        prefetch_write(flat, base + width - 1)
     else:
-        prefetch(row, width - 1)
+        prefetch(flat, base + width - 1)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -152,33 +154,37 @@ def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, f
     probe the tags (and prefetch the row found), check the key and copy the row.
     """
     rkeys = rows.view(np.int64)
+    flat = rows.reshape(-1)
+    width = rows.shape[1]
     dim = out.shape[1]
     m = pos.size if indexed else keys.size
-    slot = np.empty(m, np.int64)
-    hs = np.empty(m, np.uint64)
+    # Rings of the keys in flight: small, so no fresh pages to fault in per call.
+    slot = np.empty(_RING, np.int64)
+    hs = np.empty(_RING, np.uint64)
     d = _AHEAD
     hits = 0
     for j in range(-2 * d, m):
         a = j + 2 * d  # stage 1: the tag's cache line
         if a < m:
             h = _mix(keys[pos[a]] if indexed else keys[a], seed)
-            hs[a] = h
+            hs[a & _RING_MASK] = h
             s = _home(h, cap)
-            slot[a] = s
+            slot[a & _RING_MASK] = s
             prefetch(tags, s)
         b = j + d  # stage 2: the first tag match (no key read yet), then its row's lines
         if b >= 0 and b < m:
-            s = _scan(_tag(hs[b]), slot[b], tags)
-            slot[b] = s
+            r = b & _RING_MASK
+            s = _scan(_tag(hs[r]), slot[r], tags)
+            slot[r] = s
             if s >= 0:
-                _prefetch_row(rows, s, False)
+                _prefetch_row(flat, width, s, False)
         if j >= 0:  # stage 3: check the key (a tag matches a wrong key 1 in 254), copy
             i = pos[j] if indexed else j
-            s = slot[j]
+            s = slot[j & _RING_MASK]
             if s >= 0:
                 k = keys[i]
                 if rkeys[s, 0] != k:
-                    s = _probe(k, _tag(hs[j]), s + 1, tags, rkeys)
+                    s = _probe(k, _tag(hs[j & _RING_MASK]), s + 1, tags, rkeys)
             if s >= 0:
                 for c in range(dim):
                     out[i, c] = rows[s, 2 + c]
@@ -219,6 +225,8 @@ def insert(keys, emb, tags, rows, cap, seed, stats, stat, track, limit, used):
     new keys, used)``: the caller grows the table and goes on from there.
     """
     rkeys = rows.view(np.int64)
+    flat = rows.reshape(-1)
+    width = rows.shape[1]
     dim = emb.shape[1]
     n = keys.size
     nslots = tags.size
@@ -229,7 +237,7 @@ def insert(keys, emb, tags, rows, cap, seed, stats, stat, track, limit, used):
         if a < n:
             s = _home(_mix(keys[a], seed), cap)
             prefetch_write(tags, s)
-            _prefetch_row(rows, s, True)
+            _prefetch_row(flat, width, s, True)
         k = keys[i]
         h = _mix(k, seed)
         tg = _tag(h)
