@@ -13,8 +13,8 @@ when the sequence number moved while they read, so a query never mixes a key wit
 key's vector.  On the CPU, writers first log which slots they change: a reader overlapped
 by writes that changed none of the slots it hit keeps its result (the async insert worker
 writes while the next query reads; retrying every such read cost ~0.7 reads per query in
-the power-law benchmark).  An update applied to the parameter server reaches the cache through
-:meth:`~EmbeddingCache.on_update` before the update returns (see
+the power-law benchmark).  An update applied to the parameter server reaches the cache
+through :meth:`~EmbeddingCache.on_update` before the update returns (see
 :class:`~tierserve.cache.protocols.UpdateNotifier`), and :class:`~tierserve.cache.freshness.
 UpdateLog` keeps a vector fetched before an update from being inserted after it.  So a
 query that starts after an update was applied never returns the old vector.
