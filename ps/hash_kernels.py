@@ -305,31 +305,34 @@ def rehash(old_tags, old_rows, old_stats, tags, rows, cap, seed, stats):
     return True
 
 
+@nb.njit(inline="always")
+def _partition(key, m):
+    """splitmix64(key) % m, as :func:`tierserve.ps.partition.partition_of`."""
+    z = np.uint64(key)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return np.int64(z % m)
+
+
 @nb.njit(nogil=True, cache=True)
 def group_by_partition(keys, num_partitions):
     """``(order, bounds)`` as :func:`tierserve.ps.partition.group_by_partition`: stable.
 
-    One pass computes each key's partition (``splitmix64(key) % num_partitions``) and
-    counts, one more scatters the positions.
+    One pass counts the keys of each partition, a second (hashing again, cheaper than
+    keeping the partitions in a scratch array) scatters their positions.
     """
     n = keys.size
-    part = np.empty(n, np.int32)
-    bounds = np.zeros(num_partitions + 1, np.int64)
     m = np.uint64(num_partitions)
+    bounds = np.zeros(num_partitions + 1, np.int64)
     for i in range(n):
-        z = np.uint64(keys[i])
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
-        p = np.int32(z % m)
-        part[i] = p
-        bounds[p + 1] += 1
+        bounds[_partition(keys[i], m) + 1] += 1
     for p in range(num_partitions):
         bounds[p + 1] += bounds[p]
     fill = bounds[:-1].copy()
     order = np.empty(n, np.int64)
     for i in range(n):
-        p = part[i]
+        p = _partition(keys[i], m)
         order[fill[p]] = i
         fill[p] += 1
     return order, bounds
