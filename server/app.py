@@ -146,6 +146,10 @@ def serve(settings: Settings, loader: Loader | None = None) -> None:
     # The event loop shares the GIL with the inference and gRPC threads; a shorter switch
     # interval (default 5 ms) keeps a request from waiting that long for it.
     sys.setswitchinterval(0.0005)
+    if settings.malloc_tuning:
+        from .allocator import tune_malloc
+
+        tune_malloc()
     app = create_app(settings, loader)
     config = uvicorn.Config(
         InferFastPath(app),

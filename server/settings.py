@@ -48,6 +48,11 @@ class Settings(BaseModel):
         "thread hop, no GIL contention with the loop); larger ones in worker threads",
     )
     grpc_workers: Annotated[int, Field(gt=0)] = 16
+    malloc_tuning: bool = Field(
+        True,
+        description="serve() raises glibc's mmap and trim thresholds to 1 GiB (see "
+        "server/allocator.py): large batches stop page-faulting their buffers in again",
+    )
     log_level: str = "info"
 
     @model_validator(mode="after")

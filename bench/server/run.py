@@ -386,6 +386,11 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--concurrency-only", action="store_true", help="skip the latency figures")
     parser.add_argument(
+        "--no-malloc-tuning", action="store_true",
+        help="glibc malloc defaults in the server and the peer (by default both raise the mmap "
+        "and trim thresholds to 1 GiB, as tierserve serve does)",
+    )  # fmt: skip
+    parser.add_argument(
         "--volatile", choices=["hash_map", "redis_cluster"], default="hash_map",
         help="volatile tier; redis_cluster starts a three-node cluster on loopback with the "
         "test suite's helpers (tests/services)",
@@ -420,9 +425,16 @@ def main() -> int:
         version = make_repository(out, args.iterations, repo, volatile)
         data = batches_from(version, work / "data")
         results: dict = {"cpu_count": os.cpu_count(), "volatile": args.volatile}
+        extra: tuple[str, ...] = ()
+        if args.no_malloc_tuning:
+            extra = ("--no-malloc-tuning",)
+        else:  # the peer gets the allocator settings the server gives itself
+            from tierserve.server.allocator import tune_malloc
+
+            results["malloc_tuning"] = tune_malloc()
         model, predict = predictor(version, volatile)
         http, grpc = free_port(), free_port()
-        proc = start_server(repo, http, grpc, batching=True)
+        proc = start_server(repo, http, grpc, batching=True, extra=extra)
         try:
             check = client_call("grpc", f"127.0.0.1:{grpc}")(*data[64])
             assert np.abs(check - predict(*data[64])).max() <= 1e-5, "server != predict"
@@ -442,7 +454,7 @@ def main() -> int:
             proc.wait()
             model.close()
         http, grpc = free_port(), free_port()
-        proc = start_server(repo, http, grpc, batching=False)
+        proc = start_server(repo, http, grpc, batching=False, extra=extra)
         try:
             results["concurrent_unbatched"] = concurrency_runs(
                 proc, http, grpc, data, args.seconds)  # fmt: skip
@@ -452,7 +464,10 @@ def main() -> int:
             if cluster is not None:
                 cluster.stop()
 
-    print(f"\nCPU cores: {results['cpu_count']}, volatile tier: {args.volatile}")
+    print(
+        f"\nCPU cores: {results['cpu_count']}, volatile tier: {args.volatile}, malloc tuning: "
+        f"{'off' if args.no_malloc_tuning else 'on'} (server and peer)"
+    )
     print(f"{'path':<10}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'overhead':>10}")
     for path in ("predict", "http", "grpc") if not args.concurrency_only else ():
         for b in BATCHES:
