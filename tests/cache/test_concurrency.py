@@ -17,6 +17,11 @@ ROWS = 1000
 
 
 def _hammer(ps, cache, seconds=2.0, readers=4):
+    # Compile the numba kernels (parameter server and cache) before the clock starts: a
+    # first compile takes seconds, and every thread waits on numba's compiler lock.
+    warm = np.arange(4, dtype=np.int64)
+    ps.insert(MODEL, TABLE, warm, vectors_for(warm, 0))
+    cache.query(warm)
     applied = np.zeros(ROWS, dtype=np.int64)  # last version applied per key, written after insert returns
     stop = threading.Event()
     errors: list[str] = []
