@@ -2,6 +2,8 @@
 
     python -m bench.server.run                    # the trainer issue's DLRM (see 1.)
     python -m bench.server.run --quick            # fewer requests
+    python -m bench.server.run --train-dir /tmp/b # keep the trained model for the next run
+    python -m bench.server.run --volatile redis_cluster
 
 1. Trains the trainer issue's DLRM (``tests/trainer/scripts/dlrm.py`` with 26 tables of dim 16,
    ~1M keys in all, power-law keys, bottom MLP 13-512-256-16, top MLP 512-256-1; the same model
@@ -9,6 +11,8 @@
    map tier).  The sparse file then holds every key of the ~1M (vectors the few training
    iterations never touched are drawn at random), so the tier is as large as the model's.
 2. Times ``InferenceModel.predict_batch`` on fixed batches of 1, 64 and 1024 rows (the peer).
+   The peer's process gets the malloc settings ``tierserve serve`` gives itself
+   (``server/allocator.py``; ``--no-malloc-tuning`` leaves both at glibc's defaults).
 3. Starts ``tierserve serve`` in a subprocess and sends the same batches, one client, over HTTP
    (tritonclient.http, binary tensors) and gRPC (tritonclient.grpc): throughput and p50/p99.
    Overhead = end-to-end p50 minus predict p50, over predict p50.
@@ -424,7 +428,11 @@ def main() -> int:
             volatile = {"type": "redis_cluster", "address": cluster.addresses}
         version = make_repository(out, args.iterations, repo, volatile)
         data = batches_from(version, work / "data")
-        results: dict = {"cpu_count": os.cpu_count(), "volatile": args.volatile}
+        results: dict = {
+            "cpu_count": os.cpu_count(),
+            "volatile": args.volatile,
+            "load_average_start": os.getloadavg()[0],
+        }
         extra: tuple[str, ...] = ()
         if args.no_malloc_tuning:
             extra = ("--no-malloc-tuning",)
@@ -464,9 +472,12 @@ def main() -> int:
             if cluster is not None:
                 cluster.stop()
 
+    results["load_average_end"] = os.getloadavg()[0]
     print(
         f"\nCPU cores: {results['cpu_count']}, volatile tier: {args.volatile}, malloc tuning: "
-        f"{'off' if args.no_malloc_tuning else 'on'} (server and peer)"
+        f"{'off' if args.no_malloc_tuning else 'on'} (server and peer), load average "
+        f"{results['load_average_start']:.1f} at the start, {results['load_average_end']:.1f} "
+        "at the end (other jobs on the machine slow the paths unevenly)"
     )
     print(f"{'path':<10}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'overhead':>10}")
     for path in ("predict", "http", "grpc") if not args.concurrency_only else ():
