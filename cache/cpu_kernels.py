@@ -26,10 +26,12 @@ changes before it changes them; :func:`touches` is the readers' check against th
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
+
+# ``prefetch(array, i)`` / ``prefetch_write``: hint the CPU to load the line of element ``i``
+# of a C-contiguous 1-D array (no bounds check, no fault), shared with the ps hash kernels.
+from tierserve.ps.hash_kernels import prefetch as _prefetch
+from tierserve.ps.hash_kernels import prefetch_write as _prefetch_write
 
 from .set_associative import EMPTY, STAMP_ALL, STAMP_STRIDE
 
@@ -40,35 +42,6 @@ _C1 = np.uint64(0xFF51AFD7ED558CCD)
 _C2 = np.uint64(0xC4CEB9FE1A85EC53)
 _U32 = np.uint64(32)
 _AGE_EMPTY = np.int64(2**32)  # older than any real age: empty ways are taken first
-
-
-def _prefetch_intrinsic(write: int):
-    @intrinsic
-    def prefetch(typingctx, array, index):
-        if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
-            return None
-
-        def codegen(context, builder, signature, args):
-            ary = context.make_array(signature.args[0])(context, builder, args[0])
-            at = context.cast(builder, args[1], signature.args[1], types.intp)
-            ptr = builder.bitcast(builder.gep(ary.data, [at]), ir.IntType(8).as_pointer())
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-            # read (0) or write (1), high temporal locality (3), data cache (1)
-            builder.call(fn, [ptr, i32(write), i32(3), i32(1)])
-            return context.get_dummy_value()
-
-        return types.void(array, index), codegen
-
-    return prefetch
-
-
-#: ``_prefetch(array, i)`` / ``_prefetch_write(array, i)``: hint the CPU to load element
-#: ``i`` of the C-contiguous 1-D ``array`` (to read it, or to write it).  No bounds check and
-#: no fault: a prefetch of a bad address is dropped.
-_prefetch = _prefetch_intrinsic(0)
-_prefetch_write = _prefetch_intrinsic(1)
 
 
 @njit(nogil=True, cache=True, inline="always")
