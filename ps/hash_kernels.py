@@ -147,9 +147,11 @@ def _prefetch_row(flat, width, s, write):
 def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found):
     """Copy the vectors of ``keys`` into ``out``; set ``found``; return how many were found.
 
-    With ``indexed`` only the keys ``keys[pos[j]]`` are looked up and written to
-    ``out[pos[j]]`` / ``found[pos[j]]`` (one partition's share of a request).  Rows of keys
-    not found are zeroed.  ``track`` 1 stamps found slots with ``tick`` in ``stats``,
+    With ``indexed`` only the keys ``keys[pos[j]]`` are looked up, their rows written to
+    ``out[pos[j]]`` and their flags to ``found[j]`` (one partition's share of a request:
+    threads working other partitions write other bytes of ``out``, and flags of their own
+    array, so no cache line of flags is written by two threads).  Rows of keys not found are
+    zeroed.  ``track`` 1 stamps found slots with ``tick`` in ``stats``,
     2 counts the access.  Three stages run ``_AHEAD`` keys apart: prefetch the home tag,
     probe the tags (and prefetch the row found), check the key and copy the row.
     """
@@ -188,7 +190,7 @@ def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, f
             if s >= 0:
                 for c in range(dim):
                     out[i, c] = rows[s, 2 + c]
-                found[i] = True
+                found[j] = True
                 hits += 1
                 if track == TRACK_RECENCY:
                     stats[s] = tick
@@ -197,7 +199,7 @@ def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, f
             else:
                 for c in range(dim):
                     out[i, c] = 0.0
-                found[i] = False
+                found[j] = False
     return hits
 
 

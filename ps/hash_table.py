@@ -135,7 +135,8 @@ class HashTable:
         return emb, found
 
     def lookup_into(self, keys: np.ndarray, pos, out: np.ndarray, found: np.ndarray) -> int:
-        """Look up ``keys[pos]`` (all keys when ``pos`` is None) into ``out[pos]``, ``found[pos]``.
+        """Look up ``keys[pos]`` (all keys when ``pos`` is None): rows into ``out[pos]``, flags
+        into ``found[: pos.size]`` (in the order of ``pos``).
 
         ``keys`` must be contiguous int64 and ``out`` contiguous float32.  Returns the hits.
         """
