@@ -124,6 +124,7 @@ class EmbeddingCache:
         self._inserted = self._evicted = self._stale = self._updates = self._refreshed = 0
         self._closed = False
         self._kernel = None
+        cpu_kernels.warm_up()  # compile now, not in the first query (distinct_by_count: all caches)
         with device_context(self.xp, self._device_id):
             if cache_type == "static":
                 if static_keys is None:
