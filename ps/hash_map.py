@@ -30,7 +30,7 @@ def _empty_rows(n: int, dim: int) -> np.ndarray:
     """An uninitialised float32 ``[n, dim]`` array starting on a 64-byte boundary.
 
     Threads working different partitions write interleaved rows of it; aligned 64-byte rows
-    (dim 16) then never share a cache line between two threads.
+    (dim 16) then never share a cache line between two threads, and each row is one line.
     """
     buf = np.empty(n * dim + 16, dtype=np.float32)
     skip = (-buf.ctypes.data % 64) // 4
@@ -111,7 +111,7 @@ class HashMapTier(Tier):
         keys = as_keys(keys)
         with self.stats.timed("lookup"):
             if len(parts) == 1:
-                emb = np.empty((keys.size, parts[0].dim), dtype=np.float32)
+                emb = _empty_rows(keys.size, parts[0].dim)
                 found = np.empty(keys.size, dtype=bool)
                 hits = parts[0].lookup_into(keys, None, emb, found)
             else:
