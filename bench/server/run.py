@@ -195,9 +195,10 @@ def client_call(protocol: str, url: str):
     return call
 
 
-def interleaved(paths: dict, data: dict, repeats: dict, rounds: int = 5) -> dict:
+def interleaved(paths: dict, data: dict, repeats: dict, rounds: int = 20) -> dict:
     """Per batch size, each path in turn for ``repeats[b] / rounds`` calls, ``rounds`` times,
-    so machine noise falls on every path alike."""
+    so machine noise falls on every path alike (short turns: other jobs' bursts last seconds,
+    and a turn of 20 batch-1024 calls takes about one)."""
     out: dict = {name: {} for name in paths}
     for b, (des, cat) in data.items():
         samples: dict = {name: [] for name in paths}
