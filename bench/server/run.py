@@ -16,8 +16,8 @@
 3. Starts ``tierserve serve`` in a subprocess and sends the same batches, one client, over HTTP
    (tritonclient.http, binary tensors) and gRPC (tritonclient.grpc): throughput and p50/p99.
    Overhead = end-to-end p50 minus predict p50, over predict p50.
-4. 64 concurrent batch-1 clients against the server with dynamic batching on and again with
-   it off: throughput ratio, over gRPC and over HTTP.  The load generator must cost little CPU
+4. 64 concurrent batch-1 clients against the server with dynamic batching on and a second one
+   with it off, in alternating turns: throughput ratio, over gRPC and over HTTP.  The load generator must cost little CPU
    per request, since it shares the cores with the server: it sends real KServe v2 requests
    (the same bytes tritonclient sends, built once) on a raw ``grpc.aio`` channel (one
    connection, as tritonclient's aio client) and on 64 raw HTTP/1.1 keep-alive connections
@@ -346,18 +346,30 @@ def server_cpu(proc: subprocess.Popen) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def concurrency_runs(proc, http: int, grpc: int, data: dict, seconds: float) -> dict:
-    """Both protocols' concurrent throughput, with client and server CPU per request."""
-    out = {}
-    for protocol, port in (("grpc", grpc), ("http", http)):
-        before = server_cpu(proc)
-        started = time.perf_counter()
-        rate, client_cpu = concurrent_throughput(protocol, f"127.0.0.1:{port}", data, 64, seconds)
-        requests = rate * (time.perf_counter() - started)
-        out[protocol] = {
-            "rows_s": rate,
-            "client_cpu_ms_per_request": client_cpu * 1e3,
-            "server_cpu_ms_per_request": (server_cpu(proc) - before) / max(requests, 1) * 1e3,
+def concurrency_runs(servers: dict, data: dict, seconds: float, turns: int = 4) -> dict:
+    """Both protocols' concurrent throughput on each server (``name: (proc, http, grpc)``),
+    with client and server CPU per request.  The servers take ``turns`` turns of
+    ``seconds / turns`` each, so other jobs' bursts fall on batched and unbatched alike; the
+    figure is the median turn."""
+    runs: dict = {(name, p): [] for name in servers for p in ("grpc", "http")}
+    for _ in range(turns):
+        for protocol in ("grpc", "http"):
+            for name, (proc, http, grpc) in servers.items():
+                port = grpc if protocol == "grpc" else http
+                before = server_cpu(proc)
+                started = time.perf_counter()
+                rate, client_cpu = concurrent_throughput(
+                    protocol, f"127.0.0.1:{port}", data, 64, seconds / turns)  # fmt: skip
+                requests = rate * (time.perf_counter() - started)
+                server = (server_cpu(proc) - before) / max(requests, 1)
+                runs[(name, protocol)].append((rate, client_cpu, server))
+    out: dict = {name: {} for name in servers}
+    for (name, protocol), turns_done in runs.items():
+        out[name][protocol] = {
+            "rows_s": statistics.median(t[0] for t in turns_done),
+            "rows_s_turns": [t[0] for t in turns_done],
+            "client_cpu_ms_per_request": statistics.median(t[1] for t in turns_done) * 1e3,
+            "server_cpu_ms_per_request": statistics.median(t[2] for t in turns_done) * 1e3,
         }
     return out
 
@@ -454,22 +466,25 @@ def main() -> int:
             }
             if not args.concurrency_only:
                 results.update(interleaved(paths, data, repeats))
-            before = executions(http)
-            results["concurrent_batched"] = concurrency_runs(proc, http, grpc, data, args.seconds)
-            after = executions(http)
+            u_http, u_grpc = free_port(), free_port()
+            unbatched = start_server(repo, u_http, u_grpc, batching=False, extra=extra)
+            try:
+                before = executions(http)
+                both = concurrency_runs(
+                    {"batched": (proc, http, grpc), "unbatched": (unbatched, u_http, u_grpc)},
+                    data, args.seconds,
+                )  # fmt: skip
+                after = executions(http)
+            finally:
+                unbatched.terminate()
+                unbatched.wait()
+            results["concurrent_batched"] = both["batched"]
+            results["concurrent_unbatched"] = both["unbatched"]
             results["executions"] = {k: after[k] - before[k] for k in after}
         finally:
             proc.terminate()
             proc.wait()
             model.close()
-        http, grpc = free_port(), free_port()
-        proc = start_server(repo, http, grpc, batching=False, extra=extra)
-        try:
-            results["concurrent_unbatched"] = concurrency_runs(
-                proc, http, grpc, data, args.seconds)  # fmt: skip
-        finally:
-            proc.terminate()
-            proc.wait()
             if cluster is not None:
                 cluster.stop()
 
@@ -480,7 +495,8 @@ def main() -> int:
         f"{results['load_average_start']:.1f} at the start, {results['load_average_end']:.1f} "
         "at the end (other jobs on the machine slow the paths unevenly)"
     )
-    print(f"{'path':<10}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'overhead':>10}")
+    if not args.concurrency_only:
+        print(f"{'path':<10}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'overhead':>10}")
     for path in ("predict", "http", "grpc") if not args.concurrency_only else ():
         for b in BATCHES:
             r = results[path][b]
@@ -493,9 +509,12 @@ def main() -> int:
         off = results["concurrent_unbatched"][protocol]
         ratio = on["rows_s"] / off["rows_s"]
         results[f"batching_speedup_{protocol}"] = ratio
+        turns = ", ".join(
+            f"{a:,.0f}/{b:,.0f}" for a, b in zip(on["rows_s_turns"], off["rows_s_turns"])
+        )
         print(
             f"64 concurrent batch-1 {protocol} clients: {on['rows_s']:,.0f} rows/s batched, "
-            f"{off['rows_s']:,.0f} unbatched ({ratio:.1f}x); CPU ms per request, server / "
+            f"{off['rows_s']:,.0f} unbatched ({ratio:.1f}x; turns {turns}); CPU ms per request, server / "
             f"load generator: batched {on['server_cpu_ms_per_request']:.3f} / "
             f"{on['client_cpu_ms_per_request']:.3f}, unbatched "
             f"{off['server_cpu_ms_per_request']:.3f} / {off['client_cpu_ms_per_request']:.3f}"
