@@ -122,12 +122,19 @@ def gather(values, ticks, slots, hit, out, tick, hits):
 
 
 @njit(nogil=True, cache=True)
-def lookup(keys, table_keys, ticks, values, out, hit, slots, tick):
+def lookup(keys, table_keys, ticks, values, out, hit, slots, misses, tick):
     """Probe and gather (see both): cached rows into ``out``, flags into ``hit``, slots read
-    into ``slots``; return the number of hits."""
+    into ``slots``, and, when ``misses`` has room for every key, the positions of the misses
+    into ``misses[:n - hits]``; return the number of hits."""
+    n = keys.size
     hits = probe(keys, table_keys, slots, hit)
     if hits:
         gather(values, ticks, slots, hit, out, tick, hits)
+    if hits < n and misses.size >= n:
+        m = 0
+        for i in range(n):  # branch-free: write always, advance on a miss
+            misses[m] = i
+            m += not hit[i]
     return hits
 
 
@@ -313,7 +320,7 @@ def warm_up() -> None:
     hit = np.empty(2, dtype=bool)
     plan_insert(keys, table_keys, ticks, 1, slots)
     apply_insert(keys, np.ones((2, 1), dtype=np.float32), slots, table_keys, values)
-    lookup(keys, table_keys, ticks, values, np.empty((2, 1), np.float32), hit, slots, 2)
+    lookup(keys, table_keys, ticks, values, np.empty((2, 1), np.float32), hit, slots, slots, 2)
     probe(keys, table_keys, slots, hit)
     touches(slots, hit, slots)
     distinct_by_count(keys)

@@ -41,6 +41,7 @@ _EMPTY = np.int64(EMPTY)
 STAMP_ALL = 4096
 STAMP_STRIDE = 4
 _LINE = 64  # bytes in a CPU cache line
+_NONE = np.empty(0, dtype=np.int64)  # "no room": the lookup kernel skips what it would fill
 _AGE_EMPTY = np.int64(2**32)  # older than any real age: empty slots are taken first
 
 
@@ -124,11 +125,12 @@ class SetAssociativeTable:
             hit &= keys != _EMPTY  # the empty marker matches empty slots: never a hit
         return slots, hit
 
-    def lookup(self, keys, tick: int | None = None, slots=None):
+    def lookup(self, keys, tick: int | None = None, slots=None, misses=None):
         """``(embeddings, hit, hits)``: each key's cached vector (garbage where ``hit`` is
         False) and the number of hits.  With ``tick`` (the batch number), hit slots are
-        stamped with it, sampled in large batches (see the module doc).  On numpy, an int64
-        array ``slots`` receives the slot each hit was read from."""
+        stamped with it, sampled in large batches (see the module doc).  On numpy, int64
+        arrays of ``len(keys)`` receive the slot each hit was read from (``slots``) and the
+        positions of the misses (``misses[:len(keys) - hits]``)."""
         if self._cpu is None:
             return self.lookup_xp(keys, tick)
         out = np.empty((keys.size, self.dim), dtype=np.float32)
@@ -136,6 +138,7 @@ class SetAssociativeTable:
         if slots is None:
             slots = np.empty(keys.size, dtype=np.int64)
         hits = self._cpu.lookup(keys, self.keys, self.ticks, self.values, out, hit, slots,
+                                _NONE if misses is None else misses,
                                 -1 if tick is None else int(tick))
         return out, hit, int(hits)
 

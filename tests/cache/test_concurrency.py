@@ -92,7 +92,7 @@ def test_a_read_overlapped_only_by_writes_to_other_slots_is_kept():
         held = np.arange(300, dtype=np.int64)
         cache.query(held)
         seq = cache._seq
-        _, hit, hits, slots = cache._lookup(held, 1)
+        _, hit, hits, slots, _ = cache._lookup(held, 1)
         assert hits > 250 and slots is not None  # a few keys did not fit their set
         others = np.arange(1000, 1100, dtype=np.int64)
         cache._insert_fetched(others, ps.lookup(MODEL, TABLE, others), cache._log.epoch)
@@ -100,12 +100,12 @@ def test_a_read_overlapped_only_by_writes_to_other_slots_is_kept():
         assert cache._seq > seq
         assert cache._untouched(slots, hit, seq, cache._seq) != evicted_one_of_ours
         seq = cache._seq
-        _, hit, hits, slots = cache._lookup(held, 2)
+        _, hit, hits, slots, _ = cache._lookup(held, 2)
         one = held[hit][:1]
         cache.update(one, vectors_for(one, version=9))  # rewrites one hit slot
         assert not cache._untouched(slots, hit, seq, cache._seq)
         seq = cache._seq
-        _, hit, hits, slots = cache._lookup(held, 3)
+        _, hit, hits, slots, _ = cache._lookup(held, 3)
         cache.clear()  # any slot
         assert not cache._untouched(slots, hit, seq, cache._seq)
         assert cache._untouched(slots, hit, cache._seq, cache._seq)  # no write: nothing to check

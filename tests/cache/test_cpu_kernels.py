@@ -55,8 +55,10 @@ def test_insert_probe_and_lookup_agree_with_the_array_passes(ways, capacity, dim
         batch = universe[rng.zipf(1.3, 300) % universe.size].astype(np.int64)
         if tick % 7 == 0:
             batch[::50] = EMPTY  # the empty marker: never a hit, never inserted
-        got, hit, hits = kern.lookup(batch, tick)
+        misses = np.empty(batch.size, dtype=np.int64)
+        got, hit, hits = kern.lookup(batch, tick, misses=misses)
         want, want_hit, want_hits = ref.lookup_xp(batch, tick)
+        np.testing.assert_array_equal(misses[: batch.size - hits], np.flatnonzero(~want_hit))
         assert hits == want_hits
         np.testing.assert_array_equal(hit, want_hit)
         np.testing.assert_array_equal(got[hit], want[want_hit])
