@@ -433,10 +433,10 @@ def main() -> int:
             from services.redis import RedisCluster, ensure_redis
 
             ensure_redis()
-            dirs = [work / f"redis-{i}" for i in range(3)]
+            dirs = [Path(tmp) / f"redis-{i}" for i in range(3)]
             for d in dirs:
                 d.mkdir()
-            cluster = RedisCluster(dirs, [work / f"redis-{i}.log" for i in range(3)])
+            cluster = RedisCluster(dirs, [Path(tmp) / f"redis-{i}.log" for i in range(3)])
             cluster.start()
             volatile = {"type": "redis_cluster", "address": cluster.addresses}
         version = make_repository(out, args.iterations, repo, volatile)
