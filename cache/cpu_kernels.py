@@ -91,34 +91,30 @@ def probe(keys, table_keys, slots, hit):
 
 
 @njit(nogil=True, cache=True)
-def gather(values, ticks, slots, hit, out, tick, hits):
+def gather(values, ticks, slots, hit, out, tick):
     """Copy the cached row of every hit into ``out`` (misses are left untouched) and stamp
-    the hit slots' ``ticks`` with ``tick`` (none when ``tick < 0``); with more than
-    ``STAMP_ALL`` hits only every ``STAMP_STRIDE``-th hit is stamped, starting at hit number
-    ``tick % STAMP_STRIDE`` (as the ``xp`` path)."""
+    the hit slots' ``ticks`` with ``tick`` (none when ``tick < 0``); in batches of more than
+    ``STAMP_ALL`` keys only the hits at positions ``tick % STAMP_STRIDE``, then every
+    ``STAMP_STRIDE``-th, are stamped (as the ``xp`` path; ``STAMP_STRIDE`` is a power of 2)."""
     flat = values.reshape(-1)
     dim = values.shape[1]
     n = slots.size
-    stride = STAMP_STRIDE if hits > STAMP_ALL else 1
-    phase = tick % stride
+    mask = STAMP_STRIDE - 1 if n > STAMP_ALL else 0
+    phase = tick & mask
     now = np.uint32(tick & 0xFFFFFFFF)
     stamp = tick >= 0
-    ahead = 0  # hit number modulo stride, in the prefetch stage (no division in the loop)
-    seen = 0  # the same in the copy stage
     for i in range(n + PREFETCH):
         if i < n and hit[i]:
             _prefetch(flat, slots[i] * dim)
-            if stamp and ahead == phase:
+            if stamp and (i & mask) == phase:
                 _prefetch_write(ticks, slots[i])
-            ahead = ahead + 1 if ahead + 1 < stride else 0
         j = i - PREFETCH
         if j >= 0 and hit[j]:
             slot = slots[j]
             for c in range(dim):
                 out[j, c] = values[slot, c]
-            if stamp and seen == phase:
+            if stamp and (j & mask) == phase:
                 ticks[slot] = now
-            seen = seen + 1 if seen + 1 < stride else 0
 
 
 @njit(nogil=True, cache=True)
@@ -129,7 +125,7 @@ def lookup(keys, table_keys, ticks, values, out, hit, slots, misses, tick):
     n = keys.size
     hits = probe(keys, table_keys, slots, hit)
     if hits:
-        gather(values, ticks, slots, hit, out, tick, hits)
+        gather(values, ticks, slots, hit, out, tick)
     if hits < n and misses.size >= n:
         m = 0
         for i in range(n):  # branch-free: write always, advance on a miss

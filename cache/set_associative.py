@@ -15,10 +15,10 @@ A key's set is :func:`tierserve.cache.hashing.set_of`.  A lookup gathers the key
 ``keys``, compares all ways (one vectorised pass per way), gathers the embedding and stamps
 the slot's tick.  Inserting fills, per set, the empty ways first and then evicts the oldest
 ones; a slot used by the current batch is never evicted: LRU at batch granularity.  To keep
-lookups cheap, batches of more than ``STAMP_ALL`` keys stamp every ``STAMP_STRIDE``-th hit
-(the phase rotates with the batch number): a key hit several times in a batch, or in several
-batches, is stamped almost surely, and a lukewarm key a few batches late.  The CUDA kernel
-stamps every hit.
+lookups cheap, batches of more than ``STAMP_ALL`` keys stamp only the hits at every
+``STAMP_STRIDE``-th position (the phase rotates with the batch number): a key hit several
+times in a batch, or in several batches, is stamped almost surely, and a lukewarm key a few
+batches late.  The CUDA kernel stamps every hit.
 
 On numpy the work is done by the numba kernels of :mod:`tierserve.cache.cpu_kernels`
 (software-pipelined loops, one pass per step); on cupy by the array passes written against
@@ -149,10 +149,10 @@ class SetAssociativeTable:
         embeddings = xp.take(self.values, slots, axis=0)
         hits = int(xp.count_nonzero(hit))
         if tick is not None and hits:
-            at = slots if hits == keys.size else slots[hit]
-            if at.size > STAMP_ALL:
-                at = at[tick % STAMP_STRIDE :: STAMP_STRIDE]
-            self.ticks[at] = np.uint32(tick & 0xFFFFFFFF)
+            if keys.size > STAMP_ALL:  # the hits among every STAMP_STRIDE-th position
+                every = slice(tick % STAMP_STRIDE, None, STAMP_STRIDE)
+                slots, hit = slots[every], hit[every]
+            self.ticks[slots if bool(hit.all()) else slots[hit]] = np.uint32(tick & 0xFFFFFFFF)
         return embeddings, hit, hits
 
     def cached_keys(self):
