@@ -334,7 +334,8 @@ class InferFastPath:
                 _check_declared(length, self.limit)
                 body = await _receive_body(receive, self.limit)
                 if body is None:
-                    return  # the client went away
+                    status = "499"  # the client went away (nginx's code for it)
+                    return
                 body = _decode_body(body, encoding or "", self.limit)
                 payload, json_length = await _infer_response(
                     plane, model, version, body, _parse_header_length(header_length)

@@ -142,3 +142,26 @@ def test_fast_path_answers_as_the_route(repo):
     for name, status in expected.items():
         assert out[name][1].status_code == status, (name, out[name][1].text)
         assert out[name][1].json()["error"], name
+
+
+def test_client_gone_before_the_body_arrives(repo):
+    settings = Settings.build(model_repository=repo, grpc_port=None, poll_interval_s=0)
+    app = create_app(settings, loader=_loader)
+    fast = InferFastPath(app)
+    sent = []
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "headers": []}
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            await fast(scope, receive, send)
+
+    asyncio.run(main())
+    assert sent == []  # nothing is written to a closed connection
+    assert b'status="499"' in app.state.plane.metrics.render()
