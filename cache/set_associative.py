@@ -34,13 +34,14 @@ import contextlib
 
 import numpy as np
 
+from tierserve.ps.aligned import cache_aligned
+
 from .hashing import set_of
 
 EMPTY = -(2**63)
 _EMPTY = np.int64(EMPTY)
 STAMP_ALL = 4096
 STAMP_STRIDE = 4
-_LINE = 64  # bytes in a CPU cache line
 _NONE = np.empty(0, dtype=np.int64)  # "no room": the lookup kernel skips what it would fill
 _AGE_EMPTY = np.int64(2**32)  # older than any real age: empty slots are taken first
 
@@ -51,14 +52,10 @@ def unlogged(slots) -> contextlib.AbstractContextManager:
 
 
 def _zeros(xp, shape: tuple, dtype):
-    """Zeros, starting on a cache line: numpy's large buffers start 16 bytes into a page, so
-    every 64-byte row (dim 16) would straddle two lines and cost two misses.  (cupy aligns.)"""
+    """Zeros, starting on a cache line (cupy's allocations are aligned already)."""
     if xp is not np:
         return xp.zeros(shape, dtype=dtype)
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    buf = np.zeros(nbytes + _LINE, dtype=np.uint8)
-    start = -buf.ctypes.data % _LINE
-    return buf[start : start + nbytes].view(dtype).reshape(shape)
+    return cache_aligned(shape, dtype, zeros=True)
 
 
 class SetAssociativeTable:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .aligned import cache_aligned
 from .config import UNBOUNDED, HashMapConfig, ParallelHashMapConfig
 from .errors import InvalidInputError, NotFoundError
 from .eviction import make_policy, resolution_size
@@ -24,17 +25,6 @@ from .hash_kernels import group_by_partition
 from .hash_table import HashTable
 from .partition import as_keys
 from .tier import Tier
-
-
-def _empty_rows(n: int, dim: int) -> np.ndarray:
-    """An uninitialised float32 ``[n, dim]`` array starting on a 64-byte boundary.
-
-    Threads working different partitions write interleaved rows of it; aligned 64-byte rows
-    (dim 16) then never share a cache line between two threads, and each row is one line.
-    """
-    buf = np.empty(n * dim + 16, dtype=np.float32)
-    skip = (-buf.ctypes.data % 64) // 4
-    return buf[skip : skip + n * dim].reshape(n, dim)
 
 
 class HashMapTier(Tier):
@@ -111,7 +101,7 @@ class HashMapTier(Tier):
         keys = as_keys(keys)
         with self.stats.timed("lookup"):
             if len(parts) == 1:
-                emb = _empty_rows(keys.size, parts[0].dim)
+                emb = cache_aligned((keys.size, parts[0].dim), np.float32)
                 found = np.empty(keys.size, dtype=bool)
                 hits = parts[0].lookup_into(keys, None, emb, found)
             else:
@@ -122,7 +112,7 @@ class HashMapTier(Tier):
 
     def _lookup_partitioned(self, parts: list[HashTable], keys: np.ndarray):
         order, bounds = group_by_partition(keys, len(parts))
-        emb = _empty_rows(keys.size, parts[0].dim)
+        emb = cache_aligned((keys.size, parts[0].dim), np.float32)
         grouped = np.empty(keys.size, dtype=bool)  # found flags in partition order
         hits = [0] * len(parts)
 

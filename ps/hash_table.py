@@ -191,11 +191,11 @@ class HashTable:
                 self._rebuild(cap)
                 rebuilt = True
 
-    def load(self, keys: np.ndarray, embeddings: np.ndarray, copy: bool = True) -> None:
+    def load(self, keys: np.ndarray, embeddings: np.ndarray) -> None:
         """Replace the whole content with ``keys`` and ``embeddings`` in one pass.
 
-        Of repeated keys the last vector is kept.  The vectors are always copied into the
-        table's slots (``copy`` is accepted for compatibility; ``False`` changes nothing).
+        Of repeated keys the last vector is kept.  The vectors are copied into the table's
+        slots.
         """
         keys = _as_keys(keys)
         if keys.size and keys.min() <= TOMB:
