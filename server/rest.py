@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from tierserve.ps.errors import (
     InvalidInputError,
@@ -56,13 +57,9 @@ def _name(model: str) -> str:
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     _check_declared(declared, limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"the request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    body = await _receive_body(request.receive, limit)
+    if body is None:
+        raise ClientDisconnect()
     return _decode_body(body, request.headers.get("content-encoding", ""), limit)
 
 
