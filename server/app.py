@@ -151,17 +151,22 @@ def serve(settings: Settings, loader: Loader | None = None) -> None:
 
         tune_malloc()
     app = create_app(settings, loader)
-    config = uvicorn.Config(
+    uvicorn.Server(uvicorn_config(app, settings, settings.log_level)).run()
+
+
+def uvicorn_config(app: FastAPI, settings: Settings, log_level: str) -> uvicorn.Config:
+    """How uvicorn serves ``app``: infer requests by :class:`~.rest.InferFastPath`, on the
+    asyncio loop that grpc.aio shares, over :func:`http_protocol`."""
+    return uvicorn.Config(
         InferFastPath(app),
         host=settings.host,
         port=settings.http_port,
-        log_level=settings.log_level,
+        log_level=log_level,
         lifespan="on",
         access_log=False,
         loop="asyncio",  # grpc.aio shares this loop
         http=http_protocol(),
     )
-    uvicorn.Server(config).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -187,17 +192,7 @@ class BackgroundServer:
         self.settings = settings.model_copy(update=updates)
         self.app = create_app(self.settings, loader)
         self.plane: DataPlane = self.app.state.plane
-        config = uvicorn.Config(
-            InferFastPath(self.app),
-            host=self.settings.host,
-            port=self.settings.http_port,
-            log_level="warning",
-            lifespan="on",
-            access_log=False,
-            loop="asyncio",
-            http=http_protocol(),
-        )
-        self._server = uvicorn.Server(config)
+        self._server = uvicorn.Server(uvicorn_config(self.app, self.settings, "warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="tierserve")
 
     @property
