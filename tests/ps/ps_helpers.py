@@ -34,3 +34,22 @@ def expected(keys, dim, table=0, seed=0, fill=None):
         return np.full((keys.size, dim), fill, np.float32)
     base = (keys.astype(np.float64) * 0.001 + seed + table * 10)[:, None]
     return (base + np.arange(dim) * 0.5).astype(np.float32)
+
+
+def agree(table, ref: dict, dim: int, rng, probes=None) -> None:
+    """Every reference key is found with its vector, absent keys are not, keys() matches."""
+    assert len(table) == len(ref)
+    keys = np.fromiter(ref, dtype=np.int64, count=len(ref))
+    absent = rng.integers(-(2**63) + 2, 2**63 - 1, 500, dtype=np.int64)
+    if probes is not None:
+        absent = np.concatenate([absent, probes])
+    absent = absent[~np.isin(absent, keys)]
+    mixed = rng.permutation(np.concatenate([keys, absent]))
+    got, found = table.lookup(mixed)
+    want = np.isin(mixed, keys)
+    np.testing.assert_array_equal(found, want)
+    if keys.size:
+        np.testing.assert_array_equal(got[found], np.stack([ref[k] for k in mixed[found].tolist()]))
+    assert not got[~found].any()  # rows of keys not found are zero
+    np.testing.assert_array_equal(table.contains(mixed), want)
+    assert np.array_equal(np.sort(table.keys()), np.sort(keys))

@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from ps_helpers import agree
 
 from tierserve.ps import hash_kernels
 from tierserve.ps.config import ParallelHashMapConfig
@@ -18,25 +19,6 @@ from tierserve.ps.eviction import EvictLeastUsed, EvictOldest, EvictRandom
 from tierserve.ps.hash_map import HashMapTier
 from tierserve.ps.hash_table import HashTable
 from tierserve.ps.partition import group_by_partition
-
-
-def agree(table: HashTable, ref: dict, dim: int, rng, probes=None) -> None:
-    """Every reference key is found with its vector, absent keys are not, keys() matches."""
-    assert len(table) == len(ref)
-    keys = np.fromiter(ref, dtype=np.int64, count=len(ref))
-    absent = rng.integers(-(2**63) + 2, 2**63 - 1, 500, dtype=np.int64)
-    if probes is not None:
-        absent = np.concatenate([absent, probes])
-    absent = absent[~np.isin(absent, keys)]
-    mixed = rng.permutation(np.concatenate([keys, absent]))
-    got, found = table.lookup(mixed)
-    want = np.isin(mixed, keys)
-    np.testing.assert_array_equal(found, want)
-    if keys.size:
-        np.testing.assert_array_equal(got[found], np.stack([ref[k] for k in mixed[found].tolist()]))
-    assert not got[~found].any()  # rows of keys not found are zero
-    np.testing.assert_array_equal(table.contains(mixed), want)
-    assert np.array_equal(np.sort(table.keys()), np.sort(keys))
 
 
 @pytest.mark.parametrize("dim", [1, 5, 16])
