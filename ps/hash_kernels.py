@@ -24,6 +24,11 @@ adjacent lines at dim 16), so the lookup kernel is a software pipeline: while it
 ``i``'s vector it probes key ``i + D``'s tags (and prefetches the row of the first tag
 match) and prefetches key ``i + 2D``'s tag.  Rows are indexed as a 2-D array: LLVM then
 vectorises the row copy (flat indexing made the copy three times slower than ``np.take``).
+Only a row's first and last lines are prefetched (the hardware streams the lines between
+them, and a loop over the lines cost a tenth of the rate at dim 16), as streaming data: a
+row passes through the caches once, while the tags are worth keeping there.  The body is
+inlined once per case (indexed or not, which statistic), as branches on those cases in the
+loop cost another tenth.
 
 Writers publish a slot by writing its tag last, after the key and vector, so a reader
 without a lock never sees a tag whose row is not written yet: x86 keeps stores in order,
@@ -56,7 +61,7 @@ _INT32_MAX = 2**31 - 1
 _PREFETCH_NAME = "llvm.prefetch.p0" if _llvm.llvm_version_info[0] >= 17 else "llvm.prefetch.p0i8"
 
 
-def _make_prefetch(write: int):
+def _make_prefetch(write: int, locality: int = 3):
     @intrinsic
     def _prefetch(typingctx, arr, idx):
         sig = types.void(arr, idx)
@@ -73,9 +78,9 @@ def _make_prefetch(write: int):
             i32 = ir.IntType(32)
             fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
             fn = cgutils.get_or_insert_function(builder.module, fnty, _PREFETCH_NAME)
-            # (address, rw, locality 3 = keep in all levels, cache type 1 = data)
+            # (address, rw, locality: 3 keep in all levels .. 0 streaming, cache type 1 = data)
             builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, write),
-                              ir.Constant(i32, 3), ir.Constant(i32, 1)])  # fmt: skip
+                              ir.Constant(i32, locality), ir.Constant(i32, 1)])  # fmt: skip
             return context.get_dummy_value()
 
         return sig, codegen
@@ -86,6 +91,9 @@ def _make_prefetch(write: int):
 #: ``prefetch(arr, i)``: ask for the cache line holding ``arr[i]`` (1-D ``arr``), no wait.
 prefetch = _make_prefetch(0)
 prefetch_write = _make_prefetch(1)
+#: ``prefetch_stream(arr, i)``: as ``prefetch``, for data read once (non-temporal: it does
+#: not push longer-lived lines, such as the tags, out of the caches).
+prefetch_stream = _make_prefetch(0, locality=0)
 
 
 @nb.njit(inline="always")
@@ -143,18 +151,9 @@ def _prefetch_row(flat, width, s, write):
         prefetch(flat, base + width - 1)
 
 
-@nb.njit(nogil=True, cache=True)
-def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found):
-    """Copy the vectors of ``keys`` into ``out``; set ``found``; return how many were found.
-
-    With ``indexed`` only the keys ``keys[pos[j]]`` are looked up, their rows written to
-    ``out[pos[j]]`` and their flags to ``found[j]`` (one partition's share of a request:
-    threads working other partitions write other bytes of ``out``, and flags of their own
-    array, so no cache line of flags is written by two threads).  Rows of keys not found are
-    zeroed.  ``track`` 1 stamps found slots with ``tick`` in ``stats``,
-    2 counts the access.  Three stages run ``_AHEAD`` keys apart: prefetch the home tag,
-    probe the tags (and prefetch the row found), check the key and copy the row.
-    """
+@nb.njit(inline="always")
+def _lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found):
+    """The body of :func:`lookup`, inlined with constant ``indexed`` and ``track``."""
     rkeys = rows.view(np.int64)
     flat = rows.reshape(-1)
     width = rows.shape[1]
@@ -179,7 +178,9 @@ def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, f
             s = _scan(_tag(hs[r]), slot[r], tags)
             slot[r] = s
             if s >= 0:
-                _prefetch_row(flat, width, s, False)
+                base = s * width
+                prefetch_stream(flat, base)
+                prefetch_stream(flat, base + width - 1)
         if j >= 0:  # stage 3: check the key (a tag matches a wrong key 1 in 254), copy
             i = pos[j] if indexed else j
             s = slot[j & _RING_MASK]
@@ -201,6 +202,37 @@ def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, f
                     out[i, c] = 0.0
                 found[j] = False
     return hits
+
+
+@nb.njit(nogil=True, cache=True)
+def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found):
+    """Copy the vectors of ``keys`` into ``out``; set ``found``; return how many were found.
+
+    With ``indexed`` only the keys ``keys[pos[j]]`` are looked up, their rows written to
+    ``out[pos[j]]`` and their flags to ``found[j]`` (one partition's share of a request:
+    threads working other partitions write other bytes of ``out``, and flags of their own
+    array, so no cache line of flags is written by two threads).  Rows of keys not found are
+    zeroed.  ``track`` 1 stamps found slots with ``tick`` in ``stats``,
+    2 counts the access.  Three stages run ``_AHEAD`` keys apart: prefetch the home tag,
+    probe the tags (and prefetch the row found), check the key and copy the row.
+    """
+    if indexed:
+        if track == TRACK_RECENCY:
+            return _lookup(keys, pos, True, tags, rows, cap, seed, stats, TRACK_RECENCY, tick,
+                           out, found)  # fmt: skip
+        if track == TRACK_FREQUENCY:
+            return _lookup(keys, pos, True, tags, rows, cap, seed, stats, TRACK_FREQUENCY, tick,
+                           out, found)  # fmt: skip
+        return _lookup(keys, pos, True, tags, rows, cap, seed, stats, _TRACK_NONE, tick, out,
+                       found)  # fmt: skip
+    if track == TRACK_RECENCY:
+        return _lookup(keys, pos, False, tags, rows, cap, seed, stats, TRACK_RECENCY, tick, out,
+                       found)  # fmt: skip
+    if track == TRACK_FREQUENCY:
+        return _lookup(keys, pos, False, tags, rows, cap, seed, stats, TRACK_FREQUENCY, tick,
+                       out, found)  # fmt: skip
+    return _lookup(keys, pos, False, tags, rows, cap, seed, stats, _TRACK_NONE, tick, out,
+                   found)  # fmt: skip
 
 
 @nb.njit(nogil=True, cache=True)

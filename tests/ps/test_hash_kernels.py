@@ -120,16 +120,26 @@ def test_load_from_a_read_only_memory_map(tmp_path):
     agree(table, dict(zip(keys.tolist(), emb)), 8, rng)
 
 
+def _look(table, keys, indexed):
+    """A lookup through the kernel's plain or its indexed (one partition's share) path."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    out = np.empty((keys.size, table.dim), np.float32)
+    found = np.empty(keys.size, bool)
+    pos = np.arange(keys.size, dtype=np.int64) if indexed else None
+    table.lookup_into(keys, pos, out, found)
+
+
+@pytest.mark.parametrize("indexed", [False, True])
 @pytest.mark.parametrize("policy", [EvictOldest(), EvictLeastUsed()])
-def test_statistics_follow_the_accesses(policy):
+def test_statistics_follow_the_accesses(policy, indexed):
     rng = np.random.default_rng(3)
     table = HashTable(2, track=policy.track)
     keys = np.arange(1000, dtype=np.int64) * 7 + 1
     table.insert(keys, np.zeros((1000, 2), np.float32))
     hot = keys[rng.choice(1000, 100, replace=False)]
     for _ in range(3):
-        table.lookup(hot)
-    table.lookup(rng.integers(2**50, 2**51, 300))  # absent keys change nothing
+        _look(table, hot, indexed)
+    _look(table, rng.integers(2**50, 2**51, 300), indexed)  # absent keys change nothing
     table.evict_to(100, policy, rng)
     assert np.array_equal(np.sort(table.keys()), np.sort(hot))
     live = table._state.live_slots()
