@@ -136,22 +136,6 @@ def _probe(key, tg, s, tags, rkeys):
 
 
 @nb.njit(inline="always")
-def _prefetch_row(flat, width, s, write):
-    """Every cache line of slot ``s``'s row (72 bytes at dim 16: two lines); ``flat`` is
-    ``rows.reshape(-1)`` (cheaper than a row view per call)."""
-    base = s * width
-    for c in range(0, width - 1, 16):
-        if write:
-            prefetch_write(flat, base + c)
-        else:
-            prefetch(flat, base + c)
-    if write:
-        prefetch_write(flat, base + width - 1)
-    else:
-        prefetch(flat, base + width - 1)
-
-
-@nb.njit(inline="always")
 def _lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found):
     """The body of :func:`lookup`, inlined with constant ``indexed`` and ``track``."""
     rkeys = rows.view(np.int64)
@@ -271,7 +255,8 @@ def insert(keys, emb, tags, rows, cap, seed, stats, stat, track, limit, used):
         if a < n:
             s = _home(_mix(keys[a], seed), cap)
             prefetch_write(tags, s)
-            _prefetch_row(flat, width, s, True)
+            prefetch_write(flat, s * width)  # the row's first and last lines (as in lookup)
+            prefetch_write(flat, s * width + width - 1)
         k = keys[i]
         h = _mix(k, seed)
         tg = _tag(h)
@@ -309,6 +294,83 @@ def insert(keys, emb, tags, rows, cap, seed, stats, stat, track, limit, used):
         tags[s] = tg  # publish last
         new += 1
     return n, new, used
+
+
+@nb.njit(nogil=True, cache=True)
+def group_by_region(keys, cap, seed, regions):
+    """``(order, bounds)``: the positions of ``keys`` grouped by the region of their home slot
+    (``regions`` equal stretches of ``cap``; region ``r`` holds the homes ``s`` with
+    ``s * regions // cap == r``), each group in key order; ``bounds`` as in
+    :func:`group_by_partition`."""
+    n = keys.size
+    part = np.empty(n, np.int32)
+    bounds = np.zeros(regions + 1, np.int64)
+    for i in range(n):
+        r = _home(_mix(keys[i], seed), cap) * regions // cap
+        part[i] = r
+        bounds[r + 1] += 1
+    for r in range(regions):
+        bounds[r + 1] += bounds[r]
+    fill = bounds[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        r = part[i]
+        order[fill[r]] = i
+        fill[r] += 1
+    return order, bounds
+
+
+@nb.njit(nogil=True, cache=True)
+def load_region(keys, emb, order, lo, hi, stop, tags, rows, cap, seed, stats, stat, deferred):
+    """Insert ``keys[order[lo:hi]]`` (a repeated key: the last wins) into a table that is being
+    loaded and has neither deletions nor readers, using no slot from ``stop`` on.
+
+    One thread per region of home slots loads a table at once: a region's keys probe only
+    its own slots, and a key whose probe reaches ``stop`` (the next region) is left for a
+    pass with :func:`insert` after all regions are done (its positions, in order, go to
+    ``deferred``).  Returns ``(keys deferred, new keys)``.
+    """
+    rkeys = rows.view(np.int64)
+    flat = rows.reshape(-1)
+    width = rows.shape[1]
+    dim = emb.shape[1]
+    keep_stats = stats.size > 0
+    new = 0
+    left = 0
+    for j in range(lo, hi):
+        a = j + _AHEAD
+        if a < hi:
+            s = _home(_mix(keys[order[a]], seed), cap)
+            prefetch_write(tags, s)
+            prefetch_write(flat, s * width)
+            prefetch_write(flat, s * width + width - 1)
+        i = order[j]
+        k = keys[i]
+        h = _mix(k, seed)
+        tg = _tag(h)
+        s = _home(h, cap)
+        hit = False
+        while s < stop:
+            t = tags[s]
+            if t == tg and rkeys[s, 0] == k:
+                hit = True
+                break
+            if t == EMPTY_TAG:
+                break
+            s += 1
+        if s >= stop:
+            deferred[left] = i
+            left += 1
+            continue
+        rkeys[s, 0] = k
+        for c in range(dim):
+            rows[s, 2 + c] = emb[i, c]
+        if not hit:
+            if keep_stats:
+                stats[s] = stat
+            tags[s] = tg
+            new += 1
+    return left, new
 
 
 @nb.njit(nogil=True, cache=True)

@@ -23,6 +23,7 @@ layout, which encoded empty and deleted slots with them).
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -86,6 +87,52 @@ class _State:
 
     def keys(self) -> np.ndarray:
         return self.rows.view(np.int64)[self.tags > _k.DELETED_TAG, 0]
+
+
+#: Loads of at least this many keys use several threads (below, starting them costs more
+#: than it saves).
+PARALLEL_LOAD_MIN = 1 << 20
+
+
+def _load_threads(n: int) -> int:
+    if n < PARALLEL_LOAD_MIN:
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def _parallel_load(st: _State, keys, emb, stat: int, track: int, threads: int) -> bool:
+    """Insert ``keys`` into the empty ``st`` with one thread per region of home slots (the
+    kernels release the GIL; see :func:`~tierserve.ps.hash_kernels.load_region`), then the
+    few keys whose probe crossed into the next region; False if the table ran out of slots.
+    """
+    order, bounds = _k.group_by_region(keys, st.cap, st.seed, threads)
+    stops = [-(-r * st.cap // threads) for r in range(1, threads)] + [st.tags.size - 1]
+    deferred = np.empty(keys.size, dtype=np.int64)
+    results: list = [None] * threads
+
+    def work(r: int) -> None:
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        try:
+            results[r] = _k.load_region(
+                keys, emb, order, lo, hi, stops[r], st.tags, st.rows, st.cap, st.seed,
+                st.stats, stat, deferred[lo:hi],
+            )  # fmt: skip
+        except BaseException as exc:  # re-raised in the calling thread
+            results[r] = exc
+
+    workers = [threading.Thread(target=work, args=(r,)) for r in range(1, threads)]
+    for w in workers:
+        w.start()
+    work(0)
+    for w in workers:
+        w.join()
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    left = [deferred[bounds[r] : bounds[r] + results[r][0]] for r in range(threads)]
+    st.live = st.used = sum(r[1] for r in results)
+    rest = np.concatenate(left)
+    return st.insert(keys[rest], emb[rest], stat, track) == rest.size
 
 
 def _as_keys(keys) -> np.ndarray:
@@ -205,10 +252,15 @@ class HashTable:
             self._tick += 1
             stat = self._tick if self._track == _k.TRACK_RECENCY else 1
             cap = self._cap_for(keys.size)
+            threads = _load_threads(keys.size)
             while True:
                 st = self._new_state(cap)
                 st.limit = st.cap  # a load never stops to grow (only on running off the end)
-                if st.insert(keys, emb, stat, self._track) == keys.size:
+                if threads > 1:
+                    done = _parallel_load(st, keys, emb, stat, self._track, threads)
+                else:
+                    done = st.insert(keys, emb, stat, self._track) == keys.size
+                if done:
                     st.limit = int(_MAX_FILL * st.cap)
                     self._state = st
                     return

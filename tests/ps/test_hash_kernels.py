@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from ps_helpers import agree
 
-from tierserve.ps import hash_kernels
+from tierserve.ps import hash_kernels, hash_table
 from tierserve.ps.config import ParallelHashMapConfig
 from tierserve.ps.eviction import EvictLeastUsed, EvictOldest, EvictRandom
 from tierserve.ps.hash_map import HashMapTier
@@ -105,6 +105,47 @@ def test_bulk_load_matches_inserts_and_keeps_the_last_repeat():
     agree(inserted, ref, 6, rng)
     loaded.load(keys[:10], emb[:10])  # a load replaces everything
     agree(loaded, dict(zip(keys[:10].tolist(), emb[:10])), 6, rng)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+@pytest.mark.parametrize("track", [None, "recency", "frequency"])
+def test_parallel_load_matches_a_dict(monkeypatch, threads, track):
+    # One thread per region of home slots; keys whose probe crosses into the next region
+    # are inserted after the threads are done: the run must take that path too.
+    monkeypatch.setattr(hash_table, "_load_threads", lambda n: threads)
+    kernel, left = hash_kernels.load_region, []
+
+    def counting(*args):
+        result = kernel(*args)
+        left.append(result[0])
+        return result
+
+    monkeypatch.setattr(hash_kernels, "load_region", counting)
+    rng = np.random.default_rng(threads)
+    table = HashTable(3, track=track)
+    # Homes of candidate keys in the generation the load will build; 300 keys with homes in
+    # the 100 slots before the first region's end cannot all stay in that region.
+    n = 40_000
+    cap = HashTable._cap_for(n)
+    seed = hash_table._State(cap, 3, False, table._generation + 1).seed
+    candidates = rng.integers(-(2**40), 2**40, 400_000)
+    by_home, bounds = hash_kernels.group_by_region(candidates, cap, seed, cap)  # region = home
+    stop = -(-cap // threads)
+    crowd = candidates[by_home[bounds[stop - 100] : bounds[stop]]][:300]
+    assert crowd.size == 300
+    keys = np.concatenate([rng.integers(-(2**40), 2**40, n - crowd.size), crowd])
+    rng.shuffle(keys)
+    keys[::5] = keys[7]  # repeats of one key, spread out: the last one wins
+    emb = rng.standard_normal((keys.size, 3)).astype(np.float32)
+    table.load(keys, emb)
+    assert len(left) == threads and sum(left) > 0
+    st = table._state
+    assert st.live == st.used == np.unique(keys).size
+    if track is not None:  # before any lookup counts or stamps
+        assert (st.stats[st.live_slots()] == (table._tick if track == "recency" else 1)).all()
+    agree(table, dict(zip(keys.tolist(), emb)), 3, rng)
+    table.insert(rng.integers(2**41, 2**42, 1000), np.ones((1000, 3), np.float32))
+    assert len(table) == np.unique(keys).size + 1000  # the loaded table takes inserts
 
 
 def test_load_from_a_read_only_memory_map(tmp_path):
