@@ -297,58 +297,40 @@ def insert(keys, emb, tags, rows, cap, seed, stats, stat, track, limit, used):
 
 
 @nb.njit(nogil=True, cache=True)
-def group_by_region(keys, cap, seed, regions):
-    """``(order, bounds)``: the positions of ``keys`` grouped by the region of their home slot
-    (``regions`` equal stretches of ``cap``; region ``r`` holds the homes ``s`` with
-    ``s * regions // cap == r``), each group in key order; ``bounds`` as in
-    :func:`group_by_partition`."""
-    n = keys.size
-    part = np.empty(n, np.int32)
-    bounds = np.zeros(regions + 1, np.int64)
-    for i in range(n):
-        r = _home(_mix(keys[i], seed), cap) * regions // cap
-        part[i] = r
-        bounds[r + 1] += 1
-    for r in range(regions):
-        bounds[r + 1] += bounds[r]
-    fill = bounds[:-1].copy()
-    order = np.empty(n, np.int64)
-    for i in range(n):
-        r = part[i]
-        order[fill[r]] = i
-        fill[r] += 1
-    return order, bounds
+def load_region(keys, emb, lo, hi, stop, tags, rows, cap, seed, stats, stat, deferred):
+    """Insert those of ``keys`` whose home slot is in ``[lo, hi)`` (a repeated key: the last
+    wins) into a table that is being loaded and has neither deletions nor readers, using no
+    slot from ``stop`` on.
 
-
-@nb.njit(nogil=True, cache=True)
-def load_region(keys, emb, order, lo, hi, stop, tags, rows, cap, seed, stats, stat, deferred):
-    """Insert ``keys[order[lo:hi]]`` (a repeated key: the last wins) into a table that is being
-    loaded and has neither deletions nor readers, using no slot from ``stop`` on.
-
-    One thread per region of home slots loads a table at once: a region's keys probe only
-    its own slots, and a key whose probe reaches ``stop`` (the next region) is left for a
-    pass with :func:`insert` after all regions are done (its positions, in order, go to
-    ``deferred``).  Returns ``(keys deferred, new keys)``.
+    One thread per region of home slots loads a table at once: each reads all the keys and
+    takes its own (hashing a key costs far less than the memory its insert touches), a
+    region's keys probe only its own slots, and a key whose probe reaches ``stop`` (the next
+    region) is left for a pass with :func:`insert` after all regions are done (its positions,
+    in order, go to ``deferred``).  Returns ``(keys deferred, new keys)``.
     """
     rkeys = rows.view(np.int64)
     flat = rows.reshape(-1)
     width = rows.shape[1]
     dim = emb.shape[1]
+    n = keys.size
     keep_stats = stats.size > 0
     new = 0
     left = 0
-    for j in range(lo, hi):
-        a = j + _AHEAD
-        if a < hi:
-            s = _home(_mix(keys[order[a]], seed), cap)
-            prefetch_write(tags, s)
-            prefetch_write(flat, s * width)
-            prefetch_write(flat, s * width + width - 1)
-        i = order[j]
+    ahead = _AHEAD * max(1, cap // max(1, hi - lo))  # about _AHEAD keys of this region
+    for i in range(n):
+        a = i + ahead
+        if a < n:
+            s = _home(_mix(keys[a], seed), cap)
+            if s >= lo and s < hi:
+                prefetch_write(tags, s)
+                prefetch_write(flat, s * width)
+                prefetch_write(flat, s * width + width - 1)
         k = keys[i]
         h = _mix(k, seed)
-        tg = _tag(h)
         s = _home(h, cap)
+        if s < lo or s >= hi:
+            continue
+        tg = _tag(h)
         hit = False
         while s < stop:
             t = tags[s]

@@ -105,17 +105,18 @@ def _parallel_load(st: _State, keys, emb, stat: int, track: int, threads: int) -
     kernels release the GIL; see :func:`~tierserve.ps.hash_kernels.load_region`), then the
     few keys whose probe crossed into the next region; False if the table ran out of slots.
     """
-    order, bounds = _k.group_by_region(keys, st.cap, st.seed, threads)
-    stops = [-(-r * st.cap // threads) for r in range(1, threads)] + [st.tags.size - 1]
-    deferred = np.empty(keys.size, dtype=np.int64)
+    ends = [r * st.cap // threads for r in range(1, threads)]
+    los, his = [0, *ends], [*ends, st.cap]
+    stops = [*ends, st.tags.size - 1]
+    deferred = [np.empty(0, dtype=np.int64)] * threads
     results: list = [None] * threads
 
     def work(r: int) -> None:
-        lo, hi = int(bounds[r]), int(bounds[r + 1])
         try:
+            deferred[r] = np.empty(keys.size, dtype=np.int64)
             results[r] = _k.load_region(
-                keys, emb, order, lo, hi, stops[r], st.tags, st.rows, st.cap, st.seed,
-                st.stats, stat, deferred[lo:hi],
+                keys, emb, los[r], his[r], stops[r], st.tags, st.rows, st.cap, st.seed,
+                st.stats, stat, deferred[r],
             )  # fmt: skip
         except BaseException as exc:  # re-raised in the calling thread
             results[r] = exc
@@ -129,9 +130,8 @@ def _parallel_load(st: _State, keys, emb, stat: int, track: int, threads: int) -
     for r in results:
         if isinstance(r, BaseException):
             raise r
-    left = [deferred[bounds[r] : bounds[r] + results[r][0]] for r in range(threads)]
     st.live = st.used = sum(r[1] for r in results)
-    rest = np.concatenate(left)
+    rest = np.concatenate([deferred[r][: results[r][0]] for r in range(threads)])
     return st.insert(keys[rest], emb[rest], stat, track) == rest.size
 
 
