@@ -51,8 +51,8 @@ from numba.extending import intrinsic
 EMPTY_TAG = 0
 DELETED_TAG = 1
 #: How far ahead (in keys) the lookup and insert pipelines run.
-_AHEAD = 16
-_RING = 64  # > 2 * _AHEAD, a power of two
+_AHEAD = 32
+_RING = 128  # > 2 * _AHEAD, a power of two
 _RING_MASK = _RING - 1
 _TRACK_NONE, TRACK_RECENCY, TRACK_FREQUENCY = 0, 1, 2
 _INT32_MAX = 2**31 - 1
