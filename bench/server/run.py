@@ -23,6 +23,11 @@
    connection, as tritonclient's aio client) and on 64 raw HTTP/1.1 keep-alive connections
    (binary tensor extension), and checks each reply's status.  It is the same for batched
    and unbatched.
+5. The same load against servers that answer without doing any work (``bench.server.floors``:
+   uvicorn + httptools, and grpc.aio): the transport's own CPU per request.  The unbatched
+   server's CPU per request over that floor plus predict's time per row at batch 64 bounds
+   the ratio of 4. while the server is bound by its CPU: batching shrinks the model's share
+   of a request to that, and the transport's share not at all.
 
 Prints a table (and with ``--json FILE`` writes the figures there).
 """
@@ -374,6 +379,62 @@ def concurrency_runs(servers: dict, data: dict, seconds: float, turns: int = 4) 
     return out
 
 
+def floor_runs(seconds: float) -> dict:
+    """Server CPU per request of the do-nothing servers of :mod:`bench.server.floors` under the
+    same load as the real ones (64 batch-1 clients, same request bytes)."""
+    import socket
+
+    import grpc as grpc_mod
+
+    from tierserve.server.app import free_port
+
+    des = np.zeros((1, 13), np.float32)
+    cat = np.zeros((1, SLOTS), np.int64)
+    out = {}
+    for protocol in ("grpc", "http"):
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.server.floors", protocol, str(port)], cwd=ROOT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if protocol == "http":
+                        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    else:
+                        with grpc_mod.insecure_channel(f"127.0.0.1:{port}") as channel:
+                            grpc_mod.channel_ready_future(channel).result(timeout=1)
+                    break
+                except (OSError, grpc_mod.FutureTimeoutError):
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError(f"the {protocol} floor server did not start") from None
+                    time.sleep(0.2)
+            before, started = server_cpu(proc), time.perf_counter()
+            rate, _ = concurrent_throughput(
+                protocol, f"127.0.0.1:{port}", {1: (des, cat)}, 64, seconds)  # fmt: skip
+            requests = rate * (time.perf_counter() - started)
+            out[protocol] = {
+                "rows_s": rate,
+                "server_cpu_ms_per_request": (server_cpu(proc) - before) / requests * 1e3,
+            }
+        finally:
+            proc.terminate()
+            proc.wait()
+    return out
+
+
+def model_share(predict, batch, calls: int = 20) -> float:
+    """Milliseconds of ``predict`` per row of ``batch`` (the fastest of ``calls``)."""
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        predict(*batch)
+        times.append(time.perf_counter() - t0)
+    return min(times) / batch[0].shape[0] * 1e3
+
+
 def executions(http: int) -> dict:
     """Requests and model executions the server counted (its /metrics)."""
     import urllib.request
@@ -481,6 +542,8 @@ def main() -> int:
             results["concurrent_batched"] = both["batched"]
             results["concurrent_unbatched"] = both["unbatched"]
             results["executions"] = {k: after[k] - before[k] for k in after}
+            results["floors"] = floor_runs(args.seconds / 2)
+            results["predict_ms_per_row_at_64"] = model_share(predict, data[64])
         finally:
             proc.terminate()
             proc.wait()
@@ -518,6 +581,18 @@ def main() -> int:
             f"load generator: batched {on['server_cpu_ms_per_request']:.3f} / "
             f"{on['client_cpu_ms_per_request']:.3f}, unbatched "
             f"{off['server_cpu_ms_per_request']:.3f} / {off['client_cpu_ms_per_request']:.3f}"
+        )
+    share = results["predict_ms_per_row_at_64"]
+    for protocol in ("grpc", "http"):
+        floor = results["floors"][protocol]["server_cpu_ms_per_request"]
+        off = results["concurrent_unbatched"][protocol]["server_cpu_ms_per_request"]
+        ceiling = off / (floor + share)
+        results[f"batching_ceiling_{protocol}"] = ceiling
+        print(
+            f"{protocol} floor, a server that answers without any work: "
+            f"{results['floors'][protocol]['rows_s']:,.0f} requests/s at {floor:.3f} ms server "
+            f"CPU per request; with predict's {share:.3f} ms per row at batch 64, the unbatched "
+            f"server's {off:.3f} ms bounds what batching can gain: {ceiling:.1f}x"
         )
     ex = results["executions"]
     if ex["executions"]:
