@@ -19,7 +19,7 @@ one miss, not two.
 
 Inserts are two passes as well (:func:`plan_insert` chooses slots and changes only ticks,
 :func:`apply_insert` writes keys and vectors), so the cache can log which slots an insert
-changes before it changes them; :func:`touches` is the readers' check against that log.
+changes before it changes them; :func:`touched` is the readers' check against that log.
 :func:`distinct_by_count` dedups a batch's misses for the parameter-server fetch.
 """
 
@@ -221,12 +221,14 @@ def apply_insert(keys, vectors, slots, table_keys, values):
 
 
 @njit(nogil=True, cache=True)
-def touches(slots, hit, written):
-    """Whether any slot ``slots[i]`` with ``hit[i]`` is among ``written`` (a reader's check
-    that the writes which overlapped its read changed none of the rows it returned)."""
+def touched(slots, hit, written):
+    """The positions ``i`` with ``hit[i]`` whose slot ``slots[i]`` is among ``written`` (a
+    reader's check of which rows it returned the writes that overlapped its read changed)."""
     m = written.size
+    found = np.empty(slots.size, dtype=np.int64)
+    count = 0
     if m == 0:
-        return False
+        return found[:0]
     size = 2
     while size < 2 * m:
         size *= 2
@@ -242,9 +244,11 @@ def touches(slots, hit, written):
             at = set_of_key(slots[i], size)
             while held[at] >= 0:
                 if held[at] == slots[i]:
-                    return True
+                    found[count] = i
+                    count += 1
+                    break
                 at = (at + 1) & mask
-    return False
+    return found[:count]
 
 
 @njit(nogil=True, cache=True)
@@ -318,6 +322,6 @@ def warm_up() -> None:
     apply_insert(keys, np.ones((2, 1), dtype=np.float32), slots, table_keys, values)
     lookup(keys, table_keys, ticks, values, np.empty((2, 1), np.float32), hit, slots, slots, 2)
     probe(keys, table_keys, slots, hit)
-    touches(slots, hit, slots)
+    touched(slots, hit, slots)
     distinct_by_count(keys)
     _warm = True

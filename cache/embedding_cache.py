@@ -207,31 +207,37 @@ class EmbeddingCache:
 
     def _read(self, keys, tick: int):
         """``(embeddings, hit, hits, misses)`` of a consistent read (``misses``: positions
-        of the misses, where the lookup gives them): retried (at last under the writer lock)
-        when a write overlapped it, unless the write log shows that the overlapping writes
-        changed none of the slots it hit."""
+        of the misses, where the lookup gives them).  When writes overlapped it and the
+        write log names the slots they changed, the hits on those slots count as misses
+        (the caller fetches them from the parameter server like any miss), so a reader never
+        waits for a long insert; otherwise it is retried, at last under the writer lock."""
         for _ in range(3):
             seq = self._seq
             out, hit, hits, slots, misses = self._lookup(keys, tick)
             now = self._seq
             if now == seq and not seq & 1:
                 return out, hit, hits, misses
-            if slots is not None and self._untouched(slots, hit, seq, now):
+            changed = None if slots is None else self._touched(slots, hit, seq, now)
+            if changed is not None:
+                if changed.size:
+                    hit[changed] = False
+                    return out, hit, hits - int(changed.size), None
                 return out, hit, hits, misses
         with self._lock:
             out, hit, hits, _, misses = self._lookup(keys, tick)
             return out, hit, hits, misses
 
-    def _untouched(self, slots, hit, seq: int, now: int) -> bool:
-        """Whether the writes that overlapped a read (sequence numbers ``seq`` .. ``now``)
-        are all in the write log, with their slots, and changed none of the slots it hit."""
+    def _touched(self, slots, hit, seq: int, now: int):
+        """The positions of a read's hits whose slots the writes that overlapped it
+        (sequence numbers ``seq`` .. ``now``) changed; ``None`` when the write log cannot
+        tell (it no longer reaches back, or a write may have changed any slot)."""
         first = seq if seq & 1 else seq + 1  # writes are logged under odd numbers
         if now < first:
-            return True
+            return np.empty(0, dtype=np.int64)
         written = [at for odd, at in list(self._written) if first <= odd <= now]
         if len(written) != (now - first) // 2 + 1 or any(at is None for at in written):
-            return False  # the log no longer reaches back, or a write may change any slot
-        return not cpu_kernels.touches(slots, hit, np.concatenate(written))
+            return None
+        return cpu_kernels.touched(slots, hit, np.concatenate(written))
 
     def _lookup(self, keys, tick: int):
         """``(embeddings, hit, hits, slots, misses)``: ``slots`` the slots read and

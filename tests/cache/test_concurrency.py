@@ -81,31 +81,64 @@ def test_concurrent_queries_and_updates(hps, use_gpu, threshold, mode):
         np.testing.assert_array_equal(to_host(cache.query(keys)), hps.lookup(MODEL, TABLE, keys))
 
 
-def test_a_read_overlapped_only_by_writes_to_other_slots_is_kept():
-    """The CPU write log: writes during a read that changed none of the slots it hit leave
-    it valid; a write to one of them (or to any slot, e.g. a clear) makes it retry."""
+def test_hits_on_slots_that_overlapping_writes_changed_become_misses():
+    """The CPU write log: a read overlapped by writes keeps its hits on slots they did not
+    change; hits on changed slots become misses (fetched again), and a write that may change
+    any slot (a clear) makes the read retry."""
     from dict_ps import DictParameterServer
 
     ps = DictParameterServer({(MODEL, TABLE): DIM})
     ps.fill(MODEL, TABLE, np.arange(4000))
     with EmbeddingCache(ps, MODEL, TABLE, DIM, 1024, hit_rate_threshold=1.0) as cache:
-        held = np.arange(300, dtype=np.int64)
+        held = np.arange(900, dtype=np.int64)
         cache.query(held)
         seq = cache._seq
         _, hit, hits, slots, _ = cache._lookup(held, 1)
-        assert hits > 250 and slots is not None  # a few keys did not fit their set
+        assert hits > 600 and slots is not None  # some keys did not fit their set
         others = np.arange(1000, 1100, dtype=np.int64)
+        cache._tick += 5  # later queries: the held keys are no longer the newest, so evictable
         cache._insert_fetched(others, ps.lookup(MODEL, TABLE, others), cache._log.epoch)
-        evicted_one_of_ours = not np.isin(held[hit], to_host(cache._table.cached_keys())).all()
+        still = np.isin(held, to_host(cache._table.cached_keys()))
         assert cache._seq > seq
-        assert cache._untouched(slots, hit, seq, cache._seq) != evicted_one_of_ours
+        changed = cache._touched(slots, hit, seq, cache._seq)
+        np.testing.assert_array_equal(changed, np.flatnonzero(hit & ~still))  # the evicted
+        assert changed.size > 0  # 100 new keys in a nearly full cache evict some of ours
         seq = cache._seq
         _, hit, hits, slots, _ = cache._lookup(held, 2)
-        one = held[hit][:1]
-        cache.update(one, vectors_for(one, version=9))  # rewrites one hit slot
-        assert not cache._untouched(slots, hit, seq, cache._seq)
+        one = np.flatnonzero(hit)[5]
+        cache.update(held[one : one + 1], vectors_for(held[one : one + 1], version=9))
+        np.testing.assert_array_equal(cache._touched(slots, hit, seq, cache._seq), [one])
         seq = cache._seq
         _, hit, hits, slots, _ = cache._lookup(held, 3)
         cache.clear()  # any slot
-        assert not cache._untouched(slots, hit, seq, cache._seq)
-        assert cache._untouched(slots, hit, cache._seq, cache._seq)  # no write: nothing to check
+        assert cache._touched(slots, hit, seq, cache._seq) is None
+        assert cache._touched(slots, hit, cache._seq, cache._seq).size == 0  # no write
+
+
+def test_a_read_overlapped_by_a_write_returns_the_written_rows_fresh():
+    """A write lands between the kernel's read and the reader's sequence check (a lookup
+    wrapper makes it): the rows it changed come back as the new vectors, fetched again,
+    not as the ones the read saw, and the read is not retried."""
+    from dict_ps import DictParameterServer
+
+    ps = DictParameterServer({(MODEL, TABLE): DIM})
+    ps.fill(MODEL, TABLE, np.arange(4000))
+    with EmbeddingCache(ps, MODEL, TABLE, DIM, 1024, hit_rate_threshold=1.0) as cache:
+        held = np.arange(200, dtype=np.int64)
+        cache.query(held)
+        lookup, calls = cache._lookup, []
+        fresh = vectors_for(held[:10], version=7)
+
+        def overlapped(keys, tick):
+            result = lookup(keys, tick)
+            if not calls:  # the first read: a writer changes ten of its rows meanwhile
+                ps.insert(MODEL, TABLE, held[:10], fresh)
+                cache.update(held[:10], fresh)
+            calls.append(1)
+            return result
+
+        cache._lookup = overlapped
+        got = to_host(cache.query(held))
+        assert len(calls) == 1  # no retry: the ten changed rows were fetched again
+        np.testing.assert_array_equal(got[:10], fresh)
+        np.testing.assert_array_equal(got[10:], ps.lookup(MODEL, TABLE, held[10:]))
