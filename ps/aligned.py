@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 #: Bytes in a CPU cache line.
@@ -15,7 +17,7 @@ def cache_aligned(shape: tuple, dtype, zeros: bool = False) -> np.ndarray:
     straddle two lines: two misses per row read, and a line shared by the rows two threads
     write.
     """
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize  # np.prod costs ~9 us a call
     buf = (np.zeros if zeros else np.empty)(nbytes + LINE, dtype=np.uint8)
     start = -buf.ctypes.data % LINE
     return buf[start : start + nbytes].view(dtype).reshape(shape)
