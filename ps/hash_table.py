@@ -12,6 +12,8 @@ so keys, vectors and tags take ``(8 + 4 dim + 1) / 0.75`` bytes per key, 1.35x t
 bytes at dim 16; inserts grow it (rebuilding for a fill of 0.7: at most 1.45x) once slots
 in use, deleted ones included, reach 0.85 (1.19x).  Deleted slots become tombstones, which
 inserts reuse; bulk deletions (overflow eviction) and many tombstones rebuild the table.
+A load of :data:`PARALLEL_LOAD_MIN` keys or more fills the new arrays with one thread per
+core (up to 8), each taking the keys whose home slot lies in its stretch of the table.
 
 Writers are serialised by a lock; readers take no lock: they read one immutable reference to
 the current arrays, writers fill a slot's key and vector before its tag, and a rebuild fills
