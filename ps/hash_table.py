@@ -99,7 +99,9 @@ PARALLEL_LOAD_MIN = 1 << 20
 def _load_threads(n: int) -> int:
     if n < PARALLEL_LOAD_MIN:
         return 1
-    return max(1, min(len(os.sched_getaffinity(0)), 8))
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux: the cores this process may use
+    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    return max(1, min(cores, 8))
 
 
 def _parallel_load(st: _State, keys, emb, stat: int, track: int, threads: int) -> bool:
