@@ -47,7 +47,6 @@ class Settings(BaseModel):
         description="executions of at most this many rows run on the event loop thread (no "
         "thread hop, no GIL contention with the loop); larger ones in worker threads",
     )
-    grpc_workers: Annotated[int, Field(gt=0)] = 16
     malloc_tuning: bool = Field(
         True,
         description="serve() raises glibc's mmap and trim thresholds to 1 GiB (see "
