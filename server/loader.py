@@ -2,7 +2,9 @@
 
 One :class:`~tierserve.ps.hierarchy.HierarchicalParameterServer`, made from ``ps.json``'s
 tiers on the first load, holds the tables of every model; loading a version loads its sparse
-folders into it, which swaps the tables in (or, on a corrupt file, changes nothing).
+folders into it, which swaps the tables in (or, on a corrupt file, changes nothing).  When
+``ps.json`` names a Kafka ``update_source``, consumers apply online updates to its tiers
+(:mod:`tierserve.ps.kafka_updates`) until the loader closes.
 
 A version folder holds the files its ``ps.json`` entry names (matched by file name, so the
 entry may point into any version) or, failing that, the files found by their patterns:
@@ -122,6 +124,7 @@ class RepositoryLoader:
 
     def __init__(self, use_gpu_embedding_cache: bool | None = None) -> None:
         self.parameter_server = None
+        self.update_consumers: list = []  # Kafka online updates (ps.json update_source)
         self.use_gpu_embedding_cache = use_gpu_embedding_cache
         self._lock = threading.Lock()
 
@@ -129,9 +132,13 @@ class RepositoryLoader:
         with self._lock:
             if self.parameter_server is None:
                 from tierserve.ps.hierarchy import HierarchicalParameterServer
+                from tierserve.ps.kafka_updates import start_update_consumers
 
                 tiers = ps_config.model_copy(update={"models": []})
                 self.parameter_server = HierarchicalParameterServer(tiers)
+                self.update_consumers = start_update_consumers(
+                    self.parameter_server, ps_config.update_source
+                )
             return self.parameter_server
 
     def _gpu_cache(self, requested: bool) -> bool:
@@ -174,6 +181,9 @@ class RepositoryLoader:
         return {level: st.snapshot() for level, st in self.parameter_server.tier_stats().items()}
 
     def close(self) -> None:
+        for consumer in self.update_consumers:
+            consumer.close()
+        self.update_consumers = []
         if self.parameter_server is not None:
             self.parameter_server.close()
             self.parameter_server = None

@@ -1,0 +1,88 @@
+"""Online updates end to end: a server whose ps.json names a Kafka update source applies the
+updates a producer publishes, and its predictions change accordingly."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import numpy as np
+import pytest
+import tritonclient.http as th
+
+from tierserve.clients.demo_model import train_demo_model, write_repository
+from tierserve.ps.kafka_updates import UpdateProducer
+from tierserve.server.app import BackgroundServer
+from tierserve.server.loader import RepositoryLoader
+from tierserve.server.settings import Settings
+
+pytestmark = pytest.mark.kafka
+
+
+def _predict(url, des, cat):
+    client = th.InferenceServerClient(url)
+    a = th.InferInput("DES", list(des.shape), "FP32")
+    a.set_data_from_numpy(des)
+    b = th.InferInput("CATCOLUMN", list(cat.shape), "INT64")
+    b.set_data_from_numpy(cat)
+    return client.infer("dlrm", [a, b]).as_numpy("OUTPUT0")
+
+
+def test_published_updates_change_what_the_server_serves(tmp_path, kafka_broker):
+    demo = train_demo_model(tmp_path / "train", iterations=20, batch_size=256, seed=3)
+    repo = tmp_path / "repo"
+    write_repository(demo, repo)
+    config = json.loads((repo / "ps.json").read_text())
+    config["update_source"] = {
+        "type": "kafka_message_queue", "brokers": kafka_broker.bootstrap,
+        "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500,
+    }  # fmt: skip
+    config["persistent_db"]["path"] = str(tmp_path / "rocksdb")
+    (repo / "ps.json").write_text(json.dumps(config))
+    table = config["models"][0]["embedding_table_names"][0]
+    rng = np.random.default_rng(0)
+    des = rng.random((4, 13), dtype=np.float32)
+    cat = rng.integers(0, 300, (4, 8)).astype(np.int64)
+    loader = RepositoryLoader()
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=None,
+                              poll_interval_s=0)  # fmt: skip
+    with BackgroundServer(settings, loader=loader) as server:
+        before = _predict(server.http_url, des, cat)
+        assert {c.level for c in loader.update_consumers} == {"volatile", "persistent"}
+        keys = np.unique(cat)
+        dim = config["models"][0]["embedding_vecsize_per_table"][0]
+        new = rng.normal(0, 1, (keys.size, dim)).astype(np.float32)
+        # The topic may not exist yet: publish until both tiers have seen the update.
+        producer = UpdateProducer(kafka_broker.bootstrap)
+        producer.publish("dlrm", table, keys, new)
+        producer.flush()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if all(c.stats.messages >= 1 for c in loader.update_consumers):
+                break
+            time.sleep(0.05)
+        assert all(c.stats.messages >= 1 for c in loader.update_consumers), [
+            c.stats for c in loader.update_consumers
+        ]
+        ps = loader.parameter_server
+        np.testing.assert_array_equal(ps.lookup("dlrm", table, keys), new)
+        after = _predict(server.http_url, des, cat)
+        assert np.abs(after - before).max() > 1e-3  # the served model uses the new vectors
+        group = {c.level: c.group for c in loader.update_consumers}
+        assert group["volatile"].startswith("hps.volatile.")  # hash_map: one per replica
+    assert loader.update_consumers == []  # closed with the server
+
+
+def test_no_update_source_starts_no_consumer(tmp_path):
+    demo = train_demo_model(tmp_path / "train", iterations=5, batch_size=256, seed=3)
+    repo = tmp_path / "repo"
+    write_repository(demo, repo)
+    config = json.loads((repo / "ps.json").read_text())
+    config["persistent_db"]["path"] = str(tmp_path / f"rocksdb-{uuid.uuid4().hex[:6]}")
+    (repo / "ps.json").write_text(json.dumps(config))
+    loader = RepositoryLoader()
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=None,
+                              poll_interval_s=0)  # fmt: skip
+    with BackgroundServer(settings, loader=loader):
+        assert loader.update_consumers == []

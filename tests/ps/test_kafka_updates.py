@@ -1,0 +1,177 @@
+"""Online updates through a real Kafka broker: published updates reach the tiers of every
+replica, bad messages are skipped without losing the good ones, filters hold."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+from ps_helpers import expected, write_model
+
+from tierserve.ps import HierarchicalParameterServer
+from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
+from tierserve.ps.kafka_updates import (
+    UpdateConsumer,
+    UpdateProducer,
+    group_id,
+    subscription,
+    wait_until_applied,
+)
+from tierserve.ps.table_tag import table_tag
+
+pytestmark = pytest.mark.kafka
+DIM = 4
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+def _server(tmp_path, name, volatile=None, persistent=None):
+    # Filters name this test's model only: other tests' topics on the shared broker stay out.
+    model = write_model(tmp_path / name, name, [(np.arange(100), DIM)])
+    return HierarchicalParameterServer(
+        parse_ps_config({
+            "volatile_db": volatile or {"type": "hash_map", "update_filters": [name]},
+            "persistent_db": persistent or {"type": "disabled"},
+            "models": [model],
+        })
+    )  # fmt: skip
+
+
+def _config(kafka_broker) -> KafkaUpdateSourceConfig:
+    # New topics are found by metadata refreshes: keep them frequent in tests.
+    return KafkaUpdateSourceConfig(
+        brokers=kafka_broker.bootstrap, poll_timeout_ms=100, metadata_refresh_interval_ms=500,
+        max_commit_interval=2,
+    )  # fmt: skip
+
+
+def _until(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _create_topic(kafka_broker, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
+
+
+def test_subscription_and_groups():
+    import re
+
+    pattern = re.compile(subscription(["alpha", "b.*"]))
+    assert pattern.match("hps_et.alpha.sparse_embedding1")
+    assert pattern.match("hps_et.beta.t")
+    assert not pattern.match("hps_et.alphas.t")  # the filter is a whole model name
+    assert not pattern.match("hps_et.gamma.t") and not pattern.match("other.alpha.t")
+    assert group_id("volatile", "hash_map", "r1") == "hps.volatile.r1"  # every replica reads
+    assert group_id("persistent", "rocks_db", "r1") == "hps.persistent.r1"
+    assert group_id("volatile", "redis_cluster", "r1") == "hps.volatile"  # shared: once
+
+
+def test_updates_reach_every_replica_and_bad_messages_are_skipped(tmp_path, kafka_broker):
+    from confluent_kafka import Producer
+
+    name = _name("m")
+    tag = table_tag(name, "sparse_embedding1")
+    _create_topic(kafka_broker, tag)
+    config = _config(kafka_broker)
+    replicas = [_server(tmp_path / f"r{i}", name) for i in range(2)]
+    consumers = [
+        UpdateConsumer(ps, config, "volatile", replica=_name("replica")).start() for ps in replicas
+    ]
+    try:
+        keys = np.array([1, 50, 99, 1000], np.int64)  # 1000: a key the model did not have
+        new = np.arange(keys.size * DIM, dtype=np.float32).reshape(-1, DIM) + 0.25
+        raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+        raw.produce(tag, value=b"HCTR\x10\x00\x00\x00" + b"\x01" * 7)  # truncated record
+        raw.produce(tag, value=b"not an update")
+        raw.produce(table_tag(name, "no_such_table"), value=b"HCTR\x10\x00\x00\x00")
+        assert raw.flush(30) == 0
+        with UpdateProducer(kafka_broker.bootstrap, max_batch_size=3) as producer:
+            assert producer.publish(name, "sparse_embedding1", keys, new) == 2  # 3 + 1 records
+        for consumer in consumers:
+            s = consumer.stats  # 2 malformed and 2 good messages; 1 for a table not served
+            assert _until(lambda s=s: s.messages == 2 and s.malformed == 2 and s.rejected == 1), s
+            assert s.keys == keys.size and s.errors == 0
+        for ps in replicas:
+            np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", keys), new)
+            # untouched keys keep their loaded vectors
+            np.testing.assert_array_equal(
+                ps.lookup(name, "sparse_embedding1", [2, 3]), expected([2, 3], DIM)
+            )
+    finally:
+        for consumer in consumers:
+            consumer.close()
+        for ps in replicas:
+            ps.close()
+
+
+def test_a_restarted_consumer_resumes_after_its_committed_offset(tmp_path, kafka_broker):
+    name = _name("m")
+    _create_topic(kafka_broker, table_tag(name, "sparse_embedding1"))
+    config = _config(kafka_broker)
+    replica = _name("replica")
+    first = np.full((1, DIM), 7.0, np.float32)
+    second = np.full((1, DIM), 8.0, np.float32)
+    with _server(tmp_path / "a", name) as ps:
+        with UpdateProducer(kafka_broker.bootstrap) as producer:
+            producer.publish(name, "sparse_embedding1", [5], first)
+        with UpdateConsumer(ps, config, "volatile", replica=replica) as consumer:
+            assert wait_until_applied(consumer, 1)
+        with UpdateProducer(kafka_broker.bootstrap) as producer:
+            producer.publish(name, "sparse_embedding1", [6], second)
+        # The same group again (the same replica): only the message it has not seen.
+        with UpdateConsumer(ps, config, "volatile", replica=replica) as consumer:
+            assert wait_until_applied(consumer, 1)
+            assert consumer.stats.messages == 1 and consumer.stats.keys == 1
+        np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [5, 6]),
+                                      np.concatenate([first, second]))  # fmt: skip
+
+
+def test_filters_keep_other_models_out_and_persistent_updates_land(tmp_path, kafka_broker):
+    name = _name("m")
+    tag = table_tag(name, "sparse_embedding1")
+    _create_topic(kafka_broker, tag)
+    config = _config(kafka_broker)
+    rdb = {"type": "rocks_db", "path": str(tmp_path / "rdb"), "update_filters": [name]}
+    vol = {"type": "hash_map", "update_filters": ["nothing-matches"]}
+    with _server(tmp_path, name, volatile=vol, persistent=rdb) as ps:
+        persistent = UpdateConsumer(ps, config, "persistent", replica=_name("r")).start()
+        volatile = UpdateConsumer(ps, config, "volatile", replica=_name("r")).start()
+        try:
+            new = np.full((2, DIM), 3.5, np.float32)
+            with UpdateProducer(kafka_broker.bootstrap) as producer:
+                producer.publish(name, "sparse_embedding1", [10, 11], new)
+            assert wait_until_applied(persistent, 1)
+            assert not wait_until_applied(volatile, 1, timeout=2)  # not subscribed
+            storage = tag  # the first version of a model is stored under its tag
+            got, found = ps.tiers["persistent"].lookup(storage, np.array([10, 11]))
+            assert found.all()
+            np.testing.assert_array_equal(got, new)
+            # the volatile tier kept the loaded vectors
+            got, found = ps.tiers["volatile"].lookup(storage, np.array([10, 11]))
+            np.testing.assert_array_equal(got, expected([10, 11], DIM))
+        finally:
+            persistent.close()
+            volatile.close()
+
+
+def test_the_producer_checks_its_input():
+    pytest.importorskip("confluent_kafka")
+    from tierserve.ps.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="max_batch_size"):
+        UpdateProducer("127.0.0.1:1", max_batch_size=0)
+    producer = UpdateProducer("127.0.0.1:1")
+    with pytest.raises(InvalidInputError, match="model name"):
+        producer.publish("bad name", "t", [1], np.zeros((1, 2), np.float32))
