@@ -171,7 +171,8 @@ class UpdateConsumer:
         self._consumer = _kafka().Consumer(settings)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._uncommitted = 0
+        self._uncommitted = 0  # messages done since the last commit
+        self._positions: dict[tuple[str, int], int] = {}  # next offset to commit
 
     def start(self) -> UpdateConsumer:
         self._consumer.subscribe([self.pattern])
@@ -208,37 +209,58 @@ class UpdateConsumer:
                 log.warning("kafka updates (%s): consume failed: %s", self.level, exc)
                 self._stop.wait(self.config.failure_backoff_ms / 1000)
                 continue
+            run: list = []  # consecutive decoded messages of one topic and dim: one insert
             for message in messages:
                 if self._stop.is_set():
                     return  # not applied, not committed: read again on the next start
-                self._handle(message)
-            if self._uncommitted:
-                self._commit(asynchronous=True)
+                decoded = self._decode(message)
+                if decoded is not None and run and run[-1][1:3] != decoded[1:3]:
+                    self._apply(run)
+                    run = []
+                if decoded is None:  # an error or a malformed value, counted
+                    self._apply(run)
+                    run = []
+                    self._applied(message)
+                    continue
+                run.append(decoded)
+            self._apply(run)
+            self._commit(asynchronous=True)
 
-    def _handle(self, message) -> None:
+    def _decode(self, message):
+        """``(message, topic, dim, keys, embeddings)``, or None (counted) for an error or a
+        malformed value."""
         error = message.error()
         if error is not None:
             if error.code() != _kafka().KafkaError._PARTITION_EOF:
                 self.stats.errors += 1
                 log.warning("kafka updates (%s): %s", self.level, error)
-            return
-        topic = message.topic()
+            return None
         try:
             keys, embeddings = decode_update(message.value())
         except InvalidInputError as exc:  # MalformedMessageError included
             self.stats.malformed += 1
             log.warning("kafka updates (%s): skipped a malformed message on %s at offset %s: %s",
-                        self.level, topic, message.offset(), exc)  # fmt: skip
-            self._applied(message, 0)
+                        self.level, message.topic(), message.offset(), exc)  # fmt: skip
+            return None
+        return message, message.topic(), embeddings.shape[1], keys, embeddings
+
+    def _apply(self, run: list) -> None:
+        """Apply the messages of ``run`` (one topic, one dim) with one insert; when the
+        insert refuses them, one by one, so that only the bad ones are skipped."""
+        if not run:
             return
+        _, topic, _, _, _ = run[0]
+        keys = run[0][3] if len(run) == 1 else np.concatenate([r[3] for r in run])
+        embeddings = run[0][4] if len(run) == 1 else np.concatenate([r[4] for r in run])
         while not self._stop.is_set():
             try:
                 self.ps.apply_update(topic, keys, embeddings, level=self.level)
             except (InvalidInputError, NotFoundError) as exc:
-                self.stats.rejected += 1
-                log.warning("kafka updates (%s): skipped the message on %s at offset %s: %s",
-                            self.level, topic, message.offset(), exc)  # fmt: skip
-                self._applied(message, 0)
+                if len(run) > 1:
+                    for one in run:
+                        self._apply([one])
+                    return
+                self._skip(run[0][0], "rejected", exc)
                 return
             except BackendUnavailableError as exc:
                 self.stats.retries += 1
@@ -246,29 +268,43 @@ class UpdateConsumer:
                             self.config.failure_backoff_ms)  # fmt: skip
                 self._stop.wait(self.config.failure_backoff_ms / 1000)
                 continue
-            except Exception:  # a bug must not stop the updates behind this message
-                self.stats.errors += 1
-                log.exception("kafka updates (%s): skipped the message on %s at offset %s",
-                              self.level, topic, message.offset())  # fmt: skip
-                self._applied(message, 0)
+            except Exception as exc:  # a bug must not stop the updates behind these
+                for one in run:
+                    self._skip(one[0], "errors", exc)
                 return
-            self.stats.messages += 1
-            self._applied(message, keys.size)
+            self.stats.messages += len(run)
+            self.stats.keys += int(keys.size)
+            for one in run:
+                self._applied(one[0])
             return
 
-    def _applied(self, message, keys: int) -> None:
-        self.stats.keys += keys
+    def _skip(self, message, counter: str, exc: BaseException) -> None:
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        log.warning("kafka updates (%s): skipped the message on %s at offset %s: %s",
+                    self.level, message.topic(), message.offset(), exc)  # fmt: skip
+        self._applied(message)
+
+    def _applied(self, message) -> None:
+        """Mark ``message`` done (applied or skipped): its offset may be committed."""
+        if message.error() is not None:
+            return
+        self._positions[(message.topic(), message.partition())] = message.offset() + 1
         self._uncommitted += 1
         if self._uncommitted >= self.config.max_commit_interval:
             self._commit(asynchronous=True)
 
     def _commit(self, asynchronous: bool) -> None:
-        if not self._uncommitted:
+        """Commit the offsets after the messages done, and only those (a message consumed
+        but not yet applied is read again after a crash)."""
+        if not self._positions:
             return
+        kafka = _kafka()
+        offsets = [kafka.TopicPartition(t, p, o) for (t, p), o in self._positions.items()]
         try:
-            self._consumer.commit(asynchronous=asynchronous)
+            self._consumer.commit(offsets=offsets, asynchronous=asynchronous)
+            self._positions.clear()
             self._uncommitted = 0
-        except Exception as exc:  # nothing to commit yet, or the group is rebalancing
+        except Exception as exc:  # the group is rebalancing: the next commit carries them
             log.debug("kafka updates (%s): commit skipped: %s", self.level, exc)
 
 

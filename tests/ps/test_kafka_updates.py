@@ -175,3 +175,28 @@ def test_the_producer_checks_its_input():
     producer = UpdateProducer("127.0.0.1:1")
     with pytest.raises(InvalidInputError, match="model name"):
         producer.publish("bad name", "t", [1], np.zeros((1, 2), np.float32))
+
+
+def test_a_refused_message_among_good_ones_is_skipped_alone(tmp_path, kafka_broker):
+    # Published before the consumer starts, the three messages arrive in one batch, which is
+    # applied with one insert; the tier refuses the reserved key of the middle one, so the
+    # batch is applied message by message and only that one is skipped.
+    from confluent_kafka import Producer
+
+    from tierserve.ps.update_message import encode_update
+
+    name = _name("m")
+    tag = table_tag(name, "sparse_embedding1")
+    _create_topic(kafka_broker, tag)
+    values = [np.full((1, DIM), v, np.float32) for v in (1.5, 2.5, 3.5)]
+    keys = [np.array([k], np.int64) for k in (7, -(2**63), 8)]
+    raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for k, v in zip(keys, values):
+        raw.produce(tag, value=encode_update(k, v), partition=0)
+    assert raw.flush(30) == 0
+    with _server(tmp_path, name) as ps:
+        with UpdateConsumer(ps, _config(kafka_broker), "volatile", replica=_name("r")) as c:
+            assert _until(lambda: c.stats.messages + c.stats.rejected == 3), c.stats
+            assert c.stats.messages == 2 and c.stats.rejected == 1 and c.stats.keys == 2
+        np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [7, 8]),
+                                      np.concatenate([values[0], values[2]]))  # fmt: skip
