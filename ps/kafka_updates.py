@@ -16,7 +16,9 @@ an empty message key, and a value of at most ``max_batch_size`` records
 - a malformed message, or one for a model or table this server does not hold, is counted,
   logged and skipped; a tier that cannot be reached is retried after ``failure_backoff_ms``
   (the message is not skipped, and its offset not committed);
-- offsets are committed after at most ``max_commit_interval`` applied messages.
+- consecutive messages of one table are applied with one insert;
+- offsets are committed after at most ``max_commit_interval`` messages, and only those of
+  messages done: after a crash or a rebalance, updates are applied at least once, in order.
 
 confluent-kafka is the client (extra ``kafka``).
 """
@@ -300,12 +302,15 @@ class UpdateConsumer:
             return
         kafka = _kafka()
         offsets = [kafka.TopicPartition(t, p, o) for (t, p), o in self._positions.items()]
+        self._positions.clear()
+        self._uncommitted = 0
         try:
             self._consumer.commit(offsets=offsets, asynchronous=asynchronous)
-            self._positions.clear()
-            self._uncommitted = 0
-        except Exception as exc:  # the group is rebalancing: the next commit carries them
-            log.debug("kafka updates (%s): commit skipped: %s", self.level, exc)
+        except Exception as exc:
+            # E.g. a rebalance took the partitions away.  Their new reader starts from the
+            # last committed offset and applies the same updates again, in order: updates
+            # only set vectors, so that ends in the same state.
+            log.warning("kafka updates (%s): commit failed: %s", self.level, exc)
 
 
 def start_update_consumers(ps, source, replica: str | None = None) -> list[UpdateConsumer]:
