@@ -15,6 +15,7 @@ as an embedding-lookup model (``KEYS``, ``NUMKEYS``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -178,7 +179,11 @@ class RepositoryLoader:
     def tier_stats(self) -> dict:
         if self.parameter_server is None:
             return {}
-        return {level: st.snapshot() for level, st in self.parameter_server.tier_stats().items()}
+        stats = {level: st.snapshot() for level, st in self.parameter_server.tier_stats().items()}
+        for consumer in self.update_consumers:
+            if consumer.level in stats:
+                stats[consumer.level]["updates"] = dataclasses.asdict(consumer.stats)
+        return stats
 
     def close(self) -> None:
         for consumer in self.update_consumers:

@@ -2,8 +2,8 @@
 
 Requests, errors and latency by model and protocol; batch sizes by model; the embedding
 cache hit rate per model and table (:meth:`ServerMetrics.add_source`) and per-tier latency,
-hits, misses and errors of the parameter server (:meth:`ServerMetrics.add_tier_source`), read
-at scrape time.
+hits, misses, errors and online updates of the parameter server
+(:meth:`ServerMetrics.add_tier_source`), read at scrape time.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 #: A model source yields ``{"model": name, "cache_hit_rate": {table: rate}}`` per model.
 StatsSource = Callable[[], Iterable[dict[str, Any]]]
-#: A tier source returns ``{level: TierStats.snapshot()}`` (see ``tierserve.ps.stats``).
+#: A tier source returns ``{level: TierStats.snapshot()}`` (see ``tierserve.ps.stats``), with
+#: ``"updates": {outcome: count}`` for a level that reads Kafka updates.
 TierSource = Callable[[], dict[str, dict[str, Any]]]
 
 
@@ -56,9 +57,17 @@ class _TierCollector(Collector):
             "Latency of storage-tier operations (lookup, insert, ...)",
             labels=["tier", "op"],
         )
+        updates = CounterMetricFamily(
+            "tierserve_tier_updates",
+            "Online updates read from Kafka per storage tier, by outcome: messages applied, "
+            "keys applied, malformed, rejected (no such table, refused keys), retries, errors",
+            labels=["tier", "outcome"],
+        )
         for source in list(self.tier_sources):
             for level, snap in source().items():
                 tier = f"{level}:{snap.get('tier', '')}"
+                for outcome, count in snap.get("updates", {}).items():
+                    updates.add_metric([tier, outcome], count)
                 errors.add_metric([tier], snap.get("errors", 0))
                 hits.add_metric([tier], snap.get("hits", 0))
                 misses.add_metric([tier], snap.get("misses", 0))
@@ -68,6 +77,7 @@ class _TierCollector(Collector):
                         for bound, n in h["buckets"]
                     ]
                     latency.add_metric([tier, op], buckets=buckets, sum_value=h["sum"])
+        yield updates
         yield errors
         yield hits
         yield misses

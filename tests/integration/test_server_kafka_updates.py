@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 import uuid
 
 import numpy as np
@@ -69,6 +70,11 @@ def test_published_updates_change_what_the_server_serves(tmp_path, kafka_broker)
         np.testing.assert_array_equal(ps.lookup("dlrm", table, keys), new)
         after = _predict(server.http_url, des, cat)
         assert np.abs(after - before).max() > 1e-3  # the served model uses the new vectors
+        metrics = urllib.request.urlopen(f"http://{server.http_url}/metrics").read().decode()
+        applied = [line for line in metrics.splitlines()
+                   if line.startswith("tierserve_tier_updates_total{") and 'outcome="keys"' in line
+                   and 'tier="volatile:hash_map"' in line]  # fmt: skip
+        assert len(applied) == 1 and float(applied[0].rsplit(" ", 1)[1]) >= keys.size
         group = {c.level: c.group for c in loader.update_consumers}
         assert group["volatile"].startswith("hps.volatile.")  # hash_map: one per replica
     assert loader.update_consumers == []  # closed with the server
