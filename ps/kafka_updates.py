@@ -16,7 +16,8 @@ an empty message key, and a value of at most ``max_batch_size`` records
 - a malformed message, or one for a model or table this server does not hold, is counted,
   logged and skipped; a tier that cannot be reached is retried after ``failure_backoff_ms``
   (the message is not skipped, and its offset not committed);
-- consecutive messages of one table are applied with one insert;
+- consecutive messages of one table are applied with one insert, of at most
+  ``max_batch_size`` keys unless one message holds more (HugeCTR's dispatch chunks);
 - offsets are committed after at most ``max_commit_interval`` messages, and only those of
   messages done: after a crash or a rebalance, updates are applied at least once, in order.
 
@@ -216,7 +217,10 @@ class UpdateConsumer:
                 if self._stop.is_set():
                     return  # not applied, not committed: read again on the next start
                 decoded = self._decode(message)
-                if decoded is not None and run and run[-1][1:3] != decoded[1:3]:
+                if decoded is not None and run and (
+                    run[-1][1:3] != decoded[1:3]  # another table or dim
+                    or sum(r[3].size for r in run) + decoded[3].size > self.config.max_batch_size
+                ):
                     self._apply(run)
                     run = []
                 if decoded is None:  # an error or a malformed value, counted
