@@ -31,12 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tierserve {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import batch_inference, convert, demo, serve
+    from . import batch_inference, convert, demo, publish, serve
 
     demo.register(commands)
     convert.register(commands)
     serve.register(commands)
     batch_inference.register(commands)
+    publish.register(commands)
     return parser
 
 

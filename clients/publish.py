@@ -1,0 +1,60 @@
+"""``tierserve publish``: send the vectors of a sparse model folder to Kafka as online updates.
+
+Every server whose ``ps.json`` names this Kafka ``update_source`` applies them to its tiers
+(those whose ``update_filters`` match the model). Use it after retraining, to push the new
+embeddings of a table without reloading the model:
+
+    tierserve publish out/dlrm0_sparse_2000.model --model dlrm --table sparse_embedding1 \\
+        --brokers kafka:9092
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "publish",
+        help="publish a sparse model folder's embeddings to Kafka as online updates",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("sparse", help="sparse model folder (key and emb_vector files)")
+    parser.add_argument("--model", required=True, help="model name, as in ps.json")
+    parser.add_argument("--table", required=True, help="embedding table name, as in ps.json")
+    parser.add_argument(
+        "--brokers", default="127.0.0.1:9092", help="Kafka brokers, host:port[;host:port...]"
+    )
+    parser.add_argument(
+        "--max-batch-size", type=int, default=1000, help="keys per message (HugeCTR: 1000)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from tierserve.ps.kafka_updates import UpdateProducer
+    from tierserve.ps.sparse_file import read_sparse_model
+
+    table = read_sparse_model(args.sparse)
+    keys = np.asarray(table.keys, dtype=np.int64)
+    vectors = np.asarray(table.embeddings, dtype=np.float32)
+    step = max(1, args.max_batch_size) * 100  # progress in chunks of 100 messages
+    with UpdateProducer(args.brokers, max_batch_size=args.max_batch_size) as producer:
+        bar = tqdm(total=keys.size, unit="keys", disable=args.quiet, file=sys.stderr)
+        messages = 0
+        for start in range(0, keys.size, step):
+            end = min(start + step, keys.size)
+            messages += producer.publish(args.model, args.table, keys[start:end],
+                                         vectors[start:end])  # fmt: skip
+            bar.update(end - start)
+        bar.close()
+    print(f"published {keys.size} keys of {args.model}/{args.table} in {messages} messages "
+          f"to {args.brokers}")  # fmt: skip
+    return 0

@@ -1,0 +1,53 @@
+"""``tierserve publish`` through a real broker into a parameter server's tier."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from tierserve.clients.cli import main
+from tierserve.ps import HierarchicalParameterServer
+from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
+from tierserve.ps.kafka_updates import UpdateConsumer
+from tierserve.ps.sparse_file import write_sparse_model
+
+pytestmark = pytest.mark.kafka
+
+
+def test_publish_a_sparse_folder_into_a_served_table(tmp_path, kafka_broker, capsys):
+    model = f"m{uuid.uuid4().hex[:10]}"
+    keys = np.arange(2500, dtype=np.int64)
+    loaded = np.zeros((keys.size, 8), np.float32)
+    write_sparse_model(tmp_path / "v1", keys, loaded)
+    retrained = np.random.default_rng(0).random((keys.size, 8), dtype=np.float32)
+    write_sparse_model(tmp_path / "v2", keys, retrained)
+    ps = HierarchicalParameterServer(parse_ps_config({
+        "volatile_db": {"type": "hash_map", "update_filters": [model]},
+        "models": [{"model": model, "sparse_files": [str(tmp_path / "v1")],
+                    "embedding_vecsize_per_table": [8],
+                    "maxnum_catfeature_query_per_table_per_sample": [1],
+                    "embedding_table_names": ["t"]}],
+    }))  # fmt: skip
+    config = KafkaUpdateSourceConfig(brokers=kafka_broker.bootstrap, poll_timeout_ms=100,
+                                     metadata_refresh_interval_ms=500)  # fmt: skip
+    with ps, UpdateConsumer(ps, config, "volatile", replica=uuid.uuid4().hex) as consumer:
+        code = main(["publish", str(tmp_path / "v2"), "--model", model, "--table", "t",
+                     "--brokers", kafka_broker.bootstrap, "--max-batch-size", "1000", "--quiet"])
+        assert code == 0
+        assert f"published 2500 keys of {model}/t in 3 messages" in capsys.readouterr().out
+        deadline = time.monotonic() + 30
+        while consumer.stats.keys < keys.size and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert consumer.stats.keys == keys.size and consumer.stats.messages == 3
+        np.testing.assert_array_equal(ps.lookup(model, "t", keys), retrained)
+
+
+def test_publish_names_a_bad_table_name(tmp_path, capsys):
+    write_sparse_model(tmp_path / "s", np.arange(3), np.zeros((3, 2), np.float32))
+    code = main(["publish", str(tmp_path / "s"), "--model", "m", "--table", "bad name",
+                 "--brokers", "127.0.0.1:1", "--quiet"])  # fmt: skip
+    assert code == 2
+    assert "table name 'bad name'" in capsys.readouterr().err
