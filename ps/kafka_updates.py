@@ -287,7 +287,8 @@ class UpdateConsumer:
     def _skip(self, message, counter: str, exc: BaseException) -> None:
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
         log.warning("kafka updates (%s): skipped the message on %s at offset %s: %s",
-                    self.level, message.topic(), message.offset(), exc)  # fmt: skip
+                    self.level, message.topic(), message.offset(), exc,
+                    exc_info=exc if counter == "errors" else None)  # fmt: skip
         self._applied(message)
 
     def _applied(self, message) -> None:
