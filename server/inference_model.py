@@ -144,7 +144,8 @@ class InferenceModel:
 
     ``parameter_server`` lets several models share one ``HierarchicalParameterServer``; the
     model's sparse files are loaded into it (``load_tables``), which swaps in the new tables
-    when the model was already there.  By default the model creates its own from the params.
+    when the model was already there.  By default the model creates its own from the params,
+    and reads online updates into it when ``update_source`` is a Kafka one.
     """
 
     def __init__(
@@ -177,8 +178,10 @@ class InferenceModel:
         self._table_input = [self.sparse_names.index(t.sparse_input) for t in self.tables]
         self.model_config = self._model_config(graph_path)
         self._owns_ps = parameter_server is None
+        self._update_consumers: list = []  # Kafka online updates of its own server
         if parameter_server is None:
             from tierserve.ps.hierarchy import HierarchicalParameterServer
+            from tierserve.ps.kafka_updates import start_update_consumers
 
             vdb, pdb, src = p.tier_configs()
             ps_config = PSConfig(
@@ -189,6 +192,7 @@ class InferenceModel:
                 models=[self.model_config],
             )
             parameter_server = HierarchicalParameterServer(ps_config)
+            self._update_consumers = start_update_consumers(parameter_server, src)
         elif load_tables:
             parameter_server.load_model(self.model_config)
         self.parameter_server = parameter_server
@@ -356,6 +360,9 @@ class InferenceModel:
 
     def close(self) -> None:
         """Release the cache and, when this model created it, the parameter server."""
+        for consumer in self._update_consumers:
+            consumer.close()
+        self._update_consumers = []
         if self.cache is not None and hasattr(self.cache, "close"):
             self.cache.close()
         if self._owns_ps and hasattr(self.parameter_server, "close"):

@@ -92,3 +92,36 @@ def test_no_update_source_starts_no_consumer(tmp_path):
                               poll_interval_s=0)  # fmt: skip
     with BackgroundServer(settings, loader=loader):
         assert loader.update_consumers == []
+
+
+def test_an_inference_model_with_a_kafka_update_source_reads_updates(tmp_path, kafka_broker):
+    # The seed API: InferenceModel builds its own parameter server from InferenceParams and
+    # applies the updates of its update_source until it is closed.
+    from tierserve.ps.params import UpdateSourceParams, UpdateSourceType_t
+    from tierserve.server.inference_model import InferenceModel, InferenceParams
+
+    demo = train_demo_model(tmp_path / "train", iterations=5, batch_size=256, seed=4)
+    source = UpdateSourceParams(
+        type=UpdateSourceType_t.kafka_message_queue, brokers=kafka_broker.bootstrap,
+        poll_timeout_ms=100, metadata_refresh_interval_ms=500,
+    )  # fmt: skip
+    name = f"dlrm{uuid.uuid4().hex[:8]}"
+    params = InferenceParams(name, 64, 0.9, str(demo.dense_file),
+                             [str(p) for p in demo.sparse_files], False, 0.5, True,
+                             update_source=source)  # fmt: skip
+    model = InferenceModel(str(demo.graph), params)
+    try:
+        assert [c.level for c in model._update_consumers] == ["volatile"]
+        table = model.table_names[0]
+        keys = np.array([1, 2, 3], np.int64)
+        dim = model.parameter_server.lookup(name, table, keys).shape[1]
+        new = np.full((3, dim), 0.75, np.float32)
+        with UpdateProducer(kafka_broker.bootstrap) as producer:
+            producer.publish(name, table, keys, new)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and model._update_consumers[0].stats.messages < 1:
+            time.sleep(0.05)
+        np.testing.assert_array_equal(model.parameter_server.lookup(name, table, keys), new)
+    finally:
+        model.close()
+    assert model._update_consumers == []
