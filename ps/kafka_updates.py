@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -336,15 +335,3 @@ def start_update_consumers(ps, source, replica: str | None = None) -> list[Updat
         log.info("kafka updates: %s tier reads %s as group %s", consumer.level,
                  consumer.pattern, consumer.group)  # fmt: skip
     return consumers
-
-
-def wait_until_applied(consumer: UpdateConsumer, messages: int, timeout: float = 30.0) -> bool:
-    """Wait until ``consumer`` has handled ``messages`` messages (applied, malformed or
-    rejected); ``False`` on timeout.  For tests and tools."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = consumer.stats
-        if s.messages + s.malformed + s.rejected >= messages:
-            return True
-        time.sleep(0.05)
-    return False

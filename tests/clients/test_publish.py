@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import numpy as np
 import pytest
+from polling import until
 
 from tierserve.clients.cli import main
 from tierserve.ps import HierarchicalParameterServer
@@ -38,9 +38,7 @@ def test_publish_a_sparse_folder_into_a_served_table(tmp_path, kafka_broker, cap
                      "--brokers", kafka_broker.bootstrap, "--max-batch-size", "1000", "--quiet"])
         assert code == 0
         assert f"published 2500 keys of {model}/t in 3 messages" in capsys.readouterr().out
-        deadline = time.monotonic() + 30
-        while consumer.stats.keys < keys.size and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert until(lambda: consumer.stats.keys >= keys.size)
         assert consumer.stats.keys == keys.size and consumer.stats.messages == 3
         np.testing.assert_array_equal(ps.lookup(model, "t", keys), retrained)
 

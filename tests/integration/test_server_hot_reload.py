@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-import time
 
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from polling import until
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.server.app import BackgroundServer
@@ -24,15 +24,6 @@ def _inputs(des, cat):
     b = th.InferInput("CATCOLUMN", list(cat.shape), "INT64")
     b.set_data_from_numpy(cat)
     return [a, b]
-
-
-def _wait(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +71,7 @@ def test_new_version_swaps_in_under_load_and_broken_one_is_refused(models, caplo
             h = th.InferenceServerClient(server.http_url)
             v1 = h.infer("dlrm", _inputs(des, cat)).as_numpy("OUTPUT0")
             write_repository(second, repo, version=2)
-            assert _wait(lambda: h.get_model_metadata("dlrm")["versions"] == ["2"])
+            assert until(lambda: h.get_model_metadata("dlrm")["versions"] == ["2"])
             v2 = h.infer("dlrm", _inputs(des, cat)).as_numpy("OUTPUT0")
             assert not np.allclose(v1, v2)  # the new weights serve
 
@@ -91,7 +82,7 @@ def test_new_version_swaps_in_under_load_and_broken_one_is_refused(models, caplo
                 dense = next(broken.glob("*_dense_*.model"))
                 dense.write_bytes(dense.read_bytes()[:100])
                 broken.rename(repo / "dlrm" / "3")
-                assert _wait(lambda: "version 3 failed to load" in caplog.text)
+                assert until(lambda: "version 3 failed to load" in caplog.text)
             assert "keeps serving" in caplog.text
             assert h.get_model_metadata("dlrm")["versions"] == ["2"]
             np.testing.assert_allclose(

@@ -4,13 +4,13 @@ updates a producer publishes, and its predictions change accordingly."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 import uuid
 
 import numpy as np
 import pytest
 import tritonclient.http as th
+from polling import until
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.ps.kafka_updates import UpdateProducer
@@ -58,12 +58,7 @@ def test_published_updates_change_what_the_server_serves(tmp_path, kafka_broker)
         producer = UpdateProducer(kafka_broker.bootstrap)
         producer.publish("dlrm", table, keys, new)
         producer.flush()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if all(c.stats.messages >= 1 for c in loader.update_consumers):
-                break
-            time.sleep(0.05)
-        assert all(c.stats.messages >= 1 for c in loader.update_consumers), [
+        assert until(lambda: all(c.stats.messages >= 1 for c in loader.update_consumers)), [
             c.stats for c in loader.update_consumers
         ]
         ps = loader.parameter_server
@@ -118,9 +113,7 @@ def test_an_inference_model_with_a_kafka_update_source_reads_updates(tmp_path, k
         new = np.full((3, dim), 0.75, np.float32)
         with UpdateProducer(kafka_broker.bootstrap) as producer:
             producer.publish(name, table, keys, new)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and model._update_consumers[0].stats.messages < 1:
-            time.sleep(0.05)
+        assert until(lambda: model._update_consumers[0].stats.messages >= 1)
         np.testing.assert_array_equal(model.parameter_server.lookup(name, table, keys), new)
     finally:
         model.close()

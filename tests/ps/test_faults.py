@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 import numpy as np
 import pytest
+from polling import until
 from ps_helpers import expected, write_model
 
 from tierserve.ps import HierarchicalParameterServer
@@ -45,15 +45,6 @@ def keys_of_partitions(parts, partitions=6):
     return np.isin(partition_of(keys, partitions), parts)
 
 
-def wait_until(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_killed_node_falls_through_to_rocksdb_then_recovers(tmp_path, redis_cluster, caplog):
     ps, name = cluster_server(tmp_path, redis_cluster, persistent=True,
                               cache_missed_embeddings=True)
@@ -89,7 +80,7 @@ def test_killed_node_falls_through_to_rocksdb_then_recovers(tmp_path, redis_clus
             ps.lookup(name, "sparse_embedding1", keys)
             return vstats.hits - before == N
 
-        assert wait_until(reaches_node_again), "lookups do not reach the restarted node"
+        assert until(reaches_node_again), "lookups do not reach the restarted node"
         assert vstats.errors - errors <= 2  # at most the backoff's last failed attempts
         np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", keys), truth)
         ps.unload_model(name)
@@ -118,7 +109,7 @@ def test_killed_node_gives_defaults_without_a_persistent_tier(tmp_path, redis_cl
             redis_cluster.restart_node(1)
         # Back, but empty: the keys it served read as defaults until they are written again.
         ps.insert(name, "sparse_embedding1", keys[on_dead], expected(keys[on_dead], 4))
-        assert wait_until(lambda: np.array_equal(
+        assert until(lambda: np.array_equal(
             ps.lookup(name, "sparse_embedding1", keys), expected(keys, 4)))
         ps.unload_model(name)
 

@@ -3,11 +3,11 @@ replica, bad messages are skipped without losing the good ones, filters hold."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import numpy as np
 import pytest
+from polling import until
 from ps_helpers import expected, write_model
 
 from tierserve.ps import HierarchicalParameterServer
@@ -17,7 +17,6 @@ from tierserve.ps.kafka_updates import (
     UpdateProducer,
     group_id,
     subscription,
-    wait_until_applied,
 )
 from tierserve.ps.table_tag import table_tag
 
@@ -49,13 +48,10 @@ def _config(kafka_broker) -> KafkaUpdateSourceConfig:
     )  # fmt: skip
 
 
-def _until(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
+def _handled(consumer: UpdateConsumer) -> int:
+    """Messages the consumer is done with: applied, malformed or rejected."""
+    s = consumer.stats
+    return s.messages + s.malformed + s.rejected
 
 
 def _create_topic(kafka_broker, topic: str) -> None:
@@ -101,7 +97,7 @@ def test_updates_reach_every_replica_and_bad_messages_are_skipped(tmp_path, kafk
             assert producer.publish(name, "sparse_embedding1", keys, new) == 2  # 3 + 1 records
         for consumer in consumers:
             s = consumer.stats  # 2 malformed and 2 good messages; 1 for a table not served
-            assert _until(lambda s=s: s.messages == 2 and s.malformed == 2 and s.rejected == 1), s
+            assert until(lambda s=s: s.messages == 2 and s.malformed == 2 and s.rejected == 1), s
             assert s.keys == keys.size and s.errors == 0
         for ps in replicas:
             np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", keys), new)
@@ -127,12 +123,12 @@ def test_a_restarted_consumer_resumes_after_its_committed_offset(tmp_path, kafka
         with UpdateProducer(kafka_broker.bootstrap) as producer:
             producer.publish(name, "sparse_embedding1", [5], first)
         with UpdateConsumer(ps, config, "volatile", replica=replica) as consumer:
-            assert wait_until_applied(consumer, 1)
+            assert until(lambda: _handled(consumer) >= 1)
         with UpdateProducer(kafka_broker.bootstrap) as producer:
             producer.publish(name, "sparse_embedding1", [6], second)
         # The same group again (the same replica): only the message it has not seen.
         with UpdateConsumer(ps, config, "volatile", replica=replica) as consumer:
-            assert wait_until_applied(consumer, 1)
+            assert until(lambda: _handled(consumer) >= 1)
             assert consumer.stats.messages == 1 and consumer.stats.keys == 1
         np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [5, 6]),
                                       np.concatenate([first, second]))  # fmt: skip
@@ -152,8 +148,8 @@ def test_filters_keep_other_models_out_and_persistent_updates_land(tmp_path, kaf
             new = np.full((2, DIM), 3.5, np.float32)
             with UpdateProducer(kafka_broker.bootstrap) as producer:
                 producer.publish(name, "sparse_embedding1", [10, 11], new)
-            assert wait_until_applied(persistent, 1)
-            assert not wait_until_applied(volatile, 1, timeout=2)  # not subscribed
+            assert until(lambda: _handled(persistent) >= 1)
+            assert not until(lambda: _handled(volatile) >= 1, timeout=2)  # not subscribed
             storage = tag  # the first version of a model is stored under its tag
             got, found = ps.tiers["persistent"].lookup(storage, np.array([10, 11]))
             assert found.all()
@@ -196,7 +192,7 @@ def test_a_refused_message_among_good_ones_is_skipped_alone(tmp_path, kafka_brok
     assert raw.flush(30) == 0
     with _server(tmp_path, name) as ps:
         with UpdateConsumer(ps, _config(kafka_broker), "volatile", replica=_name("r")) as c:
-            assert _until(lambda: c.stats.messages + c.stats.rejected == 3), c.stats
+            assert until(lambda: c.stats.messages + c.stats.rejected == 3), c.stats
             assert c.stats.messages == 2 and c.stats.rejected == 1 and c.stats.keys == 2
         np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [7, 8]),
                                       np.concatenate([values[0], values[2]]))  # fmt: skip

@@ -1,0 +1,16 @@
+"""Waiting in tests for something another thread or process makes true."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def until(condition: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
+    """Poll ``condition`` until it holds (``True``) or ``timeout`` seconds pass (``False``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return False
