@@ -30,6 +30,7 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -125,6 +126,16 @@ class ConsumerStats:
     errors: int = 0  # Kafka errors reported by the client, unexpected failures (skipped)
 
 
+class _Update(NamedTuple):
+    """One decoded update message."""
+
+    message: Any
+    topic: str
+    dim: int
+    keys: np.ndarray
+    embeddings: np.ndarray
+
+
 def subscription(filters: list[str]) -> str:
     """The topic regex of a level whose ``update_filters`` are ``filters`` (plain groups and
     no counted repeats: librdkafka's regex engine knows neither ``(?:`` nor ``{m,n}``)."""
@@ -211,29 +222,29 @@ class UpdateConsumer:
                 log.warning("kafka updates (%s): consume failed: %s", self.level, exc)
                 self._stop.wait(self.config.failure_backoff_ms / 1000)
                 continue
-            run: list = []  # consecutive decoded messages of one topic and dim: one insert
+            run: list[_Update] = []  # consecutive updates of one topic and dim: one insert
+            run_keys = 0
             for message in messages:
                 if self._stop.is_set():
                     return  # not applied, not committed: read again on the next start
-                decoded = self._decode(message)
-                if decoded is not None and run and (
-                    run[-1][1:3] != decoded[1:3]  # another table or dim
-                    or sum(r[3].size for r in run) + decoded[3].size > self.config.max_batch_size
+                update = self._decode(message)
+                if run and (
+                    update is None  # an error or a malformed value (counted): done alone
+                    or (update.topic, update.dim) != (run[0].topic, run[0].dim)
+                    or run_keys + update.keys.size > self.config.max_batch_size
                 ):
                     self._apply(run)
-                    run = []
-                if decoded is None:  # an error or a malformed value, counted
-                    self._apply(run)
-                    run = []
+                    run, run_keys = [], 0
+                if update is None:
                     self._applied(message)
                     continue
-                run.append(decoded)
+                run.append(update)
+                run_keys += update.keys.size
             self._apply(run)
             self._commit(asynchronous=True)
 
-    def _decode(self, message):
-        """``(message, topic, dim, keys, embeddings)``, or None (counted) for an error or a
-        malformed value."""
+    def _decode(self, message) -> _Update | None:
+        """The update a message carries, or None (counted) for an error or a malformed value."""
         error = message.error()
         if error is not None:
             if error.code() != _kafka().KafkaError._PARTITION_EOF:
@@ -247,25 +258,26 @@ class UpdateConsumer:
             log.warning("kafka updates (%s): skipped a malformed message on %s at offset %s: %s",
                         self.level, message.topic(), message.offset(), exc)  # fmt: skip
             return None
-        return message, message.topic(), embeddings.shape[1], keys, embeddings
+        return _Update(message, message.topic(), embeddings.shape[1], keys, embeddings)
 
-    def _apply(self, run: list) -> None:
-        """Apply the messages of ``run`` (one topic, one dim) with one insert; when the
+    def _apply(self, run: list[_Update]) -> None:
+        """Apply the updates of ``run`` (one topic, one dim) with one insert; when the
         insert refuses them, one by one, so that only the bad ones are skipped."""
         if not run:
             return
-        _, topic, _, _, _ = run[0]
-        keys = run[0][3] if len(run) == 1 else np.concatenate([r[3] for r in run])
-        embeddings = run[0][4] if len(run) == 1 else np.concatenate([r[4] for r in run])
+        keys = run[0].keys if len(run) == 1 else np.concatenate([u.keys for u in run])
+        embeddings = (
+            run[0].embeddings if len(run) == 1 else np.concatenate([u.embeddings for u in run])
+        )
         while not self._stop.is_set():
             try:
-                self.ps.apply_update(topic, keys, embeddings, level=self.level)
+                self.ps.apply_update(run[0].topic, keys, embeddings, level=self.level)
             except (InvalidInputError, NotFoundError) as exc:
                 if len(run) > 1:
                     for one in run:
                         self._apply([one])
                     return
-                self._skip(run[0][0], "rejected", exc)
+                self._skip(run[0].message, "rejected", exc)
                 return
             except BackendUnavailableError as exc:
                 self.stats.retries += 1
@@ -275,12 +287,12 @@ class UpdateConsumer:
                 continue
             except Exception as exc:  # a bug must not stop the updates behind these
                 for one in run:
-                    self._skip(one[0], "errors", exc)
+                    self._skip(one.message, "errors", exc)
                 return
             self.stats.messages += len(run)
             self.stats.keys += int(keys.size)
             for one in run:
-                self._applied(one[0])
+                self._applied(one.message)
             return
 
     def _skip(self, message, counter: str, exc: BaseException) -> None:
