@@ -178,7 +178,7 @@ class InferenceModel:
         self._table_input = [self.sparse_names.index(t.sparse_input) for t in self.tables]
         self.model_config = self._model_config(graph_path)
         self._owns_ps = parameter_server is None
-        self._update_consumers: list = []  # Kafka online updates of its own server
+        self.update_consumers: list = []  # Kafka online updates of its own server
         if parameter_server is None:
             from tierserve.ps.hierarchy import HierarchicalParameterServer
             from tierserve.ps.kafka_updates import start_update_consumers
@@ -192,7 +192,7 @@ class InferenceModel:
                 models=[self.model_config],
             )
             parameter_server = HierarchicalParameterServer(ps_config)
-            self._update_consumers = start_update_consumers(parameter_server, src)
+            self.update_consumers = start_update_consumers(parameter_server, src)
         elif load_tables:
             parameter_server.load_model(self.model_config)
         self.parameter_server = parameter_server
@@ -360,9 +360,9 @@ class InferenceModel:
 
     def close(self) -> None:
         """Release the cache and, when this model created it, the parameter server."""
-        for consumer in self._update_consumers:
+        for consumer in self.update_consumers:
             consumer.close()
-        self._update_consumers = []
+        self.update_consumers = []
         if self.cache is not None and hasattr(self.cache, "close"):
             self.cache.close()
         if self._owns_ps and hasattr(self.parameter_server, "close"):

@@ -106,15 +106,15 @@ def test_an_inference_model_with_a_kafka_update_source_reads_updates(tmp_path, k
                              update_source=source)  # fmt: skip
     model = InferenceModel(str(demo.graph), params)
     try:
-        assert [c.level for c in model._update_consumers] == ["volatile"]
+        assert [c.level for c in model.update_consumers] == ["volatile"]
         table = model.table_names[0]
         keys = np.array([1, 2, 3], np.int64)
         dim = model.parameter_server.lookup(name, table, keys).shape[1]
         new = np.full((3, dim), 0.75, np.float32)
         with UpdateProducer(kafka_broker.bootstrap) as producer:
             producer.publish(name, table, keys, new)
-        assert until(lambda: model._update_consumers[0].stats.messages >= 1)
+        assert until(lambda: model.update_consumers[0].stats.messages >= 1)
         np.testing.assert_array_equal(model.parameter_server.lookup(name, table, keys), new)
     finally:
         model.close()
-    assert model._update_consumers == []
+    assert model.update_consumers == []
