@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     sub, peer = statistics.median(ours), statistics.median(raw)
     print("| what | keys/s | peer | peer keys/s | ratio |")
     print("|---|---|---|---|---|")
-    print(f"| UpdateProducer.publish, dim {args.dim} | {rows / (rows / produced):,.0f} | | | |")
+    print(f"| UpdateProducer.publish, dim {args.dim} | {produced:,.0f} | | | |")
     print(f"| UpdateConsumer -> hash_map, dim {args.dim} | {rows / sub:,.0f} | raw consume + "
           f"decode | {rows / peer:,.0f} | {peer / sub:.2f}x |")
     return 0
