@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     table = read_sparse_model(args.sparse)
     keys = np.asarray(table.keys, dtype=np.int64)
     vectors = np.asarray(table.embeddings, dtype=np.float32)
-    step = max(1, args.max_batch_size) * 100  # progress in chunks of 100 messages
+    step = args.max_batch_size * 100  # progress every 100 messages (UpdateProducer checks the size)
     with UpdateProducer(args.brokers, max_batch_size=args.max_batch_size) as producer:
         bar = tqdm(total=keys.size, unit="keys", disable=args.quiet, file=sys.stderr)
         messages = 0
