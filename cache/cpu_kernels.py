@@ -31,6 +31,7 @@ from numba import njit
 # ``prefetch(array, i)`` / ``prefetch_write``: hint the CPU to load the line of element ``i``
 # of a C-contiguous 1-D array (no bounds check, no fault), shared with the ps hash kernels.
 from tierserve.ps.hash_kernels import prefetch as _prefetch
+from tierserve.ps.partition import FMIX_C1, FMIX_C2
 from tierserve.ps.hash_kernels import prefetch_write as _prefetch_write
 
 from .set_associative import EMPTY, STAMP_ALL, STAMP_STRIDE
@@ -38,8 +39,8 @@ from .set_associative import EMPTY, STAMP_ALL, STAMP_STRIDE
 #: How many keys ahead the pipelined loops prefetch (on a 2-core EPYC, power-law batches:
 #: 32 is 5-8% faster than 16, 64 no better, 8 leaves misses exposed).
 PREFETCH = 32
-_C1 = np.uint64(0xFF51AFD7ED558CCD)
-_C2 = np.uint64(0xC4CEB9FE1A85EC53)
+_C1 = np.uint64(FMIX_C1)
+_C2 = np.uint64(FMIX_C2)
 _U32 = np.uint64(32)
 _AGE_EMPTY = np.int64(2**32)  # older than any real age: empty ways are taken first
 

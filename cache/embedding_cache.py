@@ -31,6 +31,7 @@ from typing import Literal
 import numpy as np
 
 from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.ps.keys import MAX_KEY32, as_keys
 
 from . import cpu_kernels
 from .cpu_kernels import distinct_by_count
@@ -478,23 +479,23 @@ class EmbeddingCache:
     # --- keys -------------------------------------------------------------------------------
 
     def _as_keys(self, keys, what: str) -> np.ndarray:
-        if (type(keys) is np.ndarray and keys.dtype == np.int64 and keys.ndim == 1
-                and keys.flags.c_contiguous and self.i64_input_key):
-            return keys  # the usual case, without the checks below (~20 us a batch)
-        keys = np.asarray(to_host(keys)).reshape(-1)
-        if keys.size and not np.issubdtype(keys.dtype, np.integer):
-            raise InvalidInputError(f"{what} must be integers, got dtype {keys.dtype}")
-        if not self.i64_input_key and keys.dtype.itemsize > 4 and keys.size:
-            info = np.iinfo(np.int32)
-            if keys.min() < info.min or keys.max() > info.max:
-                raise InvalidInputError(f"{what} must fit int32 (i64_input_key is False)")
-        if keys.dtype != np.int64:
-            keys = keys.astype(np.int64)
-        return np.ascontiguousarray(keys)
+        if type(keys) is not np.ndarray:
+            keys = to_host(keys)
+        return as_keys(keys, 64 if self.i64_input_key else 32, what)
 
     def _as_device_keys(self, keys):
+        """Device keys by :func:`tierserve.ps.keys.as_keys`' rule, without a host copy."""
+        keys = keys.reshape(-1)
+        if keys.size and keys.dtype.kind not in "iu":
+            raise InvalidInputError(f"keys must be integers, got dtype {keys.dtype}")
+        if not self.i64_input_key:
+            if keys.dtype.itemsize <= 4:
+                if keys.dtype.kind == "i":
+                    keys = keys.astype(np.int32, copy=False).view(np.uint32)
+            elif keys.size and (bool((keys < 0).any()) or bool((keys > MAX_KEY32).any())):
+                as_keys(to_host(keys), 32)  # raises, naming the key
+        if keys.dtype == np.uint64:
+            keys = keys.view(np.int64)
         if keys.dtype != np.int64:
-            if keys.size and keys.dtype.kind not in "iu":
-                raise InvalidInputError(f"keys must be integers, got dtype {keys.dtype}")
             keys = keys.astype(np.int64)
-        return self.xp.ascontiguousarray(keys.reshape(-1))
+        return self.xp.ascontiguousarray(keys)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
-C1 = 0xFF51AFD7ED558CCD
-C2 = 0xC4CEB9FE1A85EC53
+from tierserve.ps.partition import FMIX_C1, FMIX_C2
+
+C1 = FMIX_C1
+C2 = FMIX_C2
 _C1 = np.uint64(C1)
 _C2 = np.uint64(C2)
 _U32 = np.uint64(32)

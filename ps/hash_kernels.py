@@ -48,6 +48,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .partition import FMIX_C1, FMIX_C2, SPLITMIX_M1, SPLITMIX_M2
+
 EMPTY_TAG = 0
 DELETED_TAG = 1
 #: How far ahead (in keys) the lookup and insert pipelines run.
@@ -56,6 +58,8 @@ _RING = 128  # > 2 * _AHEAD, a power of two
 _RING_MASK = _RING - 1
 _TRACK_NONE, TRACK_RECENCY, TRACK_FREQUENCY = 0, 1, 2
 _INT32_MAX = 2**31 - 1
+_FMIX_C1, _FMIX_C2 = np.uint64(FMIX_C1), np.uint64(FMIX_C2)
+_SPLITMIX_M1, _SPLITMIX_M2 = np.uint64(SPLITMIX_M1), np.uint64(SPLITMIX_M2)
 
 # LLVM >= 17 has opaque pointers (the intrinsic is named by address space only).
 _PREFETCH_NAME = "llvm.prefetch.p0" if _llvm.llvm_version_info[0] >= 17 else "llvm.prefetch.p0i8"
@@ -98,9 +102,9 @@ prefetch_stream = _make_prefetch(0, locality=0)
 
 @nb.njit(inline="always")
 def _mix(key, seed):
-    h = np.uint64(key ^ seed) * np.uint64(0xFF51AFD7ED558CCD)
+    h = np.uint64(key ^ seed) * _FMIX_C1
     h ^= h >> np.uint64(32)
-    return h * np.uint64(0xC4CEB9FE1A85EC53)
+    return h * _FMIX_C2
 
 
 @nb.njit(inline="always")
@@ -388,8 +392,8 @@ def _partition(key, m, mask):
     """splitmix64(key) % m, as :func:`tierserve.ps.partition.partition_of` (``mask`` is
     ``m - 1`` when ``m`` is a power of two, else 0: a 64-bit division costs ~40 cycles)."""
     z = np.uint64(key)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = (z ^ (z >> np.uint64(30))) * _SPLITMIX_M1
+    z = (z ^ (z >> np.uint64(27))) * _SPLITMIX_M2
     z ^= z >> np.uint64(31)
     if mask:
         return np.int64(z & mask)

@@ -32,6 +32,8 @@ import numpy as np
 
 from . import hash_kernels as _k
 from .errors import InvalidInputError
+from .keys import as_keys
+from .partition import GOLDEN
 
 #: The two keys that cannot be stored.
 EMPTY = np.int64(-(2**63))
@@ -53,7 +55,7 @@ class _State:
     def __init__(self, cap: int, dim: int, track: bool, generation: int):
         self.cap = cap
         # A fresh hash per generation (see hash_kernels): the golden-ratio multiple, as int64.
-        self.seed = (generation * 0x9E3779B97F4A7C15 + 2**63) % 2**64 - 2**63
+        self.seed = (generation * GOLDEN + 2**63) % 2**64 - 2**63
         width = 2 + dim + (dim & 1)  # int64 key + vector, even: keys stay 8-byte aligned
         # Probes never wrap: they run into the padding, whose last slot stays empty.
         nslots = cap + min(4096, max(32, cap // 16))
@@ -140,7 +142,7 @@ def _parallel_load(st: _State, keys, emb, stat: int, track: int, threads: int) -
 
 
 def _as_keys(keys) -> np.ndarray:
-    return np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+    return as_keys(keys)
 
 
 class HashTable:

@@ -11,11 +11,17 @@ the rest with the table's ``default_value_for_each_table``; with ``cache_missed_
 persistent hits are copied up into the volatile tier.  A tier that cannot be reached is
 counted and logged and treated as a miss: lookups never fail because a backend is down.
 
-Versions: loading a model that is already served builds the new version's tables beside the
-old ones (under the storage name ``<tag>@<generation>``), swaps one dictionary reference,
-waits for lookups still running on the old version, then drops the old tables.  Every call
-takes one model reference, so a call never mixes versions.  Shared tiers record the live
-storage name under ``active/<tag>`` (:meth:`Tier.set_meta`) for processes that attach later.
+Versions: a model version's tables are *staged* (:meth:`HierarchicalParameterServer.stage_model`)
+beside the served ones, under the storage name ``<tag>@<generation>``, and change nothing that
+is served.  The owner of the version (the server's model repository, or
+:meth:`~HierarchicalParameterServer.load_model` for direct use) then *commits* it, which makes
+it the version that name-addressed calls (``lookup("m", ...)``, online updates) reach, or
+*drops* it, which frees its tables once no call is using them.  A caller that holds a
+:class:`ServedModel` looks up exactly that version's tables (:meth:`version_view`), so a model
+version always reads the embeddings it was loaded with, whatever is committed meanwhile.
+Online updates are written to the committed version and to every staged one, so a version
+staged while updates flow misses none.  Shared tiers record the committed storage name under
+``active/<tag>`` (:meth:`Tier.set_meta`) for processes that attach later.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from .errors import (
     NotReadyError,
     ReadOnlyError,
 )
+from .keys import as_keys
 from .sparse_file import read_sparse_model
 from .table_tag import parse_table_tag, table_tag
 from .tier import Tier, create_tier
@@ -63,11 +70,19 @@ class TableSpec:
 class ServedModel:
     """One loaded version of a model; lookups hold a reference while they run."""
 
-    def __init__(self, config: ModelConfig, generation: int, tables: dict[str, TableSpec]):
+    def __init__(
+        self,
+        config: ModelConfig,
+        generation: int,
+        tables: dict[str, TableSpec],
+        attached: bool = False,
+    ):
         self.config = config
         self.name = config.model
         self.generation = generation
         self.tables = tables
+        self.attached = attached  # its tables are another process's (shared tier), not loaded
+        self.dropped = False
         self._cond = threading.Condition()
         self._refs = 0
         self._retired = False
@@ -124,10 +139,12 @@ class HierarchicalParameterServer:
                 re.compile(f) for f in getattr(config.persistent_db, "update_filters", [])
             ],
         }
-        self._models: dict[str, ServedModel] = {}
+        self._models: dict[str, ServedModel] = {}  # committed versions, by model name
+        self._staged: dict[str, list[ServedModel]] = {}  # staged, not yet committed
         self._listeners: list = []  # update listeners (embedding caches), see add_update_listener
         self._listener_lock = threading.Lock()
-        self._load_lock = threading.Lock()
+        self._load_lock = threading.Lock()  # guards _models and _staged
+        self._stage_lock = threading.Lock()  # one stage at a time: storage names stay unique
         self._generation = 0
         if load:
             try:
@@ -164,52 +181,110 @@ class HierarchicalParameterServer:
             raise NotFoundError(f"no model {name!r} is loaded; loaded: {list(self._models)}")
         return m
 
-    def load_model(self, config: ModelConfig | str) -> ServedModel:
-        """Load (or reload) a model; on any error the version already served stays served.
+    def stage_model(self, config: ModelConfig | str) -> ServedModel:
+        """Load a version's tables beside the served ones; nothing served changes.
 
         ``config`` is a :class:`ModelConfig` or the name of a model in this server's config.
+        The staged version is then passed to :meth:`commit_model` or :meth:`drop_model`.  On
+        any error the half-loaded tables are dropped and the error raised.
         """
         if isinstance(config, str):
             config = self.config.model(config)
+        with self._stage_lock:
+            return self._stage(config)
+
+    def _stage(self, config: ModelConfig) -> ServedModel:
         with self._load_lock:
-            old = self._models.get(config.model)
             self._generation += 1
             gen = self._generation
-            attach = self._attach and old is None
-            tables = self._read_tables(config) if not attach else None
-            specs: dict[str, TableSpec] = {}
-            created: list[tuple[Tier, str]] = []
-            try:
-                for i, name in enumerate(config.embedding_table_names):
-                    tag = table_tag(config.model, name)
-                    dim = int(config.embedding_vecsize_per_table[i])
-                    if attach:
-                        storage = self._attached_storage(tag)
-                    else:
-                        storage = tag if old is None else f"{tag}@{gen}"
-                    spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i])
-                    if attach:
-                        for tier in self.tiers.values():
-                            tier.create_table(storage, dim)
-                    else:
-                        keys, emb = tables[i]
-                        self._fill(spec, keys, emb, created)
-                    specs[name] = spec
-            except BaseException:
-                for tier, storage in created:
-                    try:
-                        tier.drop_table(storage)
-                    except Exception as exc:  # noqa: BLE001 - cleanup must not mask the cause
-                        log.warning("could not drop half-loaded table %s: %s", storage, exc)
-                raise
-            served = ServedModel(config, gen, specs)
-            self._models = {**self._models, config.model: served}
-            if not attach:
-                self._publish(served)
-        if old is not None:
-            self._retire(old, keep={s.storage for s in specs.values()})
-        log.info("model %s loaded (generation %d, %d tables)", config.model, gen, len(specs))
+            live = config.model in self._models or bool(self._staged.get(config.model))
+        attach = self._attach and not live
+        tables = self._read_tables(config) if not attach else None
+        specs: dict[str, TableSpec] = {}
+        created: list[tuple[Tier, str]] = []
+        try:
+            for i, name in enumerate(config.embedding_table_names):
+                tag = table_tag(config.model, name)
+                dim = int(config.embedding_vecsize_per_table[i])
+                if attach:
+                    storage = self._attached_storage(tag)
+                else:
+                    storage = f"{tag}@{gen}" if live else tag
+                spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i])
+                if attach:
+                    for tier in self.tiers.values():
+                        tier.create_table(storage, dim)
+                else:
+                    keys, emb = tables[i]
+                    self._fill(spec, keys, emb, created)
+                specs[name] = spec
+        except BaseException:
+            self._drop_storage(created)
+            raise
+        served = ServedModel(config, gen, specs, attached=attach)
+        with self._load_lock:
+            self._staged.setdefault(config.model, []).append(served)
+        log.info("model %s staged (generation %d, %d tables)", config.model, gen, len(specs))
         return served
+
+    def commit_model(self, served: ServedModel) -> ServedModel | None:
+        """Make a staged version the one name-addressed calls reach; returns the one before.
+
+        The version it replaces keeps its tables until it is dropped (:meth:`drop_model`).
+        """
+        with self._load_lock:
+            staged = self._staged.get(served.name, [])
+            if served not in staged:
+                raise NotReadyError(
+                    f"model {served.name!r} generation {served.generation} is not staged"
+                )
+            staged.remove(served)
+            if not staged:
+                self._staged.pop(served.name, None)
+            old = self._models.get(served.name)
+            self._models = {**self._models, served.name: served}
+        if not served.attached:
+            self._publish(served)
+        log.info("model %s generation %d committed", served.name, served.generation)
+        return old
+
+    def drop_model(self, served: ServedModel) -> None:
+        """Retire a version (staged, committed or replaced) and free the tables only it uses.
+
+        Waits for calls still using it.  A committed version stops being served by name.
+        Idempotent.
+        """
+        with self._load_lock:
+            staged = self._staged.get(served.name, [])
+            if served in staged:
+                staged.remove(served)
+                if not staged:
+                    self._staged.pop(served.name, None)
+            if self._models.get(served.name) is served:
+                models = dict(self._models)
+                del models[served.name]
+                self._models = models
+            if served.dropped:
+                return
+            served.dropped = True
+            versions = [*self._models.values(), *(v for vs in self._staged.values() for v in vs)]
+            live = {spec.storage for v in versions for spec in v.tables.values()}
+        self._retire(served, keep=live)
+
+    def load_model(self, config: ModelConfig | str) -> ServedModel:
+        """Stage, commit, and drop the version it replaces (direct use, outside a repository).
+
+        On any error the version already served stays served.
+        """
+        served = self.stage_model(config)
+        old = self.commit_model(served)
+        if old is not None:
+            self.drop_model(old)
+        return served
+
+    def version_view(self, served: ServedModel) -> VersionView:
+        """A parameter-server interface bound to version ``served`` (for its embedding cache)."""
+        return VersionView(self, served)
 
     def _read_tables(self, config: ModelConfig) -> list[tuple[np.ndarray, np.ndarray]]:
         """Open every sparse file first, so a corrupt one fails before any tier changes."""
@@ -217,12 +292,11 @@ class HierarchicalParameterServer:
         for i, path in enumerate(config.sparse_files):
             table = read_sparse_model(path, int(config.embedding_vecsize_per_table[i]))
             keys = np.asarray(table.keys)
-            if not self.config.supportlonglong and keys.size:
-                info = np.iinfo(np.int32)
-                if keys.min() < info.min or keys.max() > info.max:
-                    raise ConfigError(
-                        f"{path} holds keys beyond int32 but supportlonglong is false"
-                    )
+            if not self.config.supportlonglong:
+                try:
+                    keys = as_keys(keys, 32, f"{path}")
+                except InvalidInputError as exc:
+                    raise ConfigError(f"{exc} (supportlonglong is false)") from None
             out.append((keys, table.embeddings))
         return out
 
@@ -240,6 +314,14 @@ class HierarchicalParameterServer:
                 count = n
             if count:
                 tier.load_table(spec.storage, keys[:count], emb[:count])
+
+    @staticmethod
+    def _drop_storage(created: list[tuple[Tier, str]]) -> None:
+        for tier, storage in created:
+            try:
+                tier.drop_table(storage)
+            except Exception as exc:  # noqa: BLE001 - cleanup must not mask the cause
+                log.warning("could not drop half-loaded table %s: %s", storage, exc)
 
     def _attached_storage(self, tag: str) -> str:
         for tier in self.tiers.values():
@@ -278,53 +360,47 @@ class HierarchicalParameterServer:
 
     def unload_model(self, name: str) -> None:
         """Stop serving ``name`` and free its tables in this process's and shared tiers."""
-        with self._load_lock:
-            old = self.model(name)
-            models = dict(self._models)
-            del models[name]
-            self._models = models
-        self._retire(old)
+        self.drop_model(self.model(name))
 
     # --- lookups ---------------------------------------------------------------------------
 
-    def _acquire(self, name: str) -> ServedModel:
+    def _acquire(self, model: str | ServedModel) -> ServedModel:
+        if isinstance(model, ServedModel):
+            if model.acquire():
+                return model
+            raise NotReadyError(
+                f"model {model.name!r} generation {model.generation} has been retired"
+            )
         for _ in range(1000):
-            m = self.model(name)
+            m = self.model(model)
             if m.acquire():
                 return m
-        raise NotReadyError(f"model {name!r} is being replaced")  # pragma: no cover
+        raise NotReadyError(f"model {model!r} is being replaced")  # pragma: no cover
 
     def _keys(self, keys) -> np.ndarray:
-        keys = np.asarray(keys)
-        if keys.ndim != 1:
-            keys = keys.reshape(-1)
-        if keys.dtype == np.int64:
-            if not self.config.supportlonglong:
-                raise InvalidInputError("keys must be int32: this server has supportlonglong false")
-            return np.ascontiguousarray(keys)
-        if keys.dtype == np.int32 or (keys.size == 0 and keys.dtype != np.int64):
-            return keys.astype(np.int64)
-        raise InvalidInputError(
-            f"keys must be int64{'' if self.config.supportlonglong else ' or int32'}, "
-            f"got {keys.dtype}"
-        )
+        """int64 keys by :mod:`tierserve.ps.keys`' rule: 32-bit keys when supportlonglong is
+        false (int32 / uint32 arrays, or int64 values in 0 .. 2**32-1)."""
+        return as_keys(keys, 64 if self.config.supportlonglong else 32)
 
-    def lookup(self, model: str, table: str, keys) -> np.ndarray:
-        """The embeddings ``float32 [n, dim]`` of ``keys`` in ``model``'s ``table``."""
+    def lookup(self, model: str | ServedModel, table: str, keys) -> np.ndarray:
+        """The embeddings ``float32 [n, dim]`` of ``keys`` in ``model``'s ``table``.
+
+        ``model`` is a name (the committed version) or a :class:`ServedModel` (that version).
+        """
         m = self._acquire(model)
         try:
             return self._lookup(m.table(table), self._keys(keys))
         finally:
             m.release()
 
-    def lookup_tables(self, model: str, keys_per_table: Sequence) -> list[np.ndarray]:
+    def lookup_tables(self, model: str | ServedModel, keys_per_table: Sequence) -> list[np.ndarray]:
         """Look up one key array per table (in ``embedding_table_names`` order), one version."""
         m = self._acquire(model)
         try:
             specs = list(m.tables.values())
             if len(keys_per_table) != len(specs):
                 raise InvalidInputError(
-                    f"model {model!r} has {len(specs)} tables, got {len(keys_per_table)} key arrays"
+                    f"model {m.name!r} has {len(specs)} tables, got {len(keys_per_table)} key arrays"
                 )
             return [self._lookup(s, self._keys(k)) for s, k in zip(specs, keys_per_table)]
         finally:
@@ -378,28 +454,33 @@ class HierarchicalParameterServer:
         return any(f.fullmatch(model) for f in self._filters[level])
 
     def insert(
-        self, model: str, table: str, keys, embeddings, *, level: str | None = None
+        self, model: str | ServedModel, table: str, keys, embeddings, *, level: str | None = None
     ) -> None:
         """Write embeddings into the served version of ``model``'s ``table``.
 
         ``level`` limits the write to one tier (``"volatile"`` or ``"persistent"``); by
-        default every tier whose ``update_filters`` match the model name is written.
-        A tier that cannot be reached raises :class:`BackendUnavailableError` (retryable).
+        default every tier whose ``update_filters`` match the model name is written.  The
+        committed version and every staged one are written.  A tier that cannot be reached
+        raises :class:`BackendUnavailableError` (retryable).
         """
         m = self._acquire(model)
+        staged = [s for s in self._staged.get(m.name, ()) if s.acquire()]
         try:
-            spec = m.table(table)
+            storages = list(dict.fromkeys(v.table(table).storage for v in (m, *staged)))
             keys = self._keys(keys)
             levels = [level] if level is not None else list(self.tiers)
             written = []
             for lv in levels:
                 if lv not in self._filters:
                     raise InvalidInputError(f"level must be volatile or persistent, got {lv!r}")
-                if self.accepts_updates(lv, model):
-                    self.tiers[lv].insert(spec.storage, keys, embeddings)
+                if self.accepts_updates(lv, m.name):
+                    for storage in storages:
+                        self.tiers[lv].insert(storage, keys, embeddings)
                     written.append(lv)
         finally:
-            m.release()
+            for v in (m, *staged):
+                v.release()
+        model = m.name
         if written:
             # Listeners get the new vectors only when lookup is sure to return them (every
             # tier written); otherwise they must drop the rows and read them again.
@@ -436,7 +517,7 @@ class HierarchicalParameterServer:
             except Exception:
                 log.exception("update listener %r failed for %s/%s", listener, model, table)
 
-    def evict(self, model: str, table: str, keys) -> None:
+    def evict(self, model: str | ServedModel, table: str, keys) -> None:
         """Remove ``keys`` from every writable tier (they then read as defaults)."""
         m = self._acquire(model)
         try:
@@ -447,6 +528,7 @@ class HierarchicalParameterServer:
                     tier.evict(spec.storage, keys)
         finally:
             m.release()
+        model = m.name
         self._notify(model, table, keys, None)
 
     # --- monitoring and lifetime ----------------------------------------------------------
@@ -465,6 +547,39 @@ class HierarchicalParameterServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class VersionView:
+    """One version of a model behind the parameter-server interface an embedding cache uses.
+
+    Lookups read that version's tables whatever is committed meanwhile; inserts and
+    listeners behave as the parameter server's own (an insert reaches every live version).
+    """
+
+    def __init__(self, ps: HierarchicalParameterServer, served: ServedModel) -> None:
+        self.ps, self.served = ps, served
+
+    def _check(self, model: str) -> None:
+        if model != self.served.name:
+            raise NotFoundError(f"this view serves model {self.served.name!r}, not {model!r}")
+
+    def lookup(self, model: str, table: str, keys) -> np.ndarray:
+        self._check(model)
+        return self.ps.lookup(self.served, table, keys)
+
+    def lookup_tables(self, model: str, keys_per_table: Sequence) -> list[np.ndarray]:
+        self._check(model)
+        return self.ps.lookup_tables(self.served, keys_per_table)
+
+    def insert(self, model: str, table: str, keys, embeddings) -> None:
+        self._check(model)
+        self.ps.insert(self.served, table, keys, embeddings)
+
+    def add_update_listener(self, listener) -> None:
+        self.ps.add_update_listener(listener)
+
+    def remove_update_listener(self, listener) -> None:
+        self.ps.remove_update_listener(listener)
 
 
 def CreateParameterServer(  # noqa: N802 - HugeCTR's name

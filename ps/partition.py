@@ -9,27 +9,38 @@ finalizer (Steele, Lea and Flood, 2014) applied to the key's 64 two's-complement
     z =  z ^ (z >> 31)
 
 Any process that shares a Redis Cluster with tierserve must partition keys this way.
+
+This module also holds the codebase's one set of mixing constants: the splitmix64 ones
+above (partitions, the trainer's key-seeded initial vectors and generated data) and
+MurmurHash3's 64-bit finalizer constants ``FMIX_C1`` / ``FMIX_C2`` (the hash table's slot hash
+and the embedding cache's set hash, also in ``cuda/embedding_cache.cu``, which a test checks
+against these).  Keys are normalised by :mod:`tierserve.ps.keys`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+from .keys import as_keys
+
+#: splitmix64's increment (the golden ratio) and finalizer multipliers.
+GOLDEN = 0x9E3779B97F4A7C15
+SPLITMIX_M1 = 0xBF58476D1CE4E5B9
+SPLITMIX_M2 = 0x94D049BB133111EB
+#: MurmurHash3's fmix64 multipliers: slot and set hashes (``h = key * C1;
+#: h = (h ^ (h >> 32)) * C2``).
+FMIX_C1 = 0xFF51AFD7ED558CCD
+FMIX_C2 = 0xC4CEB9FE1A85EC53
+
+_GOLDEN = np.uint64(GOLDEN)
+_M1 = np.uint64(SPLITMIX_M1)
+_M2 = np.uint64(SPLITMIX_M2)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
-
-def as_keys(keys) -> np.ndarray:
-    """``keys`` as a contiguous 1-D int64 array (int32 keys are widened)."""
-    keys = np.asarray(keys)
-    if keys.dtype != np.int64:
-        if keys.size and not np.issubdtype(keys.dtype, np.integer):
-            from .errors import InvalidInputError
-
-            raise InvalidInputError(f"keys must be integers, got {keys.dtype}")
-        keys = keys.astype(np.int64)
-    return np.ascontiguousarray(keys.reshape(-1))
+__all__ = [
+    "FMIX_C1", "FMIX_C2", "GOLDEN", "SPLITMIX_M1", "SPLITMIX_M2", "as_keys",
+    "group_by_partition", "mix64", "partition_of", "splitmix64",
+]
 
 
 def mix64(keys: np.ndarray) -> np.ndarray:
@@ -44,6 +55,14 @@ def mix64(keys: np.ndarray) -> np.ndarray:
     np.right_shift(z, _S31, out=t)
     z ^= t
     return z
+
+
+def splitmix64(x) -> np.ndarray:
+    """splitmix64's output for state ``x`` (uint64, elementwise): ``mix64(x + GOLDEN)``."""
+    z = np.asarray(x, dtype=np.uint64) + _GOLDEN
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
 
 
 def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:

@@ -467,7 +467,20 @@ def iter_norm_file(
         pos, first = HEADER_SIZE, 0
         while first < total:
             count = min(chunk_records, total - first)
-            records, pos = decoder.decode(pos, count, first)
+            try:
+                records, pos = decoder.decode(pos, count, first)
+            except DataFileError as exc:
+                if first == 0 and _reads_as(decoder, key_dtype(not i64_input_key), count):
+                    bits, flag = (32, False) if i64_input_key else (64, True)
+                    raise DataFileError(
+                        path,
+                        f"{exc.problem}; the file reads as {bits}-bit keys: set "
+                        f"i64_input_key={flag} (CLI: --key-bits {bits})",
+                        record=exc.record,
+                        slot=exc.slot,
+                        field=exc.field,
+                    ) from None
+                raise
             yield first, records
             first += count
         if pos != size:
@@ -481,6 +494,38 @@ def iter_norm_file(
         decoder = buf = None
         with contextlib.suppress(BufferError):  # a view escaped; unmapped when collected
             mm.close()
+
+
+def _reads_as(decoder: _NormDecoder, kdt: np.dtype, count: int) -> bool:
+    """Whether the first ``count`` records (at most 64) decode with keys of ``kdt``."""
+    other = _NormDecoder(
+        decoder.path, decoder.buf, decoder.label_dim, decoder.ld - decoder.label_dim,
+        decoder.slot_num, decoder.check_sum, kdt,
+    )
+    try:
+        other.decode(HEADER_SIZE, min(count, 64), 0)
+    except DataFileError:
+        return False
+    return True
+
+
+def detect_key_bits(path: str | os.PathLike, label_dim: int, dense_dim: int, slot_num: int,
+                    check_type: Check_t) -> int | None:
+    """32 or 64 when the first records of a Norm file decode with only that key width, else
+    None (both or neither do; the header does not record the width)."""
+    header = _checked_header(str(path), label_dim, dense_dim, slot_num, check_type)
+    count = min(64, header["number_of_records"])
+    if count == 0:
+        return None
+    with open(path, "rb") as f:
+        buf = np.fromfile(f, dtype=np.uint8, count=1 << 22)  # 64 records fit in 4 MiB
+    fits = []
+    for bits in (32, 64):
+        decoder = _NormDecoder(str(path), buf, label_dim, dense_dim, slot_num,
+                               Check_t(check_type) is Check_t.Sum, key_dtype(bits == 64))
+        if _reads_as(decoder, decoder.kdt, count):
+            fits.append(bits)
+    return fits[0] if len(fits) == 1 else None
 
 
 def _checked_header(path, label_dim, dense_dim, slot_num, check_type) -> dict[str, int]:

@@ -12,23 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+from tierserve.ps.partition import splitmix64 as mix64
 
 #: Spread (standard deviation) of the logit from the keys and from the dense features; together
 #: they put the Bayes-optimal AUC of the labels near 0.86.
 KEY_LOGIT_STD = 1.8
 DENSE_LOGIT_STD = 1.5
 BIAS = -1.0
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    x = np.asarray(x, dtype=np.uint64) + _GOLDEN
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
 
 
 def _unit(h: np.ndarray) -> np.ndarray:

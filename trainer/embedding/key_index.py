@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+from tierserve.ps.partition import GOLDEN
+
+_GOLDEN = np.uint64(GOLDEN)
 _MIN_BITS = 10
 _WINDOW = 8
 _SLOTS_PER_KEY = 2  # load factor <= 1/2

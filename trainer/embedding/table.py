@@ -42,6 +42,7 @@ import numpy as np
 
 from tierserve.ps.atomic import atomic_write_file
 from tierserve.ps.errors import CapacityExceededError, CorruptModelFileError, InvalidInputError
+from tierserve.ps.partition import GOLDEN, SPLITMIX_M1, SPLITMIX_M2
 from tierserve.ps.sparse_file import SparseTable, write_sparse_model
 
 from ..optimizers import Optimizer, OptParamsPy, make_optimizer
@@ -74,9 +75,9 @@ DEFAULT_INIT_BOUND = 0.05  # HugeCTR's uniform(-0.05, 0.05) for hash tables
 _INIT_CHUNK = 1 << 18
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(GOLDEN)
+_MIX1 = np.uint64(SPLITMIX_M1)
+_MIX2 = np.uint64(SPLITMIX_M2)
 _SEED_MUL = 0xD1B54A32D192ED03
 
 
