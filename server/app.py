@@ -67,7 +67,6 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
         metrics,
         dynamic_batching=settings.dynamic_batching,
         max_batch_delay_s=settings.max_batch_delay_ms / 1000.0,
-        inline_rows=settings.inline_rows,
     )
     metrics.add_source(_stats_source(plane))
     if hasattr(loader, "tier_stats"):
@@ -99,11 +98,8 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
                 except Exception:
                     log.exception("repository poll failed")
 
-        poller = (
-            loop.create_task(poll())
-            if settings.poll_interval_s > 0 and settings.model_repository is not None
-            else None
-        )
+        # Polls new versions (repository mode) and retries failed loads (both modes).
+        poller = loop.create_task(poll()) if settings.poll_interval_s > 0 else None
         try:
             yield
         finally:

@@ -8,9 +8,10 @@ batch itself.  Requests arriving while a batch runs wait for the next flush.  A 
 as many requests as fit ``max_batch_size`` rows, merges them, runs the model and hands each
 caller its own rows.
 
-Small merged batches (at most ``inline_rows`` rows) run on the event loop itself: in CPython a
-worker thread would only contend for the GIL with the loop that is receiving the next
-requests.  Larger ones run in the executor, one at a time, while new requests queue up.
+Every execution runs in the executor, one at a time, while new requests queue up: lookups
+may wait on a network tier (a frozen Redis holds a call for its socket timeout), so nothing
+of the model ever runs on the event loop thread, which must stay free for health checks and
+the next requests.
 """
 
 from __future__ import annotations
@@ -46,14 +47,12 @@ class DynamicBatcher:
         max_batch_size: int | None = None,
         max_delay_s: float = 0.001,
         on_batch: Callable[[int, int], None] | None = None,
-        inline_rows: int = 256,
     ) -> None:
         self.servable = servable
         self.executor = executor
         self.max_batch_size = max_batch_size or servable.max_batch_size
         self.max_delay_s = max_delay_s
         self.on_batch = on_batch  # (rows, requests) of every execution, for metrics
-        self.inline_rows = inline_rows
         self._pending: list[_Pending] = []
         self._rows = 0
         self._scheduled: asyncio.Handle | None = None
@@ -112,15 +111,9 @@ class DynamicBatcher:
         batch = self._take()
         if batch:
             self._merged_recently = len(batch) > 1
-            if sum(p.size for p in batch) <= self.inline_rows:
-                try:
-                    self._deliver(batch, self._execute(batch))
-                except Exception as exc:
-                    self._fail(batch, exc)
-            else:
-                self._running = loop.run_in_executor(self.executor, self._execute, batch)
-                self._running.add_done_callback(lambda f: self._finished(loop, batch, f))
-                return
+            self._running = loop.run_in_executor(self.executor, self._execute, batch)
+            self._running.add_done_callback(lambda f: self._finished(loop, batch, f))
+            return
         if self._pending:
             self._schedule(loop)
 

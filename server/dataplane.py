@@ -81,19 +81,17 @@ class DataPlane:
         metrics: ServerMetrics | None = None,
         dynamic_batching: bool = True,
         max_batch_delay_s: float = 0.001,
-        inline_rows: int = 0,
     ) -> None:
         self.repository = repository
         self.executor = executor
         self.metrics = metrics or ServerMetrics()
         self.dynamic_batching = dynamic_batching
         self.max_batch_delay_s = max_batch_delay_s
-        self.inline_rows = inline_rows
         self.stats: dict[tuple[str, str], ModelStats] = {}
         self._stats_lock = threading.Lock()
         self.started = False
         self.loop: asyncio.AbstractEventLoop | None = None  # set when the server starts
-        repository.on_swap = self._on_swap
+        repository.subscribe(self._on_swap)
 
     def metrics_label(self, name: str) -> str:
         """``name`` when the repository knows it, else ``"unknown"``: request paths never
@@ -245,7 +243,6 @@ class DataPlane:
                 new.servable,
                 self.executor,
                 max_delay_s=self.max_batch_delay_s,
-                inline_rows=self.inline_rows,
                 on_batch=lambda rows, n: self._on_batch(name, new.servable.version, rows, n),
             )
 
@@ -283,9 +280,7 @@ class DataPlane:
             t0 = time.perf_counter_ns()
             if batcher is not None:
                 outputs = await batcher.submit(unit)
-            elif int(getattr(unit, "batch_size", 1 << 30)) <= self.inline_rows:
-                outputs = self._execute_timed(servable, unit)
-            else:
+            else:  # never on the event loop: a lookup may wait on a network tier
                 loop = asyncio.get_running_loop()
                 outputs = await loop.run_in_executor(
                     self.executor, self._execute_timed, servable, unit

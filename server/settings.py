@@ -42,11 +42,6 @@ class Settings(BaseModel):
         2.0, description="how often the repository is rescanned for new versions; 0: never"
     )
     worker_threads: Annotated[int, Field(gt=0)] = 4
-    inline_rows: Annotated[int, Field(ge=0)] = Field(
-        128,
-        description="executions of at most this many rows run on the event loop thread (no "
-        "thread hop, no GIL contention with the loop); larger ones in worker threads",
-    )
     malloc_tuning: bool = Field(
         True,
         description="serve() raises glibc's mmap and trim thresholds to 1 GiB (see "
