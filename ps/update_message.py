@@ -74,6 +74,10 @@ def decode_update(
             f"update message body of {body.nbytes} bytes is not a whole number of "
             f"{record_bytes}-byte records (truncated?)"
         )
+    if not body.nbytes:
+        # No record: numpy cannot even describe a record of a header's largest value_size
+        # (its dtype must fit a C int), so none is built.
+        return np.empty(0, np.int64), np.empty((0, dim), np.float32)
     records = np.frombuffer(body, dtype=_record_dtype(dim))
     keys = records["key"].astype(np.int64)
     embeddings = np.ascontiguousarray(records["embedding"], dtype=np.float32)
