@@ -30,6 +30,9 @@ from .tier import Tier
 class HashMapTier(Tier):
     """``hash_map`` / ``parallel_hash_map``: embeddings in this process's memory."""
 
+    shared = False  # each process holds its own copy
+    read_only = False
+
     def __init__(self, config: HashMapConfig | ParallelHashMapConfig) -> None:
         self.kind = config.type.value
         super().__init__()

@@ -62,6 +62,9 @@ def _interleave(a: list, b: list) -> list:
 class RedisTier(Tier):
     """``redis_cluster`` / ``redis``: embeddings in a Redis Cluster or one Redis server."""
 
+    shared = True  # every replica reads the same servers
+    read_only = False
+
     def __init__(self, config: RedisClusterConfig | RedisConfig) -> None:
         self.kind = config.type.value
         super().__init__()

@@ -33,6 +33,8 @@ class RocksDBTier(Tier):
     """``rocks_db``: embeddings on local disk, surviving restarts."""
 
     kind = "rocks_db"
+    shared = False  # a database on this machine's disk, open in one process
+    read_only = False  # or as ps.json's read_only says (set per instance)
 
     def __init__(self, config: RocksDBConfig) -> None:
         super().__init__()

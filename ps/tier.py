@@ -35,8 +35,13 @@ class Tier(abc.ABC):
 
     #: The ``ps.json`` type name of this tier.
     kind: str = ""
-    #: Whether writes are refused (:class:`~tierserve.ps.errors.ReadOnlyError`).
+    #: Whether writes are refused (:class:`~tierserve.ps.errors.ReadOnlyError`); a read-only
+    #: tier takes no online updates.
     read_only: bool = False
+    #: Whether every replica of a server sees the same data (HugeCTR's ``is_shared``): then
+    #: one replica applies each online update for all, and the others only learn of it.
+    #: An unshared tier lives in this process or on this machine; each replica updates its own.
+    shared: bool = False
 
     def __init__(self) -> None:
         self.stats = TierStats(self.kind)
