@@ -8,6 +8,10 @@ with :func:`load_ps_config` are resolved against the file's folder.
 Beyond HugeCTR: ``type: "redis"`` is a standalone Redis server given by ``address`` (a
 ``redis://`` URL or ``host:port``), for small deployments; and the older HugeCTR fields
 ``max_get_batch_size`` / ``max_set_batch_size`` are accepted as spellings of ``max_batch_size``.
+HugeCTR has no settings for how its Redis client waits and retries; ours are on the ``redis``
+and ``redis_cluster`` configs (:class:`_RedisBase`): ``socket_timeout_ms``,
+``connect_timeout_ms``, ``max_retries``, the circuit breaker's ``failure_threshold``,
+``failure_backoff_ms`` and ``max_failure_backoff_ms``, and ``refill_interval_ms``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,24 @@ class DatabaseType_t(str, Enum):  # noqa: N801 - HugeCTR's name
     redis_cluster = "redis_cluster"
     redis = "redis"
     rocks_db = "rocks_db"
+
+
+class DatabaseHashMapAlgorithm_t(str, Enum):  # noqa: N801 - HugeCTR's name
+    """The hash map behind ``hash_map`` / ``parallel_hash_map``: HugeCTR's ``phm`` (a
+    parallel open-addressing map, its default) or ``stl`` (``std::unordered_map``).  tierserve
+    has one implementation, an open-addressing table like ``phm``; ``stl`` is refused."""
+
+    stl = "stl"
+    phm = "phm"
+
+
+def _check_algorithm(value: DatabaseHashMapAlgorithm_t) -> DatabaseHashMapAlgorithm_t:
+    if DatabaseHashMapAlgorithm_t(value) is DatabaseHashMapAlgorithm_t.stl:
+        raise ValueError(
+            "algorithm 'stl' (std::unordered_map) is not available: tierserve's hash map is "
+            "an open-addressing table like 'phm'; use algorithm 'phm'"
+        )
+    return value
 
 
 class DatabaseOverflowPolicy_t(str, Enum):  # noqa: N801 - HugeCTR's name
@@ -115,6 +137,9 @@ class HashMapConfig(_VolatileBase):
 
     type: Literal[DatabaseType_t.hash_map] = DatabaseType_t.hash_map
     num_partitions: Literal[1] = 1
+    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
+
+    _algorithm = field_validator("algorithm")(_check_algorithm)
 
 
 class ParallelHashMapConfig(_VolatileBase):
@@ -122,9 +147,35 @@ class ParallelHashMapConfig(_VolatileBase):
 
     type: Literal[DatabaseType_t.parallel_hash_map] = DatabaseType_t.parallel_hash_map
     num_partitions: PositiveInt = Field(default_factory=default_num_partitions)
+    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
+
+    _algorithm = field_validator("algorithm")(_check_algorithm)
 
 
 class _RedisBase(_VolatileBase):
+    """Settings of both Redis tiers.
+
+    HugeCTR's fields, plus ours for failing servers (HugeCTR has none):
+
+    - ``socket_timeout_ms`` (5000): how long one call to a node may wait for its reply.
+    - ``connect_timeout_ms`` (1000): how long opening a connection to a node may take.
+    - ``max_retries`` (0): how many times a call that failed on the network (refused, reset,
+      timed out) is repeated on the same node, after 10, 20, 40 ... ms (at most 1 s), before
+      the node counts as failed.  A frozen node costs a call up to
+      ``(1 + max_retries) * socket_timeout_ms``.
+    - ``failure_threshold`` (3): after this many failed calls in a row a node is skipped: its
+      keys read as not found (the next tier or the default vector answers, counted in
+      ``tierserve_tier_skipped``) without being asked for.
+    - ``failure_backoff_ms`` (1000) / ``max_failure_backoff_ms`` (30000): how long a node is
+      skipped; the back-off doubles with every probe that fails again, up to the maximum.
+      After the back-off one lookup probes the node while the others still skip it; writes
+      are always tried (they raise when the node cannot be reached).
+    - ``refill_interval_ms`` (1000): how often each served table's partitions are checked for
+      a node that came back empty (restarted without persistence); such partitions are
+      refilled in the background from the persistent tier, or from the model files, as at
+      startup.  Only with ``initialize_after_startup``; 0 turns the check off.
+    """
+
     user_name: str = "default"
     password: str = ""
     num_partitions: PositiveInt = Field(default_factory=default_num_partitions)
@@ -133,6 +184,22 @@ class _RedisBase(_VolatileBase):
     tls_client_certificate: str = "client_cert.pem"
     tls_client_key: str = "client_key.key"
     tls_server_name_identification: str = "redis.localhost"
+    socket_timeout_ms: PositiveInt = 5000
+    connect_timeout_ms: PositiveInt = 1000
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 0
+    failure_threshold: PositiveInt = 3
+    failure_backoff_ms: PositiveInt = 1000
+    max_failure_backoff_ms: PositiveInt = 30000
+    refill_interval_ms: NonNegativeInt = 1000
+
+    @model_validator(mode="after")
+    def _backoff_range(self) -> _RedisBase:
+        if self.max_failure_backoff_ms < self.failure_backoff_ms:
+            raise ValueError(
+                f"max_failure_backoff_ms ({self.max_failure_backoff_ms}) must be at least "
+                f"failure_backoff_ms ({self.failure_backoff_ms})"
+            )
+        return self
 
 
 class RedisClusterConfig(_RedisBase):

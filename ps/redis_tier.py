@@ -8,10 +8,14 @@ bytes; value: last write/access time in microseconds for ``evict_oldest``, acces
 ``evict_least_used``).  The ``{...}`` hash tag keeps both hashes of a partition on one slot.
 
 Calls group keys by partition, chunk them at ``max_batch_size`` fields per command, and send
-one pipeline per node.  A node that cannot be reached during a lookup costs its keys only:
-they are reported as not found (the hierarchy falls through), the error counter rises and a
-warning is logged; the node is then skipped for a short, growing backoff.  Writes to an
-unreachable node raise :class:`~tierserve.ps.errors.BackendUnavailableError` (retryable).
+one pipeline per node, waiting at most ``socket_timeout_ms`` for it and repeating it up to
+``max_retries`` times when the network fails.  A node that cannot be reached during a lookup
+costs its keys only: they are reported as not found (the hierarchy falls through), the error
+counter rises and a warning is logged.  Each node has a circuit breaker
+(:mod:`tierserve.ps.breaker`): after ``failure_threshold`` failed calls in a row the node is
+skipped by lookups for a back-off that grows while it stays down (its keys count as
+``skipped``), then one lookup probes it.  Writes are always tried; to an unreachable node
+they raise :class:`~tierserve.ps.errors.BackendUnavailableError` (retryable).
 
 As in HugeCTR, reads refresh the ``t`` hash only when ``refresh_time_after_fetch`` is set
 (it costs a write per read); writes always do.
@@ -26,12 +30,13 @@ import time
 
 import numpy as np
 
+from .breaker import BreakerSet
 from .codec import decode_values, key_fields, vector_values
 from .config import RedisClusterConfig, RedisConfig
 from .errors import BackendUnavailableError, InvalidInputError, require_extra
 from .eviction import make_policy, resolution_size
 from .partition import as_keys, group_by_partition
-from .retry import ExponentialBackoff, NodeHealth
+from .retry import ExponentialBackoff
 from .tier import Tier
 
 log = logging.getLogger(__name__)
@@ -50,6 +55,11 @@ def value_hash(tag: str, partition: int) -> str:
 def stat_hash(tag: str, partition: int) -> str:
     """The name of partition ``partition``'s access-statistics hash of table ``tag``."""
     return f"hps_et{{{tag}/p{partition}}}t"
+
+
+def sentinel_key(tag: str, partition: int) -> str:
+    """The key that marks partition ``partition`` of table ``tag`` as filled (on its node)."""
+    return f"hps_et{{{tag}/p{partition}}}s"
 
 
 def _interleave(a: list, b: list) -> list:
@@ -79,7 +89,14 @@ class RedisTier(Tier):
             self.overflow_margin, config.overflow_resolution_target
         )
         self.refresh_after_fetch = bool(config.refresh_time_after_fetch)
-        self.health = NodeHealth(ExponentialBackoff(0.05, 1.0))
+        self.max_retries = int(config.max_retries)
+        self._retry_backoff = ExponentialBackoff(0.01, 1.0)
+        self.breakers = BreakerSet(
+            int(config.failure_threshold),
+            ExponentialBackoff(
+                config.failure_backoff_ms / 1000.0, config.max_failure_backoff_ms / 1000.0
+            ),
+        )
         self._dims: dict[str, int] = {}
         self._rng = np.random.default_rng()
         self._lock = threading.Lock()
@@ -124,9 +141,10 @@ class RedisTier(Tier):
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
+        # Retries are ours (_run), the same for a cluster's nodes and a standalone server.
         kwargs: dict = {
-            "socket_timeout": 5.0,
-            "socket_connect_timeout": 1.0,
+            "socket_timeout": config.socket_timeout_ms / 1000.0,
+            "socket_connect_timeout": config.connect_timeout_ms / 1000.0,
             "retry": Retry(NoBackoff(), 0),
         }
         if config.password:
@@ -160,9 +178,27 @@ class RedisTier(Tier):
             routes[name][1].append(p)
         return routes
 
+    def _run(self, conn, queue) -> list:
+        """Send the commands ``queue(pipeline)`` adds to one node; returns the replies.
+
+        A network failure is retried ``max_retries`` times (a fresh pipeline each time), then
+        raised to the caller.
+        """
+        attempt = 0
+        while True:
+            pipe = conn.pipeline(transaction=False)
+            queue(pipe)
+            try:
+                return pipe.execute()
+            except self._network_errors:
+                if attempt >= self.max_retries:
+                    raise
+                attempt += 1
+                time.sleep(self._retry_backoff.compute(attempt))
+
     def _node_failed(self, name: str, exc: Exception, what: str) -> None:
         self.stats.errors += 1
-        self.health.failed(name)
+        self.breakers[name].failed()
         if isinstance(exc, (self._redis.exceptions.MovedError, self._redis.exceptions.AskError)):
             self._refresh_topology()
         log.warning("%s tier: %s on node %s failed: %s", self.kind, what, name, exc)
@@ -198,14 +234,17 @@ class RedisTier(Tier):
         for p in range(self.num_partitions):
             names += [value_hash(tag, p), stat_hash(tag, p)]
         for name, (conn, parts) in self._routes(tag, range(self.num_partitions)).items():
-            pipe = conn.pipeline(transaction=False)
-            for p in parts:  # UNLINK frees big hashes in the background
-                pipe.unlink(value_hash(tag, p), stat_hash(tag, p))
+
+            def queue(pipe, parts=parts):
+                for p in parts:  # UNLINK frees big hashes in the background
+                    pipe.unlink(value_hash(tag, p), stat_hash(tag, p), sentinel_key(tag, p))
+
             try:
-                pipe.execute()
+                self._run(conn, queue)
             except self._network_errors as exc:
                 self._node_failed(name, exc, "drop")
                 raise BackendUnavailableError(f"{self.kind}: cannot drop {tag}: {exc}") from exc
+            self.breakers[name].succeeded()
         with self._lock:
             self._dims.pop(tag, None)
 
@@ -221,23 +260,26 @@ class RedisTier(Tier):
             values: list = [None] * n
             parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
             for name, (conn, node_parts) in self._routes(tag, parts).items():
-                if not self.health.available(name):
-                    self.stats.errors += 1
+                if not self.breakers[name].allow():
+                    self.stats.skipped += sum(int(bounds[p + 1] - bounds[p]) for p in node_parts)
                     continue
-                pipe = conn.pipeline(transaction=False)
-                spans = []
-                for p in node_parts:
-                    vname = value_hash(tag, p)
-                    for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
+                spans = [
+                    (value_hash(tag, p), c0, c1)
+                    for p in node_parts
+                    for c0, c1 in self._spans(bounds[p], bounds[p + 1])
+                ]
+
+                def queue(pipe, spans=spans):
+                    for vname, c0, c1 in spans:
                         pipe.execute_command("HMGET", vname, *fields[c0:c1])
-                        spans.append((c0, c1))
+
                 try:
-                    results = pipe.execute()
+                    results = self._run(conn, queue)
                 except self._network_errors as exc:
                     self._node_failed(name, exc, "lookup")
                     continue
-                self.health.succeeded(name)
-                for (c0, c1), res in zip(spans, results):
+                self.breakers[name].succeeded()
+                for (_, c0, c1), res in zip(spans, results):
                     values[c0:c1] = res
             ok, found_emb = decode_values(values, dim, f"{self.kind} table {tag}")
             emb = np.zeros((n, dim), dtype=np.float32)
@@ -259,14 +301,20 @@ class RedisTier(Tier):
         parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
         now = time.time_ns() // 1000
         for name, (conn, node_parts) in self._routes(tag, parts).items():
-            pipe = conn.pipeline(transaction=False)
-            for p in node_parts:
-                for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
-                    self._queue_stat(pipe, tag, p, fields[c0:c1], now)
+            if not self.breakers[name].allow():
+                continue
+
+            def queue(pipe, node_parts=node_parts):
+                for p in node_parts:
+                    for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
+                        self._queue_stat(pipe, tag, p, fields[c0:c1], now)
+
             try:
-                pipe.execute()
+                self._run(conn, queue)
             except self._network_errors as exc:
                 self._node_failed(name, exc, "access-time refresh")
+            else:
+                self.breakers[name].succeeded()
 
     def _queue_stat(self, pipe, tag: str, p: int, fields: list, now: int) -> int:
         """Queue the statistics update of ``fields``; returns how many commands it queued."""
@@ -290,25 +338,30 @@ class RedisTier(Tier):
             parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
             now = time.time_ns() // 1000
             for name, (conn, node_parts) in self._routes(tag, parts).items():
-                pipe = conn.pipeline(transaction=False)
                 hlen_at = []  # (partition, position of its HLEN reply)
-                queued = 0
-                for p in node_parts:
-                    vname = value_hash(tag, p)
-                    for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
-                        pipe.execute_command("HSET", vname, *_interleave(fields[c0:c1], vals[c0:c1]))
-                        queued += 1 + self._queue_stat(pipe, tag, p, fields[c0:c1], now)
-                    pipe.hlen(vname)
-                    hlen_at.append((p, queued))
-                    queued += 1
+
+                def queue(pipe, node_parts=node_parts, hlen_at=hlen_at):
+                    hlen_at.clear()
+                    queued = 0
+                    for p in node_parts:
+                        vname = value_hash(tag, p)
+                        for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
+                            pipe.execute_command(
+                                "HSET", vname, *_interleave(fields[c0:c1], vals[c0:c1])
+                            )
+                            queued += 1 + self._queue_stat(pipe, tag, p, fields[c0:c1], now)
+                        pipe.hlen(vname)
+                        hlen_at.append((p, queued))
+                        queued += 1
+
                 try:
-                    results = pipe.execute()
+                    results = self._run(conn, queue)
                 except self._network_errors as exc:
                     self._node_failed(name, exc, "insert")
                     raise BackendUnavailableError(
                         f"{self.kind} node {name} is unreachable: {exc}"
                     ) from exc
-                self.health.succeeded(name)
+                self.breakers[name].succeeded()
                 for p, idx in hlen_at:
                     if int(results[idx]) > self.overflow_margin:
                         self._resolve_overflow(conn, tag, p, int(results[idx]))
@@ -343,16 +396,19 @@ class RedisTier(Tier):
         parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
         removed = 0
         for name, (conn, node_parts) in self._routes(tag, parts).items():
-            pipe = conn.pipeline(transaction=False)
-            for p in node_parts:
-                for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
-                    pipe.hdel(value_hash(tag, p), *fields[c0:c1])
-                    pipe.hdel(stat_hash(tag, p), *fields[c0:c1])
+
+            def queue(pipe, node_parts=node_parts):
+                for p in node_parts:
+                    for c0, c1 in self._spans(bounds[p], bounds[p + 1]):
+                        pipe.hdel(value_hash(tag, p), *fields[c0:c1])
+                        pipe.hdel(stat_hash(tag, p), *fields[c0:c1])
+
             try:
-                results = pipe.execute()
+                results = self._run(conn, queue)
             except self._network_errors as exc:
                 self._node_failed(name, exc, "evict")
                 raise BackendUnavailableError(f"{self.kind} node {name}: {exc}") from exc
+            self.breakers[name].succeeded()
             removed += sum(int(r) for r in results[::2])
         return removed
 
@@ -360,16 +416,56 @@ class RedisTier(Tier):
         """How many keys each partition of ``tag`` holds."""
         sizes = [0] * self.num_partitions
         for name, (conn, parts) in self._routes(tag, range(self.num_partitions)).items():
-            pipe = conn.pipeline(transaction=False)
-            for p in parts:
-                pipe.hlen(value_hash(tag, p))
+
+            def queue(pipe, parts=parts):
+                for p in parts:
+                    pipe.hlen(value_hash(tag, p))
+
             try:
-                for p, n in zip(parts, pipe.execute()):
+                for p, n in zip(parts, self._run(conn, queue)):
                     sizes[p] = int(n)
             except self._network_errors as exc:
                 self._node_failed(name, exc, "size")
                 raise BackendUnavailableError(f"{self.kind} node {name}: {exc}") from exc
         return sizes
+
+    def unmarked_partitions(self, tag: str) -> list[int]:
+        """The partitions of ``tag`` whose fill mark is missing (:meth:`mark_partitions`).
+
+        A node that restarted without persistence lost the marks of its partitions with
+        their data.  Raises :class:`BackendUnavailableError` when a node cannot be reached.
+        """
+        missing = []
+        for name, (conn, parts) in self._routes(tag, range(self.num_partitions)).items():
+            if not self.breakers[name].allow():
+                raise BackendUnavailableError(f"{self.kind} node {name} is being skipped")
+
+            def queue(pipe, parts=parts):
+                for p in parts:
+                    pipe.exists(sentinel_key(tag, p))
+
+            try:
+                replies = self._run(conn, queue)
+            except self._network_errors as exc:
+                self._node_failed(name, exc, "fill check")
+                raise BackendUnavailableError(f"{self.kind} node {name}: {exc}") from exc
+            self.breakers[name].succeeded()
+            missing += [p for p, there in zip(parts, replies) if not int(there)]
+        return sorted(missing)
+
+    def mark_partitions(self, tag: str, partitions) -> None:
+        """Record that ``partitions`` of ``tag`` hold what they should (a key on their node)."""
+        for name, (conn, parts) in self._routes(tag, partitions).items():
+
+            def queue(pipe, parts=parts):
+                for p in parts:
+                    pipe.set(sentinel_key(tag, p), b"1")
+
+            try:
+                self._run(conn, queue)
+            except self._network_errors as exc:
+                self._node_failed(name, exc, "fill mark")
+                raise BackendUnavailableError(f"{self.kind} node {name}: {exc}") from exc
 
     def size(self, tag: str) -> int:
         return sum(self.partition_sizes(tag))

@@ -63,7 +63,9 @@ class TierStats:
 
     ``hits``/``misses`` count keys found/not found by lookups; ``errors`` counts failed
     backend calls (a lookup that lost a Redis node counts once per failed node call);
-    ``evictions`` counts keys removed by overflow handling; ``inserts`` counts keys written.
+    ``evictions`` counts keys removed by overflow handling; ``inserts`` counts keys written;
+    ``skipped`` counts keys a lookup did not ask for because their backend was being skipped
+    after repeated failures (circuit open; they also count as misses).
     """
 
     tier: str
@@ -72,6 +74,7 @@ class TierStats:
     errors: int = 0
     evictions: int = 0
     inserts: int = 0
+    skipped: int = 0
     latency: dict[str, LatencyHistogram] = field(default_factory=dict)
 
     def histogram(self, op: str) -> LatencyHistogram:
@@ -98,6 +101,7 @@ class TierStats:
             "errors": self.errors,
             "evictions": self.evictions,
             "inserts": self.inserts,
+            "skipped": self.skipped,
             "latency": {
                 op: {"count": h.count, "sum": h.total, "buckets": h.cumulative()}
                 for op, h in self.latency.items()

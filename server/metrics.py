@@ -2,8 +2,8 @@
 
 Requests, errors and latency by model and protocol; batch sizes by model; the embedding
 cache hit rate per model and table (:meth:`ServerMetrics.add_source`) and per-tier latency,
-hits, misses, errors and online updates of the parameter server
-(:meth:`ServerMetrics.add_tier_source`), read at scrape time.
+hits, misses, errors and online updates of the parameter server, and the state of its Kafka
+consumers (:meth:`ServerMetrics.add_tier_source`), read at scrape time.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 #: A model source yields ``{"model": name, "cache_hit_rate": {table: rate}}`` per model.
 StatsSource = Callable[[], Iterable[dict[str, Any]]]
 #: A tier source returns ``{level: TierStats.snapshot()}`` (see ``tierserve.ps.stats``), with
-#: ``"updates": {outcome: count}`` for a level that reads Kafka updates.
+#: ``"updates": {outcome: count}`` for a level that reads Kafka updates and ``"consumers"``: a
+#: list of ``{"role", "alive", "restarts", ...}`` (``tierserve.ps.kafka_updates.ConsumerStatus``).
 TierSource = Callable[[], dict[str, dict[str, Any]]]
 
 
@@ -52,6 +53,12 @@ class _TierCollector(Collector):
         misses = CounterMetricFamily(
             "tierserve_tier_misses", "Keys not found per storage tier", labels=["tier"]
         )
+        skipped = CounterMetricFamily(
+            "tierserve_tier_skipped",
+            "Keys a lookup did not ask a storage tier for because it kept failing (circuit "
+            "open); they fell through to the next tier or the default vector",
+            labels=["tier"],
+        )
         latency = HistogramMetricFamily(
             "tierserve_tier_latency_seconds",
             "Latency of storage-tier operations (lookup, insert, ...)",
@@ -63,14 +70,34 @@ class _TierCollector(Collector):
             "keys applied, malformed, rejected (no such table, refused keys), retries, errors",
             labels=["tier", "outcome"],
         )
+        alive = GaugeMetricFamily(
+            "tierserve_update_consumers_alive",
+            "Kafka update consumers whose loop runs, per storage tier and role (apply: writes "
+            "the tier; invalidate: tells this replica's caches of another replica's writes)",
+            labels=["tier", "role"],
+        )
+        restarts = CounterMetricFamily(
+            "tierserve_update_consumer_restarts",
+            "Times a Kafka update consumer's loop failed and was restarted",
+            labels=["tier", "role"],
+        )
         for source in list(self.tier_sources):
             for level, snap in source().items():
                 tier = f"{level}:{snap.get('tier', '')}"
                 for outcome, count in snap.get("updates", {}).items():
                     updates.add_metric([tier, outcome], count)
+                by_role: dict[str, list[int]] = {}
+                for consumer in snap.get("consumers", ()):
+                    counts = by_role.setdefault(consumer["role"], [0, 0])
+                    counts[0] += bool(consumer["alive"])
+                    counts[1] += consumer["restarts"]
+                for role, (n_alive, n_restarts) in by_role.items():
+                    alive.add_metric([tier, role], n_alive)
+                    restarts.add_metric([tier, role], n_restarts)
                 errors.add_metric([tier], snap.get("errors", 0))
                 hits.add_metric([tier], snap.get("hits", 0))
                 misses.add_metric([tier], snap.get("misses", 0))
+                skipped.add_metric([tier], snap.get("skipped", 0))
                 for op, h in snap.get("latency", {}).items():
                     buckets = [
                         ("+Inf" if bound == float("inf") else str(bound), n)
@@ -78,9 +105,12 @@ class _TierCollector(Collector):
                     ]
                     latency.add_metric([tier, op], buckets=buckets, sum_value=h["sum"])
         yield updates
+        yield alive
+        yield restarts
         yield errors
         yield hits
         yield misses
+        yield skipped
         yield latency
 
 

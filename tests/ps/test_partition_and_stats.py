@@ -7,7 +7,7 @@ import pytest
 
 from tierserve.ps.eviction import EvictLeastUsed, EvictOldest, EvictRandom, make_policy
 from tierserve.ps.partition import group_by_partition, mix64, partition_of
-from tierserve.ps.retry import ExponentialBackoff, NoBackoff, NodeHealth
+from tierserve.ps.retry import ExponentialBackoff, NoBackoff
 from tierserve.ps.stats import LatencyHistogram, TierStats
 
 M64 = (1 << 64) - 1
@@ -40,16 +40,10 @@ def test_partitions_are_mix_mod_n_and_grouping_is_stable():
     assert partition_of(keys, 1).tolist() == [0] * keys.size
 
 
-def test_backoff_grows_to_a_cap_and_success_resets_it():
+def test_backoff_grows_to_a_cap():
     backoff = ExponentialBackoff(base=0.1, cap=0.5)
     assert [backoff.compute(n) for n in range(5)] == [0.0, 0.1, 0.2, 0.4, 0.5]
     assert NoBackoff().compute(3) == 0.0
-    health = NodeHealth(ExponentialBackoff(base=60, cap=60))
-    assert health.available("a")
-    health.failed("a")
-    assert not health.available("a") and health.available("b")
-    health.succeeded("a")
-    assert health.available("a")
 
 
 def test_policies_pick_the_smallest_statistic_or_random():
@@ -74,5 +68,7 @@ def test_latency_histogram_and_snapshot():
     stats = TierStats("hash_map")
     with stats.timed("lookup"):
         stats.hits += 3
+    stats.skipped += 2
     snap = stats.snapshot()
     assert snap["hits"] == 3 and snap["latency"]["lookup"]["count"] == 1
+    assert snap["skipped"] == 2
