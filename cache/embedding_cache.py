@@ -107,6 +107,7 @@ class EmbeddingCache:
         self.table = table
         self.dim = int(dim)
         self.cache_type = cache_type
+        self.refresh_interval, self.refresh_delay = float(refresh_interval), float(refresh_delay)
         self.hit_rate_threshold = float(hit_rate_threshold)
         self.i64_input_key = i64_input_key
         self.on_update_mode = on_update_mode

@@ -206,10 +206,9 @@ class HierarchicalParameterServer:
             for i, name in enumerate(config.embedding_table_names):
                 tag = table_tag(config.model, name)
                 dim = int(config.embedding_vecsize_per_table[i])
-                if attach:
-                    storage = self._attached_storage(tag)
-                else:
-                    storage = f"{tag}@{gen}" if live else tag
+                storage = (
+                    self._attached_storage(tag) if attach else f"{tag}@{gen}" if live else tag
+                )
                 spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i])
                 if attach:
                     for tier in self.tiers.values():
@@ -516,6 +515,13 @@ class HierarchicalParameterServer:
                 listener(model, table, keys, embeddings)
             except Exception:
                 log.exception("update listener %r failed for %s/%s", listener, model, table)
+
+    def notify_update(self, tag: str, keys, embeddings=None) -> None:
+        """Tell the update listeners that ``keys`` of table ``tag`` (``hps_et.<model>.<table>``)
+        changed in a shared tier that another replica wrote; no tier is written here.
+        ``embeddings`` as for :meth:`add_update_listener` (``None``: drop the keys)."""
+        model, table = parse_table_tag(tag)
+        self._notify(model, table, np.asarray(keys, np.int64).reshape(-1), embeddings)
 
     def evict(self, model: str | ServedModel, table: str, keys) -> None:
         """Remove ``keys`` from every writable tier (they then read as defaults)."""

@@ -34,6 +34,7 @@ from tierserve.ps.config import (
     format_validation_errors,
 )
 from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.ps.keys import as_keys
 from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
 from tierserve.trainer.data.batch import Batch, SparseInput
 from tierserve.trainer.embedding.combine import combine
@@ -139,13 +140,61 @@ class InferenceParams(BaseModel):
 # --- the model -------------------------------------------------------------------------------
 
 
+def model_config_from_params(
+    params: InferenceParams, network: InferenceGraph, graph_path: str | os.PathLike
+) -> ModelConfig:
+    """The ``ps.json`` model entry (:class:`ModelConfig`) that HugeCTR's ``params`` describe.
+
+    The one conversion from the HugeCTR facade: everything past it reads the model config.
+    Per-table values the graph defines (table names, vector sizes, slots) come from the graph.
+    """
+    p = params
+    tables = list(network.embeddings)
+    if len(p.sparse_model_files) != len(tables):
+        raise ConfigError(
+            f"model {p.model_name!r}: {len(p.sparse_model_files)} sparse model files for "
+            f"{len(tables)} embedding tables in {graph_path}"
+        )
+    defaults = list(p.default_value_for_each_table)
+    if len(defaults) == 1 and len(tables) > 1:
+        defaults = defaults * len(tables)
+    slots = [int(s["slot_num"]) for s in load_graph_json(graph_path).data_layer.get("sparse", [])]
+    return ModelConfig(
+        model=p.model_name,
+        sparse_files=[os.fspath(f) for f in p.sparse_model_files],
+        dense_file=os.fspath(p.dense_model_file),
+        network_file=os.fspath(graph_path),
+        max_batch_size=p.max_batchsize,
+        deployed_device_list=p.deployed_devices,
+        default_value_for_each_table=defaults,
+        maxnum_des_feature_per_sample=network.dense_dim,
+        maxnum_catfeature_query_per_table_per_sample=[max(t.max_nnz, t.slot_num) for t in tables],
+        embedding_vecsize_per_table=[t.embedding_vec_size for t in tables],
+        embedding_table_names=[t.name for t in tables],
+        hit_rate_threshold=p.hit_rate_threshold,
+        gpucache=p.use_gpu_embedding_cache,
+        gpucacheper=p.cache_size_percentage,
+        cache_refresh_percentage_per_iteration=p.cache_refresh_percentage_per_iteration,
+        refresh_interval=int(p.refresh_interval),
+        refresh_delay=int(p.refresh_delay),
+        num_of_worker_buffer_in_pool=p.number_of_worker_buffers_in_pool,
+        num_of_refresher_buffer_in_pool=p.number_of_refresh_buffers_in_pool,
+        use_mixed_precision=p.use_mixed_precision,
+        label_dim=sum(network.label_dims),
+        slot_num=max(1, sum(slots)),
+    )
+
+
 class InferenceModel:
     """Predicts with a trained model; see the module docstring.
 
-    ``parameter_server`` lets several models share one ``HierarchicalParameterServer``; the
-    model's sparse files are loaded into it (``load_tables``), which swaps in the new tables
-    when the model was already there.  By default the model creates its own from the params,
-    and reads online updates into it when ``update_source`` is a Kafka one.
+    ``InferenceModel(graph, params)`` is HugeCTR's form: it builds its own parameter server from
+    the params (and reads online updates into it when ``update_source`` is a Kafka one), or,
+    given ``parameter_server``, loads its tables into that one and serves them at once.
+    :meth:`from_config` is the server's form: a ``ps.json`` model entry, used as it is, whose
+    tables are *staged* in a shared parameter server; the owner then calls :meth:`commit` (the
+    tables become the ones name-addressed calls reach) or :meth:`discard` (they are dropped).
+    A model always reads the tables it was loaded with, whatever version is committed later.
     """
 
     def __init__(
@@ -153,33 +202,15 @@ class InferenceModel:
         model_config_path: str | os.PathLike,
         inference_params: InferenceParams,
         parameter_server: Any = None,
-        load_tables: bool = True,
     ) -> None:
-        self.params = p = inference_params
-        self.model_name = p.model_name
-        self.max_batchsize = p.max_batchsize
+        p = inference_params
         graph_path = p.network_file or model_config_path
-        self.graph: Graph = load_graph_json(graph_path)
-        self.network = InferenceGraph(
-            self.graph, p.dense_model_file, p.non_trainable_params_file or None
-        )
-        self.tables: list[EmbeddingSpec] = list(self.network.embeddings)
-        if len(p.sparse_model_files) != len(self.tables):
-            raise ConfigError(
-                f"model {p.model_name!r}: {len(p.sparse_model_files)} sparse model files for "
-                f"{len(self.tables)} embedding tables in {graph_path}"
-            )
-        self.dense_dim = self.network.dense_dim
-        self.label_dim = sum(self.network.label_dims)
-        self.table_names = [t.name for t in self.tables]
-        # Batches carry one SparseInput per sparse input of the Data layer, in its order.
-        self.sparse_names = [s["top"] for s in self.graph.data_layer.get("sparse", []) or []]
-        self.slot_nums = [int(s["slot_num"]) for s in self.graph.data_layer.get("sparse", [])]
-        self._table_input = [self.sparse_names.index(t.sparse_input) for t in self.tables]
-        self.model_config = self._model_config(graph_path)
-        self._owns_ps = parameter_server is None
-        self.update_consumers: list = []  # Kafka online updates of its own server
-        if parameter_server is None:
+        graph = load_graph_json(graph_path)
+        network = InferenceGraph(graph, p.dense_model_file, p.non_trainable_params_file or None)
+        config = model_config_from_params(p, network, graph_path)
+        consumers: list = []
+        owns = parameter_server is None
+        if owns:
             from tierserve.ps.hierarchy import HierarchicalParameterServer
             from tierserve.ps.kafka_updates import start_update_consumers
 
@@ -189,72 +220,149 @@ class InferenceModel:
                 volatile_db=vdb,
                 persistent_db=pdb,
                 update_source=src,
-                models=[self.model_config],
+                models=[],
             )
             parameter_server = HierarchicalParameterServer(ps_config)
-            self.update_consumers = start_update_consumers(parameter_server, src)
-        elif load_tables:
-            parameter_server.load_model(self.model_config)
+        self.params = p
+        try:
+            self._setup(
+                config, graph, network, parameter_server, i64_input_key=p.i64_input_key,
+                use_gpu_embedding_cache=p.use_gpu_embedding_cache,
+            )  # fmt: skip
+            replaced = self.commit()
+            if replaced is not None:
+                parameter_server.drop_model(replaced)
+            if owns:
+                consumers = start_update_consumers(parameter_server, src)
+        except BaseException:
+            if owns:
+                parameter_server.close()
+            raise
+        self._owns_ps = owns
+        self.update_consumers = consumers  # Kafka online updates of its own server
+
+    @classmethod
+    def from_config(
+        cls,
+        config: ModelConfig,
+        parameter_server: Any,
+        *,
+        i64_input_key: bool = True,
+        use_gpu_embedding_cache: bool | None = None,
+    ) -> InferenceModel:
+        """A model over ``ps.json`` entry ``config`` whose tables are staged in
+        ``parameter_server`` (call :meth:`commit` or :meth:`discard`).
+
+        ``use_gpu_embedding_cache`` overrides the entry's ``gpucache`` (None: as it says).
+        """
+        if not config.network_file:
+            raise ConfigError(f"model {config.model!r}: no network_file (graph JSON)")
+        graph = load_graph_json(config.network_file)
+        network = InferenceGraph(graph, config.dense_file, None)
+        self = cls.__new__(cls)
+        self.params = None
+        self._owns_ps = False
+        self.update_consumers = []
+        cache = config.gpucache if use_gpu_embedding_cache is None else use_gpu_embedding_cache
+        self._setup(
+            config, graph, network, parameter_server, i64_input_key=i64_input_key,
+            use_gpu_embedding_cache=cache,
+        )  # fmt: skip
+        return self
+
+    def _setup(
+        self,
+        config: ModelConfig,
+        graph: Graph,
+        network: InferenceGraph,
+        parameter_server: Any,
+        *,
+        i64_input_key: bool,
+        use_gpu_embedding_cache: bool,
+    ) -> None:
+        self.model_config = config
+        self.model_name = config.model
+        self.max_batchsize = config.max_batch_size
+        self.i64_input_key = i64_input_key
+        self.graph = graph
+        self.network = network
+        self.tables: list[EmbeddingSpec] = list(network.embeddings)
+        if len(config.sparse_files) != len(self.tables):
+            raise ConfigError(
+                f"model {config.model!r}: {len(config.sparse_files)} sparse model files for "
+                f"{len(self.tables)} embedding tables in {config.network_file}"
+            )
+        self.dense_dim = network.dense_dim
+        self.label_dim = sum(network.label_dims)
+        self.table_names = [t.name for t in self.tables]
+        if list(config.embedding_table_names) != self.table_names:
+            # The graph names the tables; ps.json's names are matched by position.
+            config = config.model_copy(update={"embedding_table_names": self.table_names})
+            self.model_config = config
+        # Batches carry one SparseInput per sparse input of the Data layer, in its order.
+        self.sparse_names = [s["top"] for s in graph.data_layer.get("sparse", []) or []]
+        self.slot_nums = [int(s["slot_num"]) for s in graph.data_layer.get("sparse", [])]
+        self._table_input = [self.sparse_names.index(t.sparse_input) for t in self.tables]
         self.parameter_server = parameter_server
-        self.cache = self._create_cache() if p.use_gpu_embedding_cache else None
+        self.cache = None
         self.lookup_seconds = 0.0
         self.lookups = 0
+        if hasattr(parameter_server, "stage_model"):
+            self.version = parameter_server.stage_model(config)
+            self.tables_source = parameter_server.version_view(self.version)
+        else:  # any ParameterServerLike that already holds the tables
+            self.version = None
+            self.tables_source = parameter_server
+        try:
+            if use_gpu_embedding_cache:
+                self.cache = self._create_cache(config)
+        except BaseException:
+            self.discard()
+            raise
 
-    def _model_config(self, graph_path) -> ModelConfig:
-        p = self.params
-        n = len(self.tables)
-        defaults = list(p.default_value_for_each_table)
-        if len(defaults) == 1 and n > 1:
-            defaults = defaults * n
-        return ModelConfig(
-            model=p.model_name,
-            sparse_files=[os.fspath(f) for f in p.sparse_model_files],
-            dense_file=os.fspath(p.dense_model_file),
-            network_file=os.fspath(graph_path),
-            max_batch_size=p.max_batchsize,
-            deployed_device_list=p.deployed_devices,
-            default_value_for_each_table=defaults,
-            maxnum_des_feature_per_sample=self.dense_dim,
-            maxnum_catfeature_query_per_table_per_sample=[
-                max(t.max_nnz, t.slot_num) for t in self.tables
-            ],
-            embedding_vecsize_per_table=[t.embedding_vec_size for t in self.tables],
-            embedding_table_names=[t.name for t in self.tables],
-            hit_rate_threshold=p.hit_rate_threshold,
-            gpucache=p.use_gpu_embedding_cache,
-            gpucacheper=p.cache_size_percentage,
-            use_mixed_precision=p.use_mixed_precision,
-            label_dim=self.label_dim,
-            slot_num=sum(self.slot_nums),
-        )
-
-    def _create_cache(self):
+    def _create_cache(self, config: ModelConfig):
         """The embedding cache of every table: on the GPU when cupy sees one, else in host
-        memory (numpy), in front of the parameter server."""
+        memory (numpy), in front of this version's tables.  Its type, size and refresher are
+        the model config's (``embedding_cache_type``, ``gpucacheper``, ``refresh_*``)."""
         from tierserve.cache import CreateEmbeddingCache
         from tierserve.cache.device import cupy_or_none
 
         return CreateEmbeddingCache(
-            self.parameter_server,
-            self.params.deployed_devices[0],
+            self.tables_source,
+            config.deployed_device_list[0],
             cupy_or_none() is not None,
-            self.params.cache_size_percentage or None,
-            self.model_config,
+            None,
+            config,
             self.model_name,
-            self.params.i64_input_key,
+            self.i64_input_key,
         )
+
+    def commit(self) -> Any:
+        """Make this version's tables the ones the parameter server serves by name; returns
+        the version they replace (its owner drops it), if any."""
+        if self.version is None:
+            return None
+        return self.parameter_server.commit_model(self.version)
+
+    def discard(self) -> None:
+        """Drop this version's tables (staged or replaced) once nothing reads them."""
+        if self.cache is not None and hasattr(self.cache, "close"):
+            self.cache.close()
+            self.cache = None
+        if self.version is not None:
+            self.parameter_server.drop_model(self.version)
 
     # -- lookups and prediction -------------------------------------------------------------
 
     def lookup(self, table: int, keys: np.ndarray) -> np.ndarray:
         """Embeddings ``[len(keys), dim]`` of table ``table`` (index in graph order)."""
-        keys = np.asarray(keys, dtype=np.int64)
+        keys = as_keys(keys, 64 if self.i64_input_key else 32)
         started = time.perf_counter()
         name = self.table_names[table]
         if self.cache is not None:
             vectors = self.cache.lookup(name, keys)
         else:
-            vectors = self.parameter_server.lookup(self.model_name, name, keys)
+            vectors = self.tables_source.lookup(self.model_name, name, keys)
         self.lookup_seconds += time.perf_counter() - started
         self.lookups += 1
         return np.asarray(vectors, dtype=np.float32)
@@ -265,7 +373,7 @@ class InferenceModel:
         uniques, inverses = [], []
         for sparse in inputs:
             unique, inverse = np.unique(sparse.keys, return_inverse=True)
-            uniques.append(unique)
+            uniques.append(as_keys(unique, 64 if self.i64_input_key else 32))
             inverses.append(inverse.reshape(-1))
         started = time.perf_counter()
         if self.cache is not None:
@@ -273,7 +381,7 @@ class InferenceModel:
 
             found = [to_host(v) for v in self.cache.query_tables(uniques)]
         else:
-            found = self.parameter_server.lookup_tables(self.model_name, uniques)
+            found = self.tables_source.lookup_tables(self.model_name, uniques)
         self.lookup_seconds += time.perf_counter() - started
         self.lookups += 1
         return [
@@ -311,7 +419,7 @@ class InferenceModel:
             slot_size_array,
             batch_size=self.max_batchsize,
             num_batches=num_batches,
-            i64_input_key=self.params.i64_input_key,
+            i64_input_key=self.i64_input_key,
         )
 
     def predict(
@@ -359,12 +467,16 @@ class InferenceModel:
         return {"cache_hit_rate": {m.table: float(m.hit_rate) for m in self.cache.metrics()}}
 
     def close(self) -> None:
-        """Release the cache and, when this model created it, the parameter server."""
+        """Release the cache and, when this model created it, the parameter server.
+
+        The tables stay in a shared parameter server (see :meth:`discard`).
+        """
         for consumer in self.update_consumers:
             consumer.close()
         self.update_consumers = []
         if self.cache is not None and hasattr(self.cache, "close"):
             self.cache.close()
+            self.cache = None
         if self._owns_ps and hasattr(self.parameter_server, "close"):
             self.parameter_server.close()
 

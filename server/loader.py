@@ -1,8 +1,10 @@
 """Builds the servable of a model version from its folder and the repository's ``ps.json``.
 
 One :class:`~tierserve.ps.hierarchy.HierarchicalParameterServer`, made from ``ps.json``'s
-tiers on the first load, holds the tables of every model; loading a version loads its sparse
-folders into it, which swaps the tables in (or, on a corrupt file, changes nothing).  When
+tiers on the first load, holds the tables of every model; loading a version *stages* its
+sparse folders there (nothing served changes), and the repository then commits the version
+(:meth:`Servable.commit`) or discards it (:meth:`Servable.discard`).  Each version reads its own
+tables, so a request never mixes one version's dense network with another's embeddings.  When
 ``ps.json`` names a Kafka ``update_source``, consumers apply online updates to its tiers
 (:mod:`tierserve.ps.kafka_updates`) until the loader closes.
 
@@ -24,7 +26,7 @@ from pathlib import Path
 from tierserve.ps.config import ModelConfig, PSConfig
 from tierserve.ps.errors import CorruptModelFileError
 
-from .inference_model import InferenceModel, InferenceParams
+from .inference_model import InferenceModel
 from .servables import EmbeddingLookupServable, RankingServable, Servable
 
 log = logging.getLogger("tierserve.server.loader")
@@ -77,43 +79,15 @@ def version_files(entry: ModelConfig, folder: Path) -> ModelConfig:
     return ModelConfig.model_validate(data)
 
 
-def params_for(config: ModelConfig, ps_config: PSConfig) -> InferenceParams:
-    """The ``InferenceParams`` of a ``ps.json`` model entry."""
-    return InferenceParams(
-        model_name=config.model,
-        max_batchsize=config.max_batch_size,
-        hit_rate_threshold=config.hit_rate_threshold,
-        dense_model_file=config.dense_file,
-        sparse_model_files=list(config.sparse_files),
-        use_gpu_embedding_cache=config.gpucache,
-        cache_size_percentage=config.gpucacheper,
-        i64_input_key=ps_config.supportlonglong,
-        use_mixed_precision=config.use_mixed_precision,
-        deployed_devices=list(config.deployed_device_list),
-        default_value_for_each_table=list(config.default_value_for_each_table),
-        maxnum_des_feature_per_sample=config.maxnum_des_feature_per_sample,
-        maxnum_catfeature_query_per_table_per_sample=list(
-            config.maxnum_catfeature_query_per_table_per_sample
-        ),
-        embedding_vecsize_per_table=list(config.embedding_vecsize_per_table),
-        embedding_table_names=list(config.embedding_table_names),
-        network_file=config.network_file,
-        label_dim=config.label_dim,
-        slot_num=config.slot_num,
-        volatile_db=ps_config.volatile_db,
-        persistent_db=ps_config.persistent_db,
-        update_source=ps_config.update_source,
-    )
-
-
 class _TableSource:
-    """The parameter server's tables of one model, by table index."""
+    """One staged version's tables, by table index."""
 
-    def __init__(self, ps, model: str, table_names: list[str]) -> None:
-        self.ps, self.model, self.table_names = ps, model, table_names
+    def __init__(self, ps, version) -> None:
+        self.ps, self.version = ps, version
+        self.table_names = list(version.tables)
 
     def lookup(self, table: int, keys):
-        return self.ps.lookup(self.model, self.table_names[table], keys)
+        return self.ps.lookup(self.version, self.table_names[table], keys)
 
 
 class RepositoryLoader:
@@ -142,29 +116,24 @@ class RepositoryLoader:
                 )
             return self.parameter_server
 
-    def _gpu_cache(self, requested: bool) -> bool:
-        return requested if self.use_gpu_embedding_cache is None else self.use_gpu_embedding_cache
-
     def __call__(
         self, name: str, version: str, folder: Path | None, ps_config: PSConfig
     ) -> Servable:
+        """Stage version ``version`` of ``name``; the repository commits or discards it."""
         entry = ps_config.model(name)
         config = version_files(entry, folder) if folder is not None else entry
         ps = self._ps(ps_config)
         if not config.network_file:
-            ps.load_model(config)
-            return EmbeddingLookupServable(
-                name,
-                version,
-                _TableSource(ps, name, list(config.embedding_table_names)),
-                config.embedding_table_names,
-                config.embedding_vecsize_per_table,
-            )
+            staged = ps.stage_model(config)
+            return StoreServable(name, version, ps, staged)
         if not config.dense_file:
             raise CorruptModelFileError(f"model {name!r} version {version}: no dense model file")
-        params = params_for(config, ps_config)
-        params.use_gpu_embedding_cache = self._gpu_cache(config.gpucache)
-        model = InferenceModel(config.network_file, params, parameter_server=ps)
+        model = InferenceModel.from_config(
+            config,
+            ps,
+            i64_input_key=ps_config.supportlonglong,
+            use_gpu_embedding_cache=self.use_gpu_embedding_cache,
+        )
         if model.table_names != list(config.embedding_table_names):
             log.warning(
                 "model %s: ps.json names tables %s, the graph %s; the graph's names are used",
@@ -172,18 +141,27 @@ class RepositoryLoader:
             )  # fmt: skip
         return ModelServable(name, version, model)
 
-    def unload(self, name: str) -> None:
-        if self.parameter_server is not None and name in self.parameter_server.models():
-            self.parameter_server.unload_model(name)
-
     def tier_stats(self) -> dict:
         if self.parameter_server is None:
             return {}
         stats = {level: st.snapshot() for level, st in self.parameter_server.tier_stats().items()}
         for consumer in self.update_consumers:
             if consumer.level in stats:
-                stats[consumer.level]["updates"] = dataclasses.asdict(consumer.stats)
+                level = stats[consumer.level]
+                if consumer.role == "apply":
+                    level["updates"] = dataclasses.asdict(consumer.stats)
+                status = dataclasses.asdict(consumer.status())
+                level.setdefault("consumers", []).append(status)
         return stats
+
+    def consumer_status(self) -> list:
+        """The :class:`~tierserve.ps.kafka_updates.ConsumerStatus` of each Kafka consumer."""
+        return [consumer.status() for consumer in self.update_consumers]
+
+    def healthy(self) -> bool:
+        """False while a Kafka consumer does not run (it failed and waits to restart, or
+        stopped): the server then reports not ready, as its embeddings may be going stale."""
+        return all(status.alive for status in self.consumer_status())
 
     def close(self) -> None:
         for consumer in self.update_consumers:
@@ -200,5 +178,32 @@ class ModelServable(RankingServable):
     def __init__(self, name: str, version: str, model: InferenceModel) -> None:
         super().__init__(name, version, model, closer=model.close)
 
+    def commit(self) -> None:
+        self.model.commit()
+
+    def discard(self) -> None:
+        self.model.discard()
+
     def stats(self) -> dict:
         return self.model.stats()
+
+
+class StoreServable(EmbeddingLookupServable):
+    """The embedding-lookup model over one staged version of a model's tables."""
+
+    def __init__(self, name: str, version: str, ps, staged) -> None:
+        config = staged.config
+        super().__init__(
+            name,
+            version,
+            _TableSource(ps, staged),
+            config.embedding_table_names,
+            config.embedding_vecsize_per_table,
+        )
+        self.ps, self.staged = ps, staged
+
+    def commit(self) -> None:
+        self.ps.commit_model(self.staged)
+
+    def discard(self) -> None:
+        self.ps.drop_model(self.staged)

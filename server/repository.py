@@ -3,10 +3,18 @@
 Layout ``DIR/<model>/<version>/`` (a version is a folder named by a positive integer holding
 the graph JSON, the dense file and the sparse folders) plus ``DIR/ps.json`` for the tiers and
 each model's settings.  The highest version serves.  :meth:`ModelRepository.poll` picks up a
-new version once its files have stopped changing between two polls, loads it beside the
-serving one, and swaps it in atomically; requests in flight finish on the version they
-started with, which is closed once the last of them is done.  A version that fails to load is
-logged, remembered as failed (until its files change) and the old version keeps serving.
+new version once its files have stopped changing between two polls and swaps it in.
+
+The repository owns each version's lifecycle: the loader *stages* a version (its tables are
+loaded beside the serving ones and change nothing served); the repository then *commits* it
+(:meth:`Servable.commit`) and switches the serving handle in one step, or, when loading failed,
+nothing changes.  Each version reads its own tables, so every answer is wholly one version's.
+Requests in flight finish on the version they started with; once the last of them is done the
+replaced version is *discarded* (its tables dropped) and closed, on a thread of its own.
+
+A version that fails to load is logged and remembered as failed with the reason (shown in the
+index).  A failure of a backend (an unreachable tier, a held lock) is retried with exponential
+backoff on each poll; any other failure waits until the version's files or ``ps.json`` change.
 
 Model names must match the table-tag pattern, so a name never escapes the repository folder.
 """
@@ -23,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from tierserve.ps.config import PSConfig, load_ps_config
-from tierserve.ps.errors import InvalidInputError, NotFoundError, NotReadyError, TierserveError
+from tierserve.ps.errors import (
+    BackendUnavailableError,
+    InvalidInputError,
+    NotFoundError,
+    NotReadyError,
+    TierserveError,
+)
 from tierserve.ps.table_tag import check_name, is_valid_name
 
 from .servables import Servable
@@ -36,15 +50,19 @@ Loader = Callable[[str, str, "Path | None", PSConfig], Servable]
 
 
 class Handle:
-    """A servable plus the count of requests using it; closed when retired and idle."""
+    """A servable plus the count of requests using it; see the module docstring.
 
-    def __init__(self, servable: Servable, on_close: Callable[[Handle], None] | None = None):
+    Retired, it takes no new requests; when the last one is released the servable is
+    discarded (unless retired at shutdown) and closed.
+    """
+
+    def __init__(self, servable: Servable):
         self.servable = servable
         self.extras: dict[str, Any] = {}  # the data plane keeps its batcher here
         self._users = 0
         self._retired = False
+        self._discard = True
         self._lock = threading.Lock()
-        self._on_close = on_close
 
     def acquire(self) -> Handle:
         with self._lock:
@@ -56,23 +74,49 @@ class Handle:
             self._users -= 1
             close = self._retired and self._users == 0
         if close:
-            self._close()
+            # Releases happen on request threads and the event loop; dropping tables may
+            # wait on a tier, so it runs on a thread of its own.
+            threading.Thread(target=self._close, name="tierserve-retire", daemon=True).start()
 
-    def retire(self) -> None:
-        """No new requests; close once the current ones are done."""
+    def retire(self, discard: bool = True) -> None:
+        """No new requests; discard (``discard=False``: at shutdown, only close) and close the
+        servable once the current requests are done."""
         with self._lock:
             self._retired = True
+            self._discard = discard
             close = self._users == 0
         if close:
             self._close()
 
     def _close(self) -> None:
-        if self._on_close is not None:
-            self._on_close(self)
-        try:
-            self.servable.close()
-        except Exception:
-            log.exception("closing %s version %s failed", self.servable.name, self.servable.version)
+        name, version = self.servable.name, self.servable.version
+        steps = (self.servable.discard, self.servable.close) if self._discard else (
+            self.servable.close,
+        )
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                log.exception("%s of %s version %s failed", step.__name__, name, version)
+
+
+#: Backoff between retries of a version whose backend failed: base, doubling, cap (seconds).
+RETRY_BASE_S, RETRY_CAP_S = 1.0, 60.0
+
+
+@dataclass
+class _Failure:
+    """Why a version failed to load, and when it may be tried again."""
+
+    signature: tuple  # its files and ps.json when it failed
+    reason: str
+    retryable: bool  # a backend failed (tier unreachable, lock held): retry with backoff
+    attempts: int = 1
+    retry_at: float = 0.0
+
+    def due(self, signature: tuple, now: float) -> bool:
+        """Whether to load the version again: its files changed, or its backoff ran out."""
+        return signature != self.signature or (self.retryable and now >= self.retry_at)
 
 
 @dataclass
@@ -83,7 +127,7 @@ class ModelEntry:
     handle: Handle | None = None
     state: str = "UNAVAILABLE"  # READY | LOADING | UNAVAILABLE
     reason: str = ""
-    failed: dict[str, tuple] = field(default_factory=dict)  # version -> files signature
+    failed: dict[str, _Failure] = field(default_factory=dict)  # by version
     unloaded: bool = False  # unloaded through the API: polling leaves it alone
 
     @property
@@ -102,6 +146,18 @@ def _signature(path: Path) -> tuple:
     return tuple(items)
 
 
+def _file_signature(path: Path) -> tuple:
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, TierserveError) else f"{type(exc).__name__}: {exc}"
+
+
 class ModelRepository:
     """Loads, serves, polls and swaps model versions; see the module docstring."""
 
@@ -110,24 +166,37 @@ class ModelRepository:
         loader: Loader,
         root: Path | None = None,
         config_path: Path | None = None,
-        on_swap: Callable[[ModelEntry, Handle | None], None] | None = None,
     ) -> None:
         if (root is None) == (config_path is None):
             raise InvalidInputError("give a model repository folder or a ps.json, not both")
         self.loader = loader
         self.root = Path(root).resolve() if root is not None else None
         self.config_path = Path(config_path) if config_path is not None else None
-        self.on_swap = on_swap
+        self._subscribers: list[Callable[[ModelEntry, Handle | None], None]] = []
         self.entries: dict[str, ModelEntry] = {}
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load at a time: tiers are shared
         self._seen: dict[tuple[str, str], tuple] = {}
 
+    def subscribe(self, on_swap: Callable[[ModelEntry, Handle | None], None]) -> None:
+        """Call ``on_swap(entry, old_handle)`` after a model's serving handle changed (a new
+        version serves, or the model was unloaded: ``entry.handle`` is then None)."""
+        self._subscribers.append(on_swap)
+
+    def _swapped(self, entry: ModelEntry, old: Handle | None) -> None:
+        for fn in self._subscribers:
+            try:
+                fn(entry, old)
+            except Exception:
+                log.exception("swap subscriber %r failed for model %s", fn, entry.name)
+
     # -- discovery ------------------------------------------------------------------------
 
+    def _ps_config_path(self) -> Path:
+        return self.config_path if self.root is None else self.root / "ps.json"
+
     def ps_config(self) -> PSConfig:
-        path = self.config_path if self.root is None else self.root / "ps.json"
-        return load_ps_config(path)
+        return load_ps_config(self._ps_config_path())
 
     def model_names(self) -> list[str]:
         """Models on disk (repository mode) or in ps.json (config mode)."""
@@ -215,29 +284,32 @@ class ModelRepository:
     def _version_dir(self, name: str, version: str) -> Path | None:
         return None if self.root is None else self.root / name / version
 
+    def _signature(self, name: str, version: str) -> tuple:
+        """What a version's load depends on: its files and ``ps.json``."""
+        folder = self._version_dir(name, version)
+        return (_signature(folder) if folder is not None else (), _file_signature(
+            self._ps_config_path()
+        ))  # fmt: skip
+
     def _load_version(self, entry: ModelEntry, version: str, raise_errors: bool) -> bool:
-        folder = self._version_dir(entry.name, version)
-        signature = _signature(folder) if folder is not None else ()
+        signature = self._signature(entry.name, version)
         with self._load_lock:
             started = time.perf_counter()
             try:
-                servable = self.loader(entry.name, version, folder, self.ps_config())
+                servable = self.loader(entry.name, version, self._version_dir(entry.name, version),
+                                       self.ps_config())  # fmt: skip
+                try:
+                    servable.commit()
+                except BaseException:
+                    Handle(servable).retire()
+                    raise
             except Exception as exc:
-                reason = str(exc) if isinstance(exc, TierserveError) else repr(exc)
-                serving = f"; version {entry.version} keeps serving" if entry.handle else ""
-                log.error(
-                    "model %s version %s failed to load and is refused: %s%s",
-                    entry.name, version, reason, serving,
-                )  # fmt: skip
-                with self._lock:
-                    entry.failed[version] = signature
-                    if entry.handle is None:
-                        entry.state, entry.reason = "UNAVAILABLE", f"version {version}: {reason}"
+                self._failed(entry, version, signature, exc)
                 if raise_errors:
                     if isinstance(exc, TierserveError):
                         raise
                     raise InvalidInputError(
-                        f"model {entry.name!r} version {version} failed to load: {reason}"
+                        f"model {entry.name!r} version {version} failed to load: {_reason(exc)}"
                     ) from exc
                 return False
         new = Handle(servable)
@@ -245,8 +317,7 @@ class ModelRepository:
             old = entry.handle
             entry.handle, entry.state, entry.reason = new, "READY", ""
             entry.failed.pop(version, None)
-        if self.on_swap is not None:
-            self.on_swap(entry, old)
+        self._swapped(entry, old)
         if old is not None:
             old.retire()
         log.info(
@@ -255,6 +326,25 @@ class ModelRepository:
             f", replacing version {old.servable.version}" if old else "",
         )  # fmt: skip
         return True
+
+    def _failed(self, entry: ModelEntry, version: str, signature: tuple, exc: Exception) -> None:
+        reason = _reason(exc)
+        retryable = isinstance(exc, (BackendUnavailableError, OSError))
+        with self._lock:
+            before = entry.failed.get(version)
+            attempts = before.attempts + 1 if before and before.signature == signature else 1
+            delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (attempts - 1))
+            entry.failed[version] = _Failure(
+                signature, reason, retryable, attempts, time.monotonic() + delay
+            )
+            retry = f"; retry {attempts + 1} in {delay:.0f} s" if retryable else ""
+            serving = f"; version {entry.version} keeps serving" if entry.handle else ""
+            if entry.handle is None:
+                entry.state, entry.reason = "UNAVAILABLE", f"version {version}: {reason}{retry}"
+        log.error(
+            "model %s version %s failed to load and is refused: %s%s%s",
+            entry.name, version, reason, serving, retry,
+        )  # fmt: skip
 
     def unload(self, name: str) -> None:
         """Stop serving ``name``; requests in flight finish first."""
@@ -274,18 +364,14 @@ class ModelRepository:
                 "unloaded",
                 True,
             )
-        if self.on_swap is not None:
-            self.on_swap(entry, old)
+        self._swapped(entry, old)
         old.retire()
-        unload = getattr(self.loader, "unload", None)
-        if unload is not None:
-            unload(name)
         log.info("model %s unloaded", name)
 
     def poll(self) -> None:
-        """Load new models and newer versions whose files have settled (repository mode)."""
-        if self.root is None:
-            return
+        """Load new models and newer versions whose files have settled (repository mode), and
+        retry failed versions that are due (see the module docstring)."""
+        now = time.monotonic()
         for name in self.model_names():
             with self._lock:
                 entry = self.entries.get(name)
@@ -297,15 +383,15 @@ class ModelRepository:
             latest = versions[-1]
             if entry is not None and entry.handle is not None and int(latest) <= int(entry.version):
                 continue
-            folder = self.root / name / latest
-            signature = _signature(folder)
+            signature = self._signature(name, latest)
             key = (name, latest)
             settled = self._seen.get(key) == signature
             self._seen[key] = signature
             if not settled:
                 continue  # written right now, perhaps: look again next poll
-            if entry is not None and entry.failed.get(latest) == signature:
-                continue  # already refused, unchanged since
+            failure = entry.failed.get(latest) if entry is not None else None
+            if failure is not None and not failure.due(signature, now):
+                continue  # refused, unchanged since, and not due for a retry
             with self._lock:
                 entry = self.entries.setdefault(name, ModelEntry(name))
             self._load_version(entry, latest, raise_errors=False)
@@ -317,4 +403,4 @@ class ModelRepository:
             for e in self.entries.values():
                 e.handle, e.state = None, "UNAVAILABLE"
         for h in handles:
-            h.retire()
+            h.retire(discard=False)  # tables in shared and persistent tiers stay

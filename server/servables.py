@@ -63,6 +63,13 @@ class Servable(ABC):
         """Extra model-config fields (``parameters``) for the config endpoint."""
         return {}
 
+    def commit(self) -> None:  # noqa: B027 - optional hook
+        """Called by the repository as this version starts serving (tables go live)."""
+
+    def discard(self) -> None:  # noqa: B027 - optional hook
+        """Called once this version is refused, replaced or unloaded and no request uses it:
+        free what only it holds (its tables), before :meth:`close`."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the version holds (tiers, caches, threads)."""
 
