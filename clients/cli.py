@@ -9,15 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 
-
-def version() -> str:
-    """The installed distribution's version."""
-    try:
-        return metadata.version("tierserve")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+from tierserve.server.version import version
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,15 +23,12 @@ from .metrics import ServerMetrics
 from .repository import Handle, ModelEntry, ModelRepository
 from .servables import Servable
 from .tensors import DecodedRequest
+from .version import version
 
 SERVER_NAME = "tierserve"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "model_configuration"]
 
 
-def _server_version() -> str:
-    from tierserve.clients.cli import version
-
-    return version()
 
 
 @dataclass
@@ -110,7 +107,7 @@ class DataPlane:
         )
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": _server_version(), "extensions": EXTENSIONS}
+        return {"name": SERVER_NAME, "version": version(), "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         handle = self.repository.acquire(name, version)
