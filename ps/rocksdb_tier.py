@@ -5,7 +5,9 @@ little-endian bytes; value = the vector's float32 bytes.  The vector length of e
 kept in the default column family under ``hps_meta/dim/<tag>`` so that a reopened database
 knows its tables.  Reads are multi-gets and writes are write batches, chunked at
 ``max_batch_size``.  ``read_only`` opens the database read-only; writes then raise
-:class:`~tierserve.ps.errors.ReadOnlyError`.
+:class:`~tierserve.ps.errors.ReadOnlyError`.  One process at a time may open a path for
+writing (RocksDB's ``LOCK`` file); a second one gets an error naming the lock and, where
+Linux tells, the process that holds it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from .codec import decode_values, key_fields, vector_values
 from .config import RocksDBConfig
 from .errors import BackendUnavailableError, InvalidInputError, ReadOnlyError, require_extra
+from .locks import describe_process, lock_holder
 from .partition import as_keys
 from .tier import Tier
 
@@ -65,6 +68,8 @@ class RocksDBTier(Tier):
                 access_type=access,
             )
         except Exception as exc:  # rocksdict raises plain Exception (e.g. the LOCK is held)
+            if "lock" in str(exc).lower():
+                raise BackendUnavailableError(self._locked_message(exc)) from exc
             raise BackendUnavailableError(f"cannot open RocksDB at {self.path}: {exc}") from exc
         self._cfs: dict[str, object] = {}
         self._handles: dict[str, object] = {}
@@ -77,6 +82,22 @@ class RocksDBTier(Tier):
                 self._dims[cf] = int(raw)
                 self._cfs[cf] = self._db.get_column_family(cf)
                 self._handles[cf] = self._db.get_column_family_handle(cf)
+
+    def _locked_message(self, exc: Exception) -> str:
+        lock = os.path.join(self.path, "LOCK")
+        pid = lock_holder(lock)
+        if pid == os.getpid() or "current process" in str(exc):
+            holder = "this process, which already has it open (another tier or model)"
+        elif pid is not None:
+            holder = f"another process, {describe_process(pid)}"
+        else:
+            holder = "another process"
+        return (
+            f"cannot open RocksDB at {self.path}: its lock file {lock} is held by {holder}. "
+            "One process at a time may open a RocksDB path for writing: stop the other one, "
+            "give this server its own persistent_db path, or open it with read_only: true "
+            f"(RocksDB said: {exc})"
+        )
 
     def _options(self):
         options = self._rd.Options(raw_mode=True)
