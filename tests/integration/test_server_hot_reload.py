@@ -1,5 +1,7 @@
 """Hot reload under load: a new version is picked up by polling and swapped in while clients
-keep sending requests; none fails.  A broken version is refused and the old one serves on."""
+keep sending requests; none fails, and every answer is wholly the version it names (that
+version's InferenceModel.predict on the same rows).  A broken version is refused and the old
+one serves on."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from polling import until
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.server.app import BackgroundServer
+from tierserve.server.inference_model import InferenceModel, InferenceParams
 from tierserve.server.settings import Settings
+from tierserve.trainer.data.batch import Batch, SparseInput
 
 
 def _inputs(des, cat):
@@ -24,6 +28,24 @@ def _inputs(des, cat):
     b = th.InferInput("CATCOLUMN", list(cat.shape), "INT64")
     b.set_data_from_numpy(cat)
     return [a, b]
+
+
+def _reference(demo, des, cat) -> np.ndarray:
+    """The version's own answer: InferenceModel over its files with a private hash map."""
+    params = InferenceParams(
+        model_name="dlrm", max_batchsize=64, hit_rate_threshold=0.9,
+        dense_model_file=str(demo.dense_file), sparse_model_files=[str(p) for p in demo.sparse_files],
+        use_gpu_embedding_cache=False, cache_size_percentage=0.5, i64_input_key=True,
+        volatile_db={"type": "hash_map"},
+    )  # fmt: skip
+    model = InferenceModel(str(demo.graph), params)
+    try:
+        rows = des.shape[0]
+        sparse = SparseInput(cat.reshape(-1), np.arange(cat.size + 1, dtype=np.int64), cat.shape[1])
+        batch = Batch(np.zeros((rows, 1), np.float32), des, (sparse,))
+        return model.predict_batch(batch)
+    finally:
+        model.close()
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +67,7 @@ def test_new_version_swaps_in_under_load_and_broken_one_is_refused(models, caplo
     cat = rng.integers(0, 300, (8, 8)).astype(np.int64)
     failures: list[BaseException] = []
     versions: set[str] = set()
+    answers: list[tuple[str, np.ndarray]] = []
     stop = threading.Event()
 
     with BackgroundServer(settings) as server:
@@ -56,6 +79,7 @@ def test_new_version_swaps_in_under_load_and_broken_one_is_refused(models, caplo
                 try:
                     r = client.infer("dlrm", _inputs(des, cat))
                     versions.add(r.get_response()["model_version"])
+                    answers.append((r.get_response()["model_version"], r.as_numpy("OUTPUT0")))
                     a = tg.InferInput("DES", list(des.shape), "FP32")
                     a.set_data_from_numpy(des)
                     b = tg.InferInput("CATCOLUMN", list(cat.shape), "INT64")
@@ -96,3 +120,7 @@ def test_new_version_swaps_in_under_load_and_broken_one_is_refused(models, caplo
                 t.join()
     assert not failures, failures[0]
     assert {"1", "2"} <= versions
+    expected = {"1": _reference(first, des, cat), "2": _reference(second, des, cat)}
+    assert not np.allclose(expected["1"], expected["2"], atol=1e-4)
+    for version, answer in answers:
+        np.testing.assert_allclose(answer, expected[version], atol=1e-5, err_msg=version)
