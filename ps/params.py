@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from .config import (
     UNBOUNDED,
+    DatabaseHashMapAlgorithm_t,
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
     PersistentDBConfig,
     UpdateSourceConfig,
     UpdateSourceType_t,
     VolatileDBConfig,
+    _check_algorithm,
     default_num_partitions,
     format_validation_errors,
 )
@@ -75,6 +77,7 @@ class VolatileDatabaseParams(_TierParams):
     _target = VolatileDBConfig
 
     type: DatabaseType_t = DatabaseType_t.parallel_hash_map
+    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
     address: str = "127.0.0.1:7000"
     user_name: str = "default"
     password: str = ""
@@ -93,6 +96,8 @@ class VolatileDatabaseParams(_TierParams):
     tls_client_certificate: str = "client_cert.pem"
     tls_client_key: str = "client_key.key"
     tls_server_name_identification: str = "redis.localhost"
+
+    _algorithm = field_validator("algorithm")(_check_algorithm)
 
 
 class PersistentDatabaseParams(_TierParams):

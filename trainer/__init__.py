@@ -1,12 +1,23 @@
 """tierserve's embedded trainer: HugeCTR's Python training API on numpy (and cupy).
 
 A HugeCTR training script runs after changing only its import line to
-``import tierserve.trainer as hugectr``.
+``import tierserve.trainer as hugectr``; ``hugectr.inference`` (HugeCTR's inference API) is
+imported on first use, so importing the trainer does not import the server.
 """
 
-from . import tools
+from typing import Any
+
+from tierserve.ps.config import (
+    DatabaseHashMapAlgorithm_t,
+    DatabaseOverflowPolicy_t,
+    DatabaseType_t,
+    UpdateSourceType_t,
+)
+
+from . import data, tools
 from .data.generator import DataGenerator, DataGeneratorParams, Distribution_t, PowerLaw_t
 from .data.params import (
+    Alignment_t,
     AsyncParam,
     Check_t,
     DataReaderParams,
@@ -18,6 +29,7 @@ from .inference_graph import InferenceGraph
 from .layer_specs import (
     Activation_t,
     DenseLayer,
+    ElementWiseMultiply,
     FcPosition_t,
     GroupDenseLayer,
     GroupLayer_t,
@@ -31,15 +43,29 @@ from .lr_scheduler import LearningRateScheduler
 from .metrics import MetricsType
 from .model import Model
 from .optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t
+from .session import Session, SolverParser, get_learning_rate_scheduler, solver_parser_helper
 from .solver import AllReduceAlgo, CreateSolver, DeviceLayout, LrPolicy_t, Solver
+
+
+def __getattr__(name: str) -> Any:
+    if name == "inference":  # HugeCTR's hugectr.inference, imported on first use
+        import importlib
+
+        return importlib.import_module(".inference", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Activation_t",
+    "Alignment_t",
     "AllReduceAlgo",
     "AsyncParam",
     "Check_t",
     "CreateOptimizer",
     "CreateSolver",
+    "DatabaseHashMapAlgorithm_t",
+    "DatabaseOverflowPolicy_t",
+    "DatabaseType_t",
     "DataGenerator",
     "DataGeneratorParams",
     "DataReaderParams",
@@ -47,6 +73,7 @@ __all__ = [
     "DataReaderType_t",
     "DenseLayer",
     "DeviceLayout",
+    "ElementWiseMultiply",
     "Embedding_t",
     "Distribution_t",
     "FcPosition_t",
@@ -64,8 +91,14 @@ __all__ = [
     "Optimizer_t",
     "PowerLaw_t",
     "Regularizer_t",
+    "Session",
     "Solver",
+    "SolverParser",
     "SparseEmbedding",
     "Update_t",
+    "UpdateSourceType_t",
+    "data",
+    "get_learning_rate_scheduler",
+    "solver_parser_helper",
     "tools",
 ]

@@ -32,6 +32,7 @@ class Layer_t(enum.Enum):  # noqa: N801 - HugeCTR's name
     Slice = "Slice"
     WeightMultiply = "WeightMultiply"
     ElementwiseMultiply = "ElementwiseMultiply"
+    ElementWiseMultiply = "ElementwiseMultiply"  # the documents' spelling (an alias)
     GRU = "GRU"
     Scale = "Scale"
     FusedReshapeConcat = "FusedReshapeConcat"
@@ -44,6 +45,10 @@ class Layer_t(enum.Enum):  # noqa: N801 - HugeCTR's name
     BinaryCrossEntropyLoss = "BinaryCrossEntropyLoss"
     CrossEntropyLoss = "CrossEntropyLoss"
     MultiCrossEntropyLoss = "MultiCrossEntropyLoss"
+
+
+#: ``hugectr.ElementWiseMultiply``, as HugeCTR's document spells the layer type.
+ElementWiseMultiply = Layer_t.ElementwiseMultiply
 
 
 class GroupLayer_t(enum.Enum):  # noqa: N801 - HugeCTR's name

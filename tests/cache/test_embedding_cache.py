@@ -213,8 +213,10 @@ def test_bad_arguments_are_rejected(hps):
     with _cache(hps, i64_input_key=False) as cache:
         with pytest.raises(InvalidInputError, match="integers"):
             cache.query(np.array([1.5]))
-        with pytest.raises(InvalidInputError, match="int32"):
+        with pytest.raises(InvalidInputError, match="not a 32-bit key"):
             cache.query(np.array([2**40]))
+        with pytest.raises(InvalidInputError, match="-1 is not a 32-bit key"):
+            cache.query(np.array([-1], dtype=np.int64))
         _check(cache, hps, np.array([1, 2], dtype=np.int32))
 
 

@@ -69,16 +69,25 @@ class DataReaderSparseParam(ParamsModel):
         return self.nnz_per_slot * self.slot_num
 
 
-class AsyncParam(ParamsModel):
-    """HugeCTR's MLPerf-only async raw reader settings; accepted and ignored here."""
+class Alignment_t(str, Enum):  # noqa: N801 - HugeCTR's name
+    """Dense-input alignment of HugeCTR's async raw reader: ``Auto`` pads to 8, ``Non``."""
 
-    num_threads: int
-    num_batches_per_thread: int
-    io_block_size: int
-    io_depth: int
-    io_alignment: int
+    Auto = "Auto"
+    Non = "Non"
+
+
+class AsyncParam(ParamsModel):
+    """HugeCTR's MLPerf-only async raw reader settings (``AsyncParam(32, 4, 716800, 2, 512,
+    True, Alignment_t.Non)``).  Given to ``DataReaderParams(async_param=...)`` it warns once:
+    the data is read by the Raw reader, with ``num_workers`` threads, in file order."""
+
+    num_threads: Annotated[int, Field(ge=1)]
+    num_batches_per_thread: Annotated[int, Field(ge=1)]
+    io_block_size: Annotated[int, Field(ge=1)]
+    io_depth: Annotated[int, Field(ge=1)]
+    io_alignment: Annotated[int, Field(ge=1)]
     shuffle: bool
-    aligned_type: Any = None
+    aligned_type: Alignment_t = Alignment_t.Non
 
 
 Source = str | list[str]
@@ -93,8 +102,14 @@ class DataReaderParams(ParamsModel):
     read, 0 = as many as the file holds.  ``slot_size_array``: when non-empty, the key of slot
     ``s`` must lie in ``[0, slot_size_array[s])`` and the reader adds
     ``sum(slot_size_array[:s])`` to it.  ``num_workers``: reading threads (HugeCTR's default 12;
-    capped at the number of CPU cores and of files).  ``cache_eval_data``, ``keyset``,
-    ``data_source_params`` and ``async_param`` are accepted for compatibility and not used.
+    capped at the number of CPU cores and of files).  ``float_label_dense`` (Raw only, default
+    True as HugeCTR documents): label and dense are float32; False reads int32 values and
+    ``log(x + 1)`` of the dense ones.
+
+    Not honoured, each warns once when set: ``cache_eval_data`` (evaluation data is read from
+    the files at every evaluation), ``keyset`` (only the embedding training cache reads
+    keysets), ``async_param`` (the Raw reader reads the data).  ``data_source_params``: its
+    local paths are used (see :class:`~tierserve.trainer.data.source.DataSourceParams`).
     """
 
     data_reader_type: DataReaderType_t
@@ -105,7 +120,7 @@ class DataReaderParams(ParamsModel):
     cache_eval_data: Annotated[int, Field(ge=0)] = 0
     num_samples: Annotated[int, Field(ge=0)] = 0
     eval_num_samples: Annotated[int, Field(ge=0)] = 0
-    float_label_dense: bool = False
+    float_label_dense: bool = True
     num_workers: Annotated[int, Field(ge=1)] = 12
     slot_size_array: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
     data_source_params: Any = None
@@ -119,3 +134,22 @@ class DataReaderParams(ParamsModel):
         if isinstance(value, (list, tuple)):
             return [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
         return value
+
+    def model_post_init(self, context: Any) -> None:
+        from ..compat import warn_once
+
+        if self.cache_eval_data:
+            warn_once("DataReaderParams.cache_eval_data",
+                      "evaluation data is not cached on the device; it is read from the files "
+                      "at every evaluation", stacklevel=5)
+        if self.keyset:
+            warn_once("DataReaderParams.keyset",
+                      "keyset files are read only by HugeCTR's embedding training cache, "
+                      "which tierserve does not have (tables live in memory); not read",
+                      stacklevel=5)
+        if self.async_param is not None:
+            if not isinstance(self.async_param, AsyncParam):
+                raise ConfigError("DataReaderParams.async_param must be an AsyncParam")
+            warn_once("DataReaderParams.async_param",
+                      "HugeCTR's MLPerf async reader is not used; the data is read by the Raw "
+                      "reader with num_workers threads, in file order", stacklevel=5)

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from tierserve.ps.errors import ConfigError
@@ -21,12 +22,31 @@ def test_reader_params_hugectr_defaults():
     )
     assert p.keyset == [] and p.cache_eval_data == 0
     assert p.num_samples == 0 and p.eval_num_samples == 0
-    assert p.float_label_dense is False and p.num_workers == 12
+    assert p.float_label_dense is True and p.num_workers == 12  # HugeCTR's documented default
     assert p.slot_size_array == [] and p.async_param is None and p.data_source_params is None
     # positional, in HugeCTR's order, and enum values by name
     q = DataReaderParams("Raw", "train.bin", [], "test.bin", "Non", 0, 100, 10)
     assert q.data_reader_type is DataReaderType_t.Raw and q.num_samples == 100
     assert DataReaderType_t.RawAsync.value == "RawAsync"
+
+
+def test_float_raw_data_reads_right_with_the_default_params(tmp_path):
+    """Issue 13: float_label_dense defaulted to False, so float Raw data read as int32 bits."""
+    from tierserve.trainer.data.raw import write_raw_file
+    from tierserve.trainer.data.reader import create_data_reader
+
+    rng = np.random.default_rng(0)
+    label = rng.integers(0, 2, (64, 1)).astype(np.float32)
+    dense = rng.standard_normal((64, 3)).astype(np.float32)
+    keys = rng.integers(0, 100, (64, 2)).astype(np.int32)
+    write_raw_file(tmp_path / "f.bin", label, dense, keys, float_label_dense=True)
+    params = DataReaderParams(data_reader_type=DataReaderType_t.Raw, source=str(tmp_path / "f.bin"),
+                              check_type=Check_t.Non)
+    sparse = [DataReaderSparseParam("d", 1, True, 2)]
+    with create_data_reader(params, 64, 1, 3, sparse) as reader:
+        batch = reader.read_a_batch()
+    np.testing.assert_array_equal(batch.label, label)
+    np.testing.assert_array_equal(batch.dense, dense)
 
 
 def test_reader_params_errors():
