@@ -4,18 +4,12 @@ logistic regression scores about 0.73 there; each model must reach 0.70."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from shared_data import CRITEO_SAMPLE, require
 
 from tierserve.trainer.data.criteo import convert_criteo
 
 from .script_runner import run_script
-
-CRITEO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "criteo" / (
-    "criteo_kaggle_head8k.csv")
-
-pytestmark = pytest.mark.skipif(not CRITEO.is_file(), reason=f"{CRITEO} is absent")
 
 # Per model: learning rate, iterations of 256 samples (~43 per epoch), extra settings.
 SETTINGS = {
@@ -30,7 +24,7 @@ def criteo_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("criteo")
     # Values seen fewer than 10 times in the training rows share the "rare" key: 6,000 rows
     # cannot train an embedding per rare value.
-    convert_criteo(CRITEO, out, train_rows=6000, eval_rows=2000, min_frequency=10)
+    convert_criteo(require(CRITEO_SAMPLE), out, train_rows=6000, eval_rows=2000, min_frequency=10)
     return out
 
 

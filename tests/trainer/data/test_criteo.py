@@ -1,8 +1,8 @@
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import CRITEO_SAMPLE, require
 
 from tierserve.clients.cli import main
 from tierserve.trainer.data import (
@@ -13,7 +13,6 @@ from tierserve.trainer.data import (
 )
 from tierserve.trainer.data.criteo import convert_criteo, load_conversion
 
-REAL = Path("/work/shared/data/criteo/criteo_kaggle_head8k.csv")
 SPARSE = [DataReaderSparseParam("data1", 1, True, 26)]
 
 
@@ -144,15 +143,16 @@ def test_cli_and_bad_rows(tmp_path, capsys):
     assert "39 fields" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="the Criteo sample is not in ../shared")
 def test_real_criteo_sample(tmp_path):
-    conv = convert_criteo(REAL, tmp_path / "out", train_rows=6000, hash_buckets=1 << 15)
+    conv = convert_criteo(
+        require(CRITEO_SAMPLE), tmp_path / "out", train_rows=6000, hash_buckets=1 << 15
+    )
     assert (conv.train_rows, conv.eval_rows) == (6000, 2000)
     assert conv.slot_size_array == [1 << 15] * 26
     label, dense, keys = read_back(conv)
     assert label.shape == (6000, 1) and dense.shape == (6000, 13) and keys.shape == (6000, 26)
     assert 0.15 < label.mean() < 0.3 and dense.min() >= 0
-    vocab = convert_criteo(REAL, tmp_path / "vocab", format="Norm", train_rows=6000)
+    vocab = convert_criteo(CRITEO_SAMPLE, tmp_path / "vocab", format="Norm", train_rows=6000)
     assert len(vocab.slot_size_array) == 26 and vocab.slot_size_array[8] < 10  # C9: few values
     label_e, _, keys_e = read_back(vocab, eval=True)
     assert len(label_e) == 2000
