@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import sys
@@ -21,11 +22,16 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from tierserve.ps.errors import ConfigError
+from tierserve.ps.table_tag import is_valid_name
+
+from . import openapi
 from .dataplane import DataPlane
 from .grpc_server import create_grpc_server
 from .metrics import ServerMetrics
 from .repository import Loader, ModelRepository
 from .rest import InferFastPath, build_router, install_error_handler
+from .servables import RequestLimits
 from .settings import Settings
 
 log = logging.getLogger("tierserve.server")
@@ -51,10 +57,7 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
         from .loader import RepositoryLoader
 
         loader = RepositoryLoader()
-    if settings.model_repository is None and settings.config is None:
-        from tierserve.ps.errors import ConfigError
-
-        raise ConfigError("the server needs --model-repository DIR or --config ps.json")
+    check_sources(settings)
     executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="tierserve-infer")
     loads = ThreadPoolExecutor(1, thread_name_prefix="tierserve-load")
     repository = ModelRepository(
@@ -67,6 +70,11 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
         metrics,
         dynamic_batching=settings.dynamic_batching,
         max_batch_delay_s=settings.max_batch_delay_ms / 1000.0,
+    )
+    plane.limits = RequestLimits(
+        max_keys_per_request=settings.max_keys_per_request,
+        max_keys_per_row=settings.max_keys_per_row,
+        allow_nonfinite=settings.allow_nonfinite_inputs,
     )
     metrics.add_source(_stats_source(plane))
     if hasattr(loader, "tier_stats"):
@@ -123,18 +131,48 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.grpc_port = None
     install_error_handler(app)
-    app.include_router(build_router(plane, settings.admin_token, settings.max_request_bytes))
+    router, app.state.infer_endpoint = build_router(
+        plane, settings.admin_token, settings.max_request_bytes
+    )
+    app.include_router(router)
+    openapi.install(app)
     return app
 
 
-def http_protocol() -> Any:
-    """uvicorn's ``http`` setting: httptools writing each response in one send (see
-    :mod:`.http_protocol`), or uvicorn's choice when httptools is missing."""
+def check_sources(settings: Settings) -> None:
+    """Refuse to serve nothing: the repository folder must exist and hold a model folder,
+    the ``--config`` file must exist (:class:`ConfigError` naming what is wrong)."""
+    if settings.model_repository is None and settings.config is None:
+        raise ConfigError("the server needs --model-repository DIR or --config ps.json")
+    if settings.config is not None and not settings.config.is_file():
+        raise ConfigError(f"--config {settings.config}: no such file")
+    root = settings.model_repository
+    if root is not None:
+        if not root.is_dir():
+            raise ConfigError(f"--model-repository {root}: no such folder")
+        if not any(p.is_dir() and is_valid_name(p.name) for p in root.iterdir()):
+            raise ConfigError(
+                f"--model-repository {root} holds no model: expected <model>/<version>/ "
+                "folders beside a ps.json"
+            )
+
+
+def http_protocol(settings: Settings | None = None) -> Any:
+    """uvicorn's ``http`` setting: httptools writing each response in one send and closing
+    connections after the settings' header and body read timeouts (see :mod:`.http_protocol`;
+    default settings when none are given)."""
+    settings = settings or Settings()
     try:
         from .http_protocol import GatheringHttpToolsProtocol
-    except ImportError:
-        return "auto"
-    return GatheringHttpToolsProtocol
+    except ImportError:  # httptools is a dependency; without it the timeouts cannot hold
+        raise ConfigError(
+            "header_timeout_s and body_timeout_s need httptools: pip install httptools"
+        ) from None
+    return functools.partial(
+        GatheringHttpToolsProtocol,
+        header_timeout=settings.header_timeout_s,
+        body_timeout=settings.body_timeout_s,
+    )
 
 
 def serve(settings: Settings, loader: Loader | None = None) -> None:
@@ -161,7 +199,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, log_level: str) -> uvicorn.
         lifespan="on",
         access_log=False,
         loop="asyncio",  # grpc.aio shares this loop
-        http=http_protocol(),
+        http=http_protocol(settings),
     )
 
 

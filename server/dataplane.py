@@ -21,7 +21,7 @@ from tierserve.ps.errors import InvalidInputError
 from .batching import DynamicBatcher
 from .metrics import ServerMetrics
 from .repository import Handle, ModelEntry, ModelRepository
-from .servables import Servable
+from .servables import NO_LIMITS, RequestLimits, Servable
 from .tensors import DecodedRequest
 from .version import version
 
@@ -70,6 +70,9 @@ class ModelStats:
 
 class DataPlane:
     """Serves the models of a :class:`ModelRepository`; see the module docstring."""
+
+    #: Key limits and value checks of every request (the server's settings).
+    limits: RequestLimits = NO_LIMITS
 
     def __init__(
         self,
@@ -270,7 +273,7 @@ class DataPlane:
         servable = handle.servable
         ok = False
         try:
-            servable.check(request.inputs, request.declared)
+            servable.check(request.inputs, request.declared, self.limits)
             wanted = self._requested(servable, request)
             unit = servable.prepare(request.inputs)
             batcher: DynamicBatcher | None = handle.extras.get("batcher")
@@ -310,7 +313,8 @@ class DataPlane:
 
     def _record(self, servable: Servable, request, ok: bool, started: int, compute: int) -> None:
         now = time.perf_counter_ns()
-        rows = next(iter(request.inputs.values())).shape[0] if request.inputs else 1
+        first = next(iter(request.inputs.values()), None)
+        rows = first.shape[0] if first is not None and first.ndim else 1
         with self._stats_lock:
             st = self.stats.setdefault((servable.name, servable.version), ModelStats())
             st.last_inference = int(time.time() * 1000)

@@ -14,7 +14,6 @@ all a client sees.
 from __future__ import annotations
 
 import hmac
-import math
 import time
 from typing import Any
 
@@ -27,7 +26,16 @@ from tierserve.ps.table_tag import check_name
 
 from .dataplane import DataPlane
 from .grpc_gen import grpc_predict_v2_pb2 as pb
-from .tensors import DATATYPES, DecodedRequest, RequestedOutput, array_from_bytes, datatype_of
+from .tensors import (
+    DATATYPES,
+    DecodedRequest,
+    RequestedOutput,
+    array_from_bytes,
+    check_int_range,
+    datatype_of,
+    element_count,
+    shape_text,
+)
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -52,6 +60,28 @@ def _param_value(p: Any) -> Any:
     return getattr(p, which) if which else None
 
 
+def _typed_contents(name: str, datatype: str, shape: tuple[int, ...], contents) -> np.ndarray:
+    """An input given in ``InferTensorContents``: its datatype's field, range-checked."""
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidInputError(
+            f"input {name!r}: {datatype} has no typed contents field; send it in raw_input_contents"
+        )
+    dims, count = element_count(name, shape)
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidInputError(
+            f"input {name!r}: contents hold {len(values)} values; shape {shape_text(dims)} "
+            f"needs {count}"
+        )
+    wide = np.asarray(values)  # int32/int64/uint32/uint64/float/double/bool as protobuf holds them
+    dtype = DATATYPES[datatype]
+    if wide.dtype.kind in "iu" and dtype.kind in "iu":
+        check_int_range(name, wide, dtype)
+    with np.errstate(over="ignore"):  # FP64 -> FP32 overflow is infinite: check_finite says so
+        return wide.astype(dtype, copy=False).reshape(dims)
+
+
 def decode_infer_request(request: pb.ModelInferRequest) -> DecodedRequest:
     """A ``ModelInferRequest`` as numpy arrays (raw contents or typed contents)."""
     if not request.inputs:
@@ -70,21 +100,13 @@ def decode_infer_request(request: pb.ModelInferRequest) -> DecodedRequest:
             raise InvalidInputError(f"input {name!r} is given twice")
         if datatype not in DATATYPES:
             raise InvalidInputError(
-                f"input {name!r}: datatype {datatype!r} is not supported; "
+                f"input {name!r}: datatype {datatype[:40]!r} is not supported; "
                 f"use one of {sorted(DATATYPES)}"
             )
         if raw:
             array = array_from_bytes(name, datatype, shape, raw[i])
         else:
-            values = getattr(tensor.contents, _CONTENTS_FIELD[datatype])
-            array = np.asarray(values, dtype=DATATYPES[datatype])
-            count = math.prod(shape)
-            if array.size != count:
-                raise InvalidInputError(
-                    f"input {name!r}: contents hold {array.size} values; shape {shape} "
-                    f"needs {count}"
-                )
-            array = array.reshape(shape)
+            array = _typed_contents(name, datatype, shape, tensor.contents)
         inputs[name] = array
         declared[name] = datatype
     outputs = [RequestedOutput(o.name, True) for o in request.outputs] or None

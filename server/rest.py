@@ -13,45 +13,47 @@ Routes (``{v}`` segments are optional):
   ``{"model": m, "version": v, "outputs": {"OUTPUT0": [[...]]}}`` for curl users;
 - ``GET /metrics``: Prometheus.
 
-One exception handler turns every :class:`TierserveError` into its ``http_status`` with the
-body ``{"error": message}``.
+Infer has one implementation, :class:`InferEndpoint`, a plain ASGI app: the router mounts it,
+and :class:`InferFastPath` (in front of FastAPI) calls it directly, leaving out FastAPI's
+per-request layers.  One exception handler turns every :class:`TierserveError` into its
+``http_status`` with the body ``{"error": message}`` (file paths cut); anything else is a
+500 with ``{"error": "internal error"}`` and a logged traceback.  :mod:`.openapi` documents
+every route, infer included.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
+import logging
 import re
 import time
 import zlib
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
+from starlette.routing import Route
 
-from tierserve.ps.errors import (
-    InvalidInputError,
-    NotFoundError,
-    PayloadTooLargeError,
-    TierserveError,
-    UnauthorizedError,
-)
-from tierserve.ps.table_tag import check_name
+from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, TierserveError
 
+from . import openapi as docs
 from .dataplane import DataPlane
-from .tensors import DATATYPES, DecodedRequest, decode_rest_request, encode_rest_response
+from .policy import AdminToken, error_body, load_name, model_name
+from .tensors import (
+    DecodedRequest,
+    array_from_json,
+    decode_rest_request,
+    encode_rest_response,
+    json_values,
+    parse_json,
+)
+
+log = logging.getLogger("tierserve.server")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-
-def _name(model: str) -> str:
-    try:
-        return check_name(model, "model name")
-    except InvalidInputError as exc:
-        # A name that cannot exist is an unknown model, as Triton answers.
-        raise NotFoundError(exc.message) from None
+_DIGITS = re.compile(r"[0-9]{1,18}")
+INTERNAL_ERROR = {"error": "internal error"}
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -64,13 +66,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def _check_declared(declared: str | None, limit: int) -> None:
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"the request body has {declared} bytes; the limit is {limit}")
+    if declared is None:
+        return
+    if not _DIGITS.fullmatch(declared) or int(declared) > limit:
+        raise PayloadTooLargeError(
+            f"the request body has {declared[:20]} bytes; the limit is {limit}"
+        )
 
 
 def _decode_body(body: bytes, encoding: str, limit: int) -> bytes:
     """``body`` after its Content-Encoding (gzip, deflate or none)."""
-    encoding = encoding.lower()
+    encoding = encoding.lower().strip()
     if encoding in ("gzip", "deflate"):
         try:
             decomp = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
@@ -80,19 +86,17 @@ def _decode_body(body: bytes, encoding: str, limit: int) -> bytes:
         if len(body) > limit or decomp.unconsumed_tail:
             raise PayloadTooLargeError(f"the decompressed body exceeds the limit of {limit} bytes")
     elif encoding not in ("", "identity"):
-        raise InvalidInputError(f"unsupported Content-Encoding {encoding!r}")
+        raise InvalidInputError(f"unsupported Content-Encoding {encoding[:40]!r}")
     return body
-
-
-def _header_length(request: Request) -> int | None:
-    return _parse_header_length(request.headers.get(HEADER_LENGTH))
 
 
 def _parse_header_length(value: str | None) -> int | None:
     if value is None:
         return None
-    if not value.strip().isdigit():
-        raise InvalidInputError(f"{HEADER_LENGTH} must be a non-negative integer, got {value!r}")
+    if not _DIGITS.fullmatch(value.strip()):
+        raise InvalidInputError(
+            f"{HEADER_LENGTH} must be a non-negative integer, got {value[:40]!r}"
+        )
     return int(value)
 
 
@@ -102,218 +106,35 @@ async def _infer_response(
     """Decode, infer and encode one REST infer request: the body and its JSON header length
     (None: the whole body is JSON).  Raises TierserveError for bad requests."""
     decoded = decode_rest_request(body, header_length)
-    result = await plane.infer(_name(model), version, decoded)
+    result = await plane.infer(model_name(model), version, decoded)
     return encode_rest_response(
         result.model_name, result.model_version, result.id, result.outputs, result.binary
     )
 
 
-def build_router(plane: DataPlane, admin_token: str | None, max_request_bytes: int) -> APIRouter:
-    """The v2 routes, ``/predict`` and ``/metrics`` over ``plane``."""
-    router = APIRouter()
-    metrics = plane.metrics
-
-    def authorize(request: Request) -> None:
-        if admin_token is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), admin_token):
-            raise UnauthorizedError(
-                "repository load and unload need 'Authorization: Bearer <token>'"
-            )
-
-    # The infer route first (routes are matched in order, and it is the hot one), as a plain
-    # Starlette route: it needs none of FastAPI's per-request parameter resolution.
-    async def infer(request: Request) -> Response:
-        started = time.perf_counter()
-        status = None
-        model = request.path_params["model"]
-        version = request.path_params.get("version", "")
-        try:
-            _name(model)
-            body = await _read_body(request, max_request_bytes)
-            payload, header_length = await _infer_response(
-                plane, model, version, body, _header_length(request)
-            )
-            headers = {HEADER_LENGTH: str(header_length)} if header_length is not None else {}
-            media = "application/octet-stream" if header_length is not None else "application/json"
-            return Response(payload, headers=headers, media_type=media)
-        except TierserveError as exc:
-            status = str(exc.http_status)
-            raise
-        finally:
-            label = plane.metrics_label(model)
-            metrics.observe_request(label, "http", time.perf_counter() - started, status)
-
-    for path in ("/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer"):
-        router.add_route(path, infer, methods=["POST"], include_in_schema=False)
-
-    @router.get("/v2/health/live")
-    async def live() -> Response:
-        return Response(status_code=200 if plane.live() else 503)
-
-    @router.get("/v2/health/ready")
-    async def ready() -> Response:
-        return Response(status_code=200 if plane.ready() else 503)
-
-    @router.get("/v2")
-    async def server_metadata() -> dict[str, Any]:
-        return plane.server_metadata()
-
-    @router.get("/v2/models/stats")
-    async def all_stats() -> dict[str, Any]:
-        return plane.model_statistics()
-
-    @router.get("/v2/models/{model}")
-    @router.get("/v2/models/{model}/versions/{version}")
-    async def model_metadata(model: str, version: str = "") -> dict[str, Any]:
-        return plane.model_metadata(_name(model), version)
-
-    @router.get("/v2/models/{model}/ready")
-    @router.get("/v2/models/{model}/versions/{version}/ready")
-    async def model_ready(model: str, version: str = "") -> Response:
-        plane.model_ready(_name(model), version)
-        return Response(status_code=200)
-
-    @router.get("/v2/models/{model}/config")
-    @router.get("/v2/models/{model}/versions/{version}/config")
-    async def model_config(model: str, version: str = "") -> dict[str, Any]:
-        return plane.model_config(_name(model), version)
-
-    @router.get("/v2/models/{model}/stats")
-    @router.get("/v2/models/{model}/versions/{version}/stats")
-    async def model_stats(model: str, version: str = "") -> dict[str, Any]:
-        return plane.model_statistics(_name(model), version)
-
-    @router.post("/v2/repository/index")
-    async def repository_index(request: Request) -> JSONResponse:
-        body = await _read_body(request, max_request_bytes)
-        ready = False
-        if body.strip():
-            try:
-                data = json.loads(body)
-            except json.JSONDecodeError as exc:
-                raise InvalidInputError(f"the request body is not valid JSON: {exc}") from None
-            ready = bool(data.get("ready", False)) if isinstance(data, dict) else False
-        return JSONResponse(plane.repository_index(ready))
-
-    @router.post("/v2/repository/models/{model}/load")
-    async def repository_load(model: str, request: Request) -> Response:
-        authorize(request)
-        await plane.load(check_name(model, "model name"))
-        return Response(status_code=200)
-
-    @router.post("/v2/repository/models/{model}/unload")
-    async def repository_unload(model: str, request: Request) -> Response:
-        authorize(request)
-        await plane.unload(check_name(model, "model name"))
-        return Response(status_code=200)
-
-    @router.post("/predict")
-    async def predict(request: Request) -> dict[str, Any]:
-        """Plain JSON: ``{"model", "version"?, "inputs": {name: nested list}}``."""
-        started = time.perf_counter()
-        status, label = None, "unknown"
-        try:
-            body = await _read_body(request, max_request_bytes)
-            data, name, version = _plain_json(body)
-            label = name
-            meta = plane.model_metadata(name, version)
-            decoded = _plain_request(data, {t["name"]: t["datatype"] for t in meta["inputs"]})
-            result = await plane.infer(name, version, decoded)
-            return {
-                "model": result.model_name,
-                "version": result.model_version,
-                "outputs": {k: v.tolist() for k, v in result.outputs.items()},
-            }
-        except TierserveError as exc:
-            status = str(exc.http_status)
-            raise
-        finally:
-            label = plane.metrics_label(label)
-            metrics.observe_request(label, "http_predict", time.perf_counter() - started, status)
-
-    @router.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    return router
-
-
-def _plain_json(body: bytes) -> tuple[dict[str, Any], str, str]:
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("inputs"), dict):
-        raise InvalidInputError('expected {"model": name, "inputs": {input name: list}}')
-    if not isinstance(data.get("model"), str):
-        raise InvalidInputError("'model' must name the model")
-    return data, _name(data["model"]), str(data.get("version", "") or "")
-
-
-def _plain_request(data: dict[str, Any], datatypes: dict[str, str]) -> DecodedRequest:
-    """Nested lists as arrays of the datatypes the model declares for them."""
-    inputs, declared = {}, {}
-    for key, value in data["inputs"].items():
-        if key not in datatypes:
-            raise InvalidInputError(
-                f"unexpected input {key!r}; the model's inputs are {sorted(datatypes)}"
-            )
-        datatype = datatypes[key]
-        try:
-            array = np.asarray(value)
-        except (ValueError, TypeError):
-            raise InvalidInputError(f"input {key!r} is a ragged or mixed list") from None
-        if array.size and (
-            array.dtype.kind not in "iuf" or (datatype != "FP32" and array.dtype.kind == "f")
-        ):
-            raise InvalidInputError(f"input {key!r} must hold {datatype} numbers")
-        inputs[key] = array.astype(DATATYPES[datatype])
-        declared[key] = datatype
-    return DecodedRequest(inputs=inputs, declared=declared, outputs=None)
-
-
-def install_error_handler(app: FastAPI) -> None:
-    """The one mapping of :class:`TierserveError` to HTTP."""
-
-    @app.exception_handler(TierserveError)
-    async def _tierserve_error(request: Request, exc: TierserveError) -> JSONResponse:
-        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
-
-
-# --- the infer fast path ------------------------------------------------------------------
+# --- infer: the one implementation ---------------------------------------------------------
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 _JSON = b"application/json"
 _BINARY = b"application/octet-stream"
 
 
-class InferFastPath:
-    """An ASGI app in front of the FastAPI app that answers ``POST .../infer`` itself.
+class InferEndpoint:
+    """``POST /v2/models/{m}[/versions/{v}]/infer`` as an ASGI app (see the module docstring).
 
-    The route's work is the same as the FastAPI route's (:func:`_infer_response`, the same
-    errors and metrics); only FastAPI and Starlette's per-request layers (middleware stack,
-    routing, Request and Response objects), about a third of a small request's server time,
-    are left out.  Everything else, lifespan included, goes to ``app``.
+    Mounted as a route it reads the model and version from ``path_params``; called through
+    :meth:`handle` it is given them.
     """
 
-    def __init__(self, app: FastAPI) -> None:
-        self.app = app
-        self.state = app.state
-        self.plane: DataPlane = app.state.plane
-        self.limit: int = app.state.settings.max_request_bytes
+    def __init__(self, plane: DataPlane, limit: int) -> None:
+        self.plane = plane
+        self.limit = limit
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            match = _INFER_PATH.match(scope["path"])
-            if match is not None:
-                await self._infer(match.group(1), match.group(2) or "", scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        params = scope.get("path_params") or {}
+        await self.handle(params.get("model", ""), params.get("version", ""), scope, receive, send)
 
-    async def _infer(self, model: str, version: str, scope, receive, send) -> None:
+    async def handle(self, model: str, version: str, scope, receive, send) -> None:
         started = time.perf_counter()
         status = None
         plane = self.plane
@@ -327,7 +148,7 @@ class InferFastPath:
                 elif key == b"content-encoding":
                     encoding = value.decode("latin-1")
             try:
-                _name(model)
+                model_name(model)
                 _check_declared(length, self.limit)
                 body = await _receive_body(receive, self.limit)
                 if body is None:
@@ -339,7 +160,12 @@ class InferFastPath:
                 )
             except TierserveError as exc:
                 status = str(exc.http_status)
-                await _send(send, exc.http_status, _error_body(exc), _JSON)
+                await _send(send, exc.http_status, _error_bytes(error_body(exc)), _JSON)
+                return
+            except Exception:
+                status = "500"
+                log.exception("infer request to model %r failed", model[:120])
+                await _send(send, 500, _error_bytes(INTERNAL_ERROR), _JSON)
                 return
             await _send(send, 200, payload, _JSON if json_length is None else _BINARY, json_length)
         finally:
@@ -347,9 +173,9 @@ class InferFastPath:
             plane.metrics.observe_request(label, "http", time.perf_counter() - started, status)
 
 
-def _error_body(exc: TierserveError) -> bytes:
-    """The error body as the FastAPI exception handler's JSONResponse renders it."""
-    return json.dumps(exc.to_dict(), ensure_ascii=False, separators=(",", ":")).encode()
+def _error_bytes(body: dict[str, str]) -> bytes:
+    """An error body as the FastAPI exception handler's JSONResponse renders it."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 async def _receive_body(receive, limit: int) -> bytes | None:
@@ -377,3 +203,243 @@ async def _send(send, status: int, payload: bytes, media: bytes, json_length=Non
         headers.append((b"inference-header-content-length", str(json_length).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+class InferFastPath:
+    """An ASGI app in front of the FastAPI app that hands ``POST .../infer`` straight to the
+    app's :class:`InferEndpoint`; everything else, lifespan included, goes to ``app``."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.state = app.state
+        self.endpoint: InferEndpoint = app.state.infer_endpoint
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            match = _INFER_PATH.match(scope["path"])
+            if match is not None:
+                model, version = match.group(1), match.group(2) or ""
+                await self.endpoint.handle(model, version, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# --- the other routes ------------------------------------------------------------------------
+
+
+def build_router(
+    plane: DataPlane, admin_token: str | None, max_request_bytes: int
+) -> tuple[APIRouter, InferEndpoint]:
+    """The v2 routes, ``/predict`` and ``/metrics`` over ``plane``, and the infer endpoint
+    they mount."""
+    router = APIRouter()
+    metrics = plane.metrics
+    token = AdminToken(admin_token)
+    endpoint = InferEndpoint(plane, max_request_bytes)
+
+    # The infer route first (routes are matched in order, and it is the hot one).
+    for path in docs.INFER_PATHS:
+        router.routes.append(Route(path, endpoint, methods=["POST"], include_in_schema=False))
+
+    empty = {"content": {}}
+
+    @router.get(
+        "/v2/health/live",
+        response_class=Response,
+        responses={
+            200: {"description": "live", **empty},
+            503: {"description": "not live", **empty},
+        },
+    )
+    async def live() -> Response:
+        """Whether the server answers (KServe v2 liveness); no body."""
+        return Response(status_code=200 if plane.live() else 503)
+
+    @router.get(
+        "/v2/health/ready",
+        response_class=Response,
+        responses={
+            200: {"description": "every model serves", **empty},
+            503: {"description": "starting, or a model does not serve", **empty},
+        },
+    )
+    async def ready() -> Response:
+        """Whether the server and all its models serve (KServe v2 readiness); no body."""
+        return Response(status_code=200 if plane.ready() else 503)
+
+    @router.get("/v2", response_model=docs.ServerMetadata)
+    async def server_metadata() -> dict[str, Any]:
+        return plane.server_metadata()
+
+    @router.get("/v2/models/stats", response_model=docs.ModelStatistics)
+    async def all_stats() -> dict[str, Any]:
+        return plane.model_statistics()
+
+    @router.get(
+        "/v2/models/{model}", response_model=docs.ModelMetadata, responses=docs.MODEL_ERRORS
+    )
+    @router.get(
+        "/v2/models/{model}/versions/{version}",
+        response_model=docs.ModelMetadata,
+        responses=docs.MODEL_ERRORS,
+    )
+    async def model_metadata(model: str, version: str = "") -> dict[str, Any]:
+        return plane.model_metadata(model_name(model), version)
+
+    ready_responses = {200: {"description": "the model serves", **empty}, **docs.MODEL_ERRORS}
+
+    @router.get("/v2/models/{model}/ready", response_class=Response, responses=ready_responses)
+    @router.get(
+        "/v2/models/{model}/versions/{version}/ready",
+        response_class=Response,
+        responses=ready_responses,
+    )
+    async def model_ready(model: str, version: str = "") -> Response:
+        plane.model_ready(model_name(model), version)
+        return Response(status_code=200)
+
+    @router.get(
+        "/v2/models/{model}/config", response_model=dict[str, Any], responses=docs.MODEL_ERRORS
+    )
+    @router.get(
+        "/v2/models/{model}/versions/{version}/config",
+        response_model=dict[str, Any],
+        responses=docs.MODEL_ERRORS,
+    )
+    async def model_config(model: str, version: str = "") -> dict[str, Any]:
+        return plane.model_config(model_name(model), version)
+
+    @router.get(
+        "/v2/models/{model}/stats", response_model=docs.ModelStatistics, responses=docs.MODEL_ERRORS
+    )
+    @router.get(
+        "/v2/models/{model}/versions/{version}/stats",
+        response_model=docs.ModelStatistics,
+        responses=docs.MODEL_ERRORS,
+    )
+    async def model_stats(model: str, version: str = "") -> dict[str, Any]:
+        return plane.model_statistics(model_name(model), version)
+
+    @router.post(
+        "/v2/repository/index",
+        response_model=list[docs.RepositoryModel],
+        responses=docs.BODY_ERRORS,
+        openapi_extra=docs.optional_body(docs.RepositoryIndexRequest),
+    )
+    async def repository_index(request: Request) -> JSONResponse:
+        body = await _read_body(request, max_request_bytes)
+        ready = False
+        if body.strip():
+            data = parse_json(body)
+            if not isinstance(data, dict):
+                raise InvalidInputError('the request body must be a JSON object: {"ready": bool}')
+            ready = data.get("ready", False)
+            if not isinstance(ready, bool):
+                raise InvalidInputError("'ready' must be true or false")
+        return JSONResponse(plane.repository_index(ready))
+
+    admin_responses = {
+        200: {"description": "done", **empty},
+        **docs.ADMIN_ERRORS,
+    }
+
+    @router.post(
+        "/v2/repository/models/{model}/load", response_class=Response, responses=admin_responses
+    )
+    async def repository_load(model: str, request: Request) -> Response:
+        token.check(request.headers.get("authorization"))
+        await plane.load(load_name(model))
+        return Response(status_code=200)
+
+    @router.post(
+        "/v2/repository/models/{model}/unload", response_class=Response, responses=admin_responses
+    )
+    async def repository_unload(model: str, request: Request) -> Response:
+        token.check(request.headers.get("authorization"))
+        await plane.unload(load_name(model))
+        return Response(status_code=200)
+
+    @router.post(
+        "/predict",
+        response_model=docs.PredictResponse,
+        responses=docs.INFER_ERRORS,
+        openapi_extra=docs.required_body(docs.PredictRequest),
+    )
+    async def predict(request: Request) -> dict[str, Any]:
+        """Plain JSON: ``{"model", "version"?, "inputs": {name: nested list}}``."""
+        started = time.perf_counter()
+        status, label = None, "unknown"
+        try:
+            body = await _read_body(request, max_request_bytes)
+            data, name, version = _plain_json(body)
+            label = name
+            meta = plane.model_metadata(name, version)
+            decoded = _plain_request(data, {t["name"]: t["datatype"] for t in meta["inputs"]})
+            result = await plane.infer(name, version, decoded)
+            return {
+                "model": result.model_name,
+                "version": result.model_version,
+                "outputs": {k: json_values(v) for k, v in result.outputs.items()},
+            }
+        except TierserveError as exc:
+            status = str(exc.http_status)
+            raise
+        finally:
+            label = plane.metrics_label(label)
+            metrics.observe_request(label, "http_predict", time.perf_counter() - started, status)
+
+    @router.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Prometheus text exposition format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    )
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return router, endpoint
+
+
+def _plain_json(body: bytes) -> tuple[dict[str, Any], str, str]:
+    data = parse_json(body)
+    if not isinstance(data, dict) or not isinstance(data.get("inputs"), dict):
+        raise InvalidInputError('expected {"model": name, "inputs": {input name: list}}')
+    if not isinstance(data.get("model"), str):
+        raise InvalidInputError("'model' must name the model")
+    version = data.get("version", "")
+    if version is None:
+        version = ""
+    if not isinstance(version, (str, int)) or isinstance(version, bool):
+        raise InvalidInputError("'version' must be a string or an integer")
+    return data, model_name(data["model"]), str(version)
+
+
+def _plain_request(data: dict[str, Any], datatypes: dict[str, str]) -> DecodedRequest:
+    """Nested lists as arrays of the datatypes the model declares for them."""
+    inputs, declared = {}, {}
+    for key, value in data["inputs"].items():
+        if key not in datatypes:
+            raise InvalidInputError(
+                f"unexpected input {key[:120]!r}; the model's inputs are {sorted(datatypes)}"
+            )
+        inputs[key] = array_from_json(key, datatypes[key], value)
+        declared[key] = datatypes[key]
+    return DecodedRequest(inputs=inputs, declared=declared, outputs=None)
+
+
+def install_error_handler(app: FastAPI) -> None:
+    """The one mapping of errors to HTTP: :class:`TierserveError` to its status, anything
+    else to a 500 that says nothing of the server's insides."""
+
+    @app.exception_handler(TierserveError)
+    async def _tierserve_error(request: Request, exc: TierserveError) -> JSONResponse:
+        return JSONResponse(error_body(exc), status_code=exc.http_status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(INTERNAL_ERROR, status_code=500)

@@ -29,7 +29,25 @@ import numpy as np
 from tierserve.ps.errors import InvalidInputError
 from tierserve.trainer.data.batch import Batch, SparseInput
 
-from .tensors import TensorSpec, check_inputs
+from .tensors import TensorSpec, check_finite, check_inputs, check_int_range
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may carry besides what its specs say (server settings).
+
+    ``None`` limits are each model's own: ``max_keys_per_row`` is the keys one row may give
+    one table (the model's ``maxnum_catfeature_query_per_table_per_sample``, at least its
+    slot count), ``max_keys_per_request`` that times ``max_batch_size``, summed over tables.
+    Keys over a limit are refused with a 400 naming it, before any work is done on them.
+    """
+
+    max_keys_per_request: int | None = None
+    max_keys_per_row: int | None = None
+    allow_nonfinite: bool = False
+
+
+NO_LIMITS = RequestLimits()
 
 
 class Servable(ABC):
@@ -43,9 +61,20 @@ class Servable(ABC):
     #: Largest batch one request (and one merged execution) may carry; 0: no batch dimension.
     max_batch_size: int = 0
 
-    def check(self, inputs: dict[str, np.ndarray], declared: dict[str, str] | None = None) -> None:
-        """Check names, datatypes and shapes against the declared specs."""
+    def check(
+        self,
+        inputs: dict[str, np.ndarray],
+        declared: dict[str, str] | None = None,
+        limits: RequestLimits = NO_LIMITS,
+    ) -> None:
+        """Check names, datatypes, shapes, values and sizes against the specs and ``limits``."""
         check_inputs(self.inputs, inputs, declared)
+        if not limits.allow_nonfinite:
+            check_finite(inputs)
+        self.check_limits(inputs, limits)
+
+    def check_limits(self, inputs: dict[str, np.ndarray], limits: RequestLimits) -> None:  # noqa: B027
+        """Refuse requests over ``limits`` (called after the spec checks)."""
 
     @abstractmethod
     def prepare(self, inputs: dict[str, np.ndarray]) -> Any:
@@ -119,31 +148,116 @@ def merge_batches(batches: Sequence[Batch]) -> Batch:
     )
 
 
-class RankingServable(Servable):
-    """A CTR model: ``DES``, ``CATCOLUMN`` [, ``ROWINDEX``] -> ``OUTPUT0``."""
+def _hotness(model: Predictor, slot_nums: list[int]) -> list[int]:
+    """Most keys one row gives each sparse input: the graph's ``max_feature_num_per_sample``
+    where it has one (as ``maxnum_catfeature_query_per_table_per_sample``), at least one key
+    per slot."""
+    graph = getattr(model, "graph", None)
+    data_layer = getattr(graph, "data_layer", None) or {}
+    sparse = data_layer.get("sparse", []) if isinstance(data_layer, dict) else []
+    if len(sparse) != len(slot_nums):
+        return list(slot_nums)
+    return [
+        max(int(s.get("max_feature_num_per_sample") or 0), n) for s, n in zip(sparse, slot_nums)
+    ]
 
-    def __init__(self, name: str, version: str, model: Predictor, closer=None) -> None:
+
+def key_dtype_check(name: str, keys: np.ndarray, i64_keys: bool) -> np.ndarray:
+    """``keys`` as the model's key type (int64, or int32 for a 32-bit model), refusing keys
+    that do not fit it."""
+    want = np.dtype(np.int64 if i64_keys else np.int32)
+    if keys.dtype != want:
+        check_int_range(
+            name,
+            keys,
+            want,
+            "" if i64_keys else ": the model has 32-bit keys (supportlonglong false)",
+        )
+        keys = keys.astype(want)
+    return keys
+
+
+class RankingServable(Servable):
+    """A CTR model: ``DES``, ``CATCOLUMN`` [, ``ROWINDEX``] -> ``OUTPUT0``.
+
+    ``i64_keys`` False (a model with ``supportlonglong`` false) declares ``CATCOLUMN`` INT32
+    and also takes INT64 keys that fit in 32 bits; ``None`` reads the model's
+    ``i64_input_key`` (True when it has none).  A request of zero rows is answered with
+    zero rows without running the model, alone or merged.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        model: Predictor,
+        closer=None,
+        i64_keys: bool | None = None,
+    ) -> None:
         self.name, self.version, self.model = name, version, model
         self.max_batch_size = int(model.max_batchsize)
         self._closer = closer
+        if i64_keys is None:
+            i64_keys = bool(getattr(model, "i64_input_key", True))
+        self.i64_keys = i64_keys
         self.slot_nums = list(model.slot_nums)
         self.total_slots = sum(self.slot_nums)
+        self.hotness = _hotness(model, self.slot_nums)
+        keys, other = ("INT64", "INT32") if i64_keys else ("INT32", "INT64")
         self.inputs = [
             TensorSpec("DES", "FP32", (-1, model.dense_dim)),
-            TensorSpec("CATCOLUMN", "INT64", (-1, self.total_slots), alternatives=((-1,), (1, -1))),
+            TensorSpec(
+                "CATCOLUMN", keys, (-1, self.total_slots), alternatives=((-1,), (1, -1)),
+                also_datatypes=() if i64_keys else (other,),
+            ),
             TensorSpec("ROWINDEX", "INT32", (-1,), optional=True, alternatives=((1, -1),)),
-        ]
+        ]  # fmt: skip
         self.outputs = [TensorSpec("OUTPUT0", "FP32", (-1, model.label_dim))]
 
-    def prepare(self, inputs: dict[str, np.ndarray]) -> Unit:
-        dense = np.ascontiguousarray(inputs["DES"], dtype=np.float32)
-        batch_size = dense.shape[0]
+    def _check_batch_size(self, batch_size: int) -> None:
         if batch_size > self.max_batch_size:
             raise InvalidInputError(
                 f"input 'DES' has batch size {batch_size}, over the model's "
                 f"max_batch_size {self.max_batch_size}"
             )
+
+    def check_limits(self, inputs: dict[str, np.ndarray], limits: RequestLimits) -> None:
+        batch_size = inputs["DES"].shape[0]
+        self._check_batch_size(batch_size)
         keys = inputs["CATCOLUMN"]
+        limit = limits.max_keys_per_request
+        if limit is None:
+            limit = self.max_batch_size * sum(self.hotness)
+        if keys.size > limit:
+            raise InvalidInputError(
+                f"input 'CATCOLUMN' has {keys.size} keys, over the limit of {limit} keys per "
+                f"request (max_keys_per_request; the model's default is max_batch_size "
+                f"{self.max_batch_size} x {sum(self.hotness)} keys per row)"
+            )
+        rowindex = inputs.get("ROWINDEX")
+        if rowindex is None or batch_size == 0:
+            return  # one key per slot; or nothing to count
+        rowindex = rowindex.reshape(-1)
+        at = 0
+        for t, slots in enumerate(self.slot_nums):
+            offsets = rowindex[at : at + batch_size * slots + 1].astype(np.int64)
+            at += batch_size * slots + 1
+            if offsets.shape[0] != batch_size * slots + 1:
+                return  # prepare names the wrong length
+            most = int(np.diff(offsets[::slots]).max())
+            per_row = limits.max_keys_per_row or self.hotness[t]
+            if most > per_row:
+                raise InvalidInputError(
+                    f"input 'ROWINDEX': a row gives table {t} {most} keys, over the limit of "
+                    f"{per_row} keys per row and table (max_keys_per_row; the model's default "
+                    f"is its maxnum_catfeature_query_per_table_per_sample)"
+                )
+
+    def prepare(self, inputs: dict[str, np.ndarray]) -> Unit:
+        self._check_batch_size(inputs["DES"].shape[0])
+        dense = np.ascontiguousarray(inputs["DES"], dtype=np.float32)
+        batch_size = dense.shape[0]
+        keys = key_dtype_check("CATCOLUMN", inputs["CATCOLUMN"], self.i64_keys)
         rowindex = inputs.get("ROWINDEX")
         if rowindex is None:
             sparse = self._one_hot(keys, batch_size)
@@ -158,7 +272,6 @@ class RankingServable(Servable):
                 f"input 'CATCOLUMN' has shape {list(keys.shape)}; without ROWINDEX it must be "
                 f"[{batch_size}, {self.total_slots}] (one key per slot, batch of DES)"
             )
-        keys = keys.astype(np.int64, copy=False)
         out, start = [], 0
         for slots in self.slot_nums:
             part = np.ascontiguousarray(keys[:, start : start + slots]).reshape(-1)
@@ -193,7 +306,7 @@ class RankingServable(Servable):
                 )
             out.append(
                 SparseInput(
-                    keys=keys[key_start : key_start + nnz].astype(np.int64, copy=False),
+                    keys=keys[key_start : key_start + nnz],
                     row_offsets=offsets,
                     slot_num=slots,
                 )
@@ -209,6 +322,8 @@ class RankingServable(Servable):
         return Unit(merge_batches([u.batch for u in units]))
 
     def execute(self, unit: Unit) -> dict[str, np.ndarray]:
+        if unit.batch_size == 0:
+            return {"OUTPUT0": np.zeros((0, self.model.label_dim), dtype=np.float32)}
         return {"OUTPUT0": np.asarray(self.model.predict_batch(unit.batch), dtype=np.float32)}
 
     def close(self) -> None:
@@ -226,7 +341,14 @@ class EmbeddingSource(Protocol):
 
 
 class EmbeddingLookupServable(Servable):
-    """The embedding-lookup model: ``KEYS``, ``NUMKEYS`` -> ``OUTPUT0`` (no batch dimension)."""
+    """The embedding-lookup model: ``KEYS``, ``NUMKEYS`` -> ``OUTPUT0`` (no batch dimension).
+
+    ``max_keys`` is the model's own limit of keys per request (the loader passes
+    ``max_batch_size`` x the sum of ``maxnum_catfeature_query_per_table_per_sample``); the
+    server's ``max_keys_per_request`` overrides it.  ``i64_keys`` False: ``KEYS`` is INT32,
+    and INT64 keys that fit in 32 bits are taken too; ``None``: the ``supportlonglong`` of
+    the source's parameter server (``source.ps.config``), True when it has none.
+    """
 
     max_batch_size = 0
 
@@ -239,34 +361,52 @@ class EmbeddingLookupServable(Servable):
         dims: Sequence[int],
         max_keys: int = 1 << 20,
         closer=None,
+        i64_keys: bool | None = None,
     ) -> None:
         self.name, self.version, self.source = name, version, source
         self.table_names, self.dims = list(table_names), [int(d) for d in dims]
         self.max_keys = max_keys
+        if i64_keys is None:
+            config = getattr(getattr(source, "ps", None), "config", None)
+            i64_keys = bool(getattr(config, "supportlonglong", True))
+        self.i64_keys = i64_keys
         self._closer = closer
         n = len(self.dims)
+        keys, other = ("INT64", "INT32") if i64_keys else ("INT32", "INT64")
         self.inputs = [
-            TensorSpec("KEYS", "INT64", (-1,), alternatives=((1, -1),)),
+            TensorSpec(
+                "KEYS",
+                keys,
+                (-1,),
+                alternatives=((1, -1),),
+                also_datatypes=() if i64_keys else (other,),
+            ),  # fmt: skip
             TensorSpec("NUMKEYS", "INT32", (n,), alternatives=((1, n),)),
         ]
         self.outputs = [TensorSpec("OUTPUT0", "FP32", (-1,))]
 
+    def check_limits(self, inputs: dict[str, np.ndarray], limits: RequestLimits) -> None:
+        limit = limits.max_keys_per_request or self.max_keys
+        if inputs["KEYS"].size > limit:
+            raise InvalidInputError(
+                f"input 'KEYS' has {inputs['KEYS'].size} keys, over the limit of {limit} keys "
+                "per request (max_keys_per_request)"
+            )
+
     def prepare(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        keys = inputs["KEYS"].reshape(-1).astype(np.int64, copy=False)
+        keys = key_dtype_check("KEYS", inputs["KEYS"].reshape(-1), self.i64_keys)
         counts = inputs["NUMKEYS"].reshape(-1).astype(np.int64)
         if np.any(counts < 0) or int(counts.sum()) != keys.shape[0]:
             raise InvalidInputError(
                 f"input 'NUMKEYS' {counts.tolist()} must be non-negative and add up to the "
                 f"{keys.shape[0]} entries of KEYS"
             )
-        if keys.shape[0] > self.max_keys:
-            raise InvalidInputError(
-                f"input 'KEYS' has {keys.shape[0]} keys, over the limit of {self.max_keys}"
-            )
         return keys, counts
 
     def execute(self, unit: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
         keys, counts = unit
+        if keys.size == 0:
+            return {"OUTPUT0": np.zeros(0, np.float32)}
         bounds = np.concatenate([[0], np.cumsum(counts)])
         parts = [
             np.asarray(

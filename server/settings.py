@@ -11,7 +11,14 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tierserve.ps.config import format_validation_errors
 from tierserve.ps.errors import ConfigError
@@ -35,7 +42,31 @@ class Settings(BaseModel):
         None, description="bearer token required by repository load and unload"
     )
     max_request_bytes: Annotated[int, Field(gt=0)] = 64 * 1024 * 1024
-    max_keys_per_request: Annotated[int, Field(gt=0)] = 1 << 22
+    max_keys_per_request: Annotated[int, Field(gt=0)] | None = Field(
+        None,
+        description="most keys one infer request may carry; None: each model's own, "
+        "max_batch_size x the sum of its maxnum_catfeature_query_per_table_per_sample",
+    )
+    max_keys_per_row: Annotated[int, Field(gt=0)] | None = Field(
+        None,
+        description="most keys one row may give one table (multi-hot requests with ROWINDEX); "
+        "None: each table's maxnum_catfeature_query_per_table_per_sample",
+    )
+    allow_nonfinite_inputs: bool = Field(
+        False,
+        description="accept NaN and infinite floats (and JSON numbers beyond FP32) in inputs; "
+        "by default they are refused with a 400 naming the input",
+    )
+    header_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        10.0,
+        description="an HTTP connection whose request headers are not all in within this many "
+        "seconds of its first byte (or of opening) is closed",
+    )
+    body_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        60.0,
+        description="an HTTP request whose body is not all in within this many seconds of its "
+        "headers is closed",
+    )
     dynamic_batching: bool = True
     max_batch_delay_ms: Annotated[float, Field(ge=0)] = 1.0
     poll_interval_s: Annotated[float, Field(ge=0)] = Field(
@@ -55,6 +86,13 @@ class Settings(BaseModel):
             raise ValueError("give either model_repository or config, not both")
         return self
 
+    @field_validator("admin_token")
+    @classmethod
+    def _token_not_empty(cls, token: str | None) -> str | None:
+        if token is not None and not token.strip():
+            raise ValueError("is empty: an empty token would protect nothing; give one or none")
+        return token
+
     @classmethod
     def build(cls, **values: Any) -> Settings:
         """Validate ``values``; errors name every bad field (:class:`ConfigError`)."""
@@ -65,7 +103,8 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(cls, **values: Any) -> Settings:
-        """Like :meth:`build`, taking ``admin_token`` from ``TIERSERVE_ADMIN_TOKEN`` if unset."""
-        if values.get("admin_token") is None and os.environ.get("TIERSERVE_ADMIN_TOKEN"):
+        """Like :meth:`build`, taking ``admin_token`` from ``TIERSERVE_ADMIN_TOKEN`` if unset
+        (set but empty is refused, as an empty ``admin_token`` is)."""
+        if values.get("admin_token") is None and "TIERSERVE_ADMIN_TOKEN" in os.environ:
             values["admin_token"] = os.environ["TIERSERVE_ADMIN_TOKEN"]
         return cls.build(**values)

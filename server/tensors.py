@@ -65,6 +65,8 @@ class TensorSpec:
     shape: tuple[int, ...]
     optional: bool = False
     alternatives: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
+    #: Other datatypes a request may send (the servable converts them, checking their range).
+    also_datatypes: tuple[str, ...] = ()
 
     def metadata(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
@@ -74,6 +76,12 @@ class TensorSpec:
 
     def expected_shapes(self) -> str:
         return " or ".join(shape_text(s) for s in (self.shape, *self.alternatives))
+
+    def accepts_datatype(self, datatype: str) -> bool:
+        return datatype == self.datatype or datatype in self.also_datatypes
+
+    def expected_datatypes(self) -> str:
+        return " or ".join((self.datatype, *self.also_datatypes))
 
 
 def _fits(shape: Sequence[int], pattern: Sequence[int]) -> bool:
@@ -106,32 +114,66 @@ def check_inputs(
             )
         array = inputs[spec.name]
         datatype = (declared or {}).get(spec.name) or datatype_of(array)
-        if datatype != spec.datatype:
+        if not spec.accepts_datatype(datatype):
             raise InvalidInputError(
-                f"input {spec.name!r} has datatype {datatype}; expected {spec.datatype} "
-                f"with shape {spec.expected_shapes()}"
+                f"input {spec.name!r} has datatype {datatype}; expected "
+                f"{spec.expected_datatypes()} with shape {spec.expected_shapes()}"
             )
         if not spec.accepts_shape(array.shape):
             raise InvalidInputError(
                 f"input {spec.name!r} has shape {shape_text(array.shape)}; expected "
-                f"{spec.datatype} with shape {spec.expected_shapes()}"
+                f"{spec.expected_datatypes()} with shape {spec.expected_shapes()}"
             )
 
 
-def _element_count(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
-    if isinstance(shape, (list, tuple)):
+def check_finite(inputs: dict[str, np.ndarray]) -> None:
+    """Refuse NaN and infinite values in floating-point inputs (an out-of-range JSON number
+    becomes infinite when it is read as FP32)."""
+    for name, array in inputs.items():
+        if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+            bad = int(np.count_nonzero(~np.isfinite(array)))
+            raise InvalidInputError(
+                f"input {name!r} holds {bad} NaN or infinite value(s) (or numbers out of range "
+                f"for {datatype_of(array)}); the server refuses them unless started with "
+                "--allow-nonfinite-inputs"
+            )
+
+
+def check_int_range(name: str, array: np.ndarray, dtype: np.dtype, why: str = "") -> None:
+    """Refuse integers of ``array`` that ``dtype`` cannot hold, naming the input."""
+    if array.size == 0 or np.can_cast(array.dtype, dtype, casting="safe"):
+        return
+    info = np.iinfo(dtype)
+    low, high = array.min(), array.max()
+    if (low < 0 and int(low) < info.min) or int(high) > info.max:
+        raise InvalidInputError(
+            f"input {name!r} holds values outside {_BY_KIND[(dtype.kind, dtype.itemsize)]} "
+            f"[{info.min}, {info.max}]{why}"
+        )
+
+
+#: Dimensions a tensor may have (numpy's own limit is 64).
+MAX_DIMS = 32
+
+
+def element_count(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
+    """``shape`` as a tuple and its element count; refuses anything but a list of at most
+    :data:`MAX_DIMS` non-negative integers."""
+    if isinstance(shape, (list, tuple)) and len(shape) <= MAX_DIMS:
         dims = tuple(shape)
         if all(type(d) is int and d >= 0 for d in dims):
             return dims, math.prod(dims)
+    text = repr(shape)
     raise InvalidInputError(
-        f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}"
+        f"input {name!r}: 'shape' must be a list of at most {MAX_DIMS} non-negative integers, "
+        f"got {text if len(text) <= 80 else text[:77] + '...'}"
     )
 
 
 def array_from_bytes(name: str, datatype: str, shape: Any, raw: bytes | memoryview) -> np.ndarray:
     """The array of ``shape`` and ``datatype`` held in ``raw`` (little-endian, row-major)."""
     dtype = _dtype(name, datatype)
-    dims, count = _element_count(name, shape)
+    dims, count = element_count(name, shape)
     if len(raw) != count * dtype.itemsize:
         raise InvalidInputError(
             f"input {name!r}: {len(raw)} bytes of {datatype} data do not fill shape "
@@ -142,25 +184,43 @@ def array_from_bytes(name: str, datatype: str, shape: Any, raw: bytes | memoryvi
 
 def array_from_list(name: str, datatype: str, shape: Any, data: Any) -> np.ndarray:
     """The array of ``shape`` and ``datatype`` from a JSON ``data`` list (flat or nested)."""
-    dtype = _dtype(name, datatype)
-    dims, count = _element_count(name, shape)
+    _dtype(name, datatype)
+    dims, count = element_count(name, shape)
     if not isinstance(data, list):
         raise InvalidInputError(f"input {name!r}: 'data' must be a JSON list")
-    try:
-        array = np.asarray(data)
-    except (ValueError, TypeError):
-        raise InvalidInputError(f"input {name!r}: 'data' is a ragged or mixed list") from None
+    array = array_from_json(name, datatype, data)
     if array.size != count:
         raise InvalidInputError(
             f"input {name!r}: 'data' holds {array.size} values; shape {shape_text(dims)} "
             f"needs {count}"
         )
+    return array.reshape(dims)
+
+
+def array_from_json(name: str, datatype: str, value: Any) -> np.ndarray:
+    """A JSON value (nested lists of numbers, or one number) as an array of ``datatype``;
+    integers that do not fit the datatype are refused, never wrapped."""
+    dtype = _dtype(name, datatype)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, RecursionError):
+        raise InvalidInputError(f"input {name!r}: 'data' is a ragged or mixed list") from None
     if array.size and not _json_kind_fits(array.dtype, dtype):
+        if dtype.kind in "iu" and array.dtype.kind in "fO":
+            # numpy reads a list mixing small and huge integers as float64 (or objects)
+            info = np.iinfo(dtype)
+            raise InvalidInputError(
+                f"input {name!r}: 'data' holds numbers that are not {datatype} integers "
+                f"(fractions, or integers outside [{info.min}, {info.max}])"
+            )
         raise InvalidInputError(
             f"input {name!r}: 'data' holds {array.dtype.name} values, not {datatype}"
         )
+    if array.dtype.kind in "iu" and dtype.kind in "iu":
+        check_int_range(name, array, dtype)
     try:
-        return array.astype(dtype, casting="unsafe").reshape(dims)
+        with np.errstate(over="ignore", invalid="ignore"):  # check_finite reports them
+            return array.astype(dtype, casting="unsafe")
     except (ValueError, TypeError, OverflowError):
         raise InvalidInputError(f"input {name!r}: 'data' cannot be read as {datatype}") from None
 
@@ -176,9 +236,11 @@ def _json_kind_fits(got: np.dtype, want: np.dtype) -> bool:
 
 
 def _dtype(name: str, datatype: Any) -> np.dtype:
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        text = repr(datatype)
         raise InvalidInputError(
-            f"input {name!r}: datatype {datatype!r} is not supported; use one of {sorted(DATATYPES)}"
+            f"input {name!r}: datatype {text if len(text) <= 40 else text[:37] + '...'} is not "
+            f"supported; use one of {sorted(DATATYPES)}"
         )
     return DATATYPES[datatype]
 
@@ -216,6 +278,17 @@ def _json_text(data) -> str | bytes:
     return text[1:] if text.startswith("\ufeff") else text
 
 
+def parse_json(body: bytes | memoryview) -> Any:
+    """``body`` parsed as JSON; anything that is not (bad UTF-8, nesting too deep, integers
+    of more digits than Python reads) is an :class:`InvalidInputError`."""
+    try:
+        return json.loads(_json_text(body))
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise InvalidInputError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInputError("the request body is not valid JSON: nested too deep") from None
+
+
 def decode_rest_request(body: bytes, header_length: int | None) -> DecodedRequest:
     """Decode a KServe v2 REST infer body (JSON, or JSON header + binary tensors)."""
     if header_length is None:
@@ -228,10 +301,7 @@ def decode_rest_request(body: bytes, header_length: int | None) -> DecodedReques
             )
         view = memoryview(body)
         header, binary = view[:header_length], view[header_length:]
-    try:
-        request = json.loads(_json_text(header))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"the request body is not valid JSON: {exc}") from None
+    request = parse_json(header)
     if not isinstance(request, dict):
         raise InvalidInputError("the request body must be a JSON object")
     raw_inputs = request.get("inputs")
@@ -255,7 +325,7 @@ def decode_rest_request(body: bytes, header_length: int | None) -> DecodedReques
         params = spec.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if size is not None:
-            if not isinstance(size, int) or size < 0:
+            if type(size) is not int or size < 0:
                 raise InvalidInputError(
                     f"input {name!r}: binary_data_size must be a non-negative integer"
                 )
@@ -300,6 +370,16 @@ def decode_rest_request(body: bytes, header_length: int | None) -> DecodedReques
     )
 
 
+def json_values(array: np.ndarray) -> list:
+    """``array.tolist()``, with ``null`` for NaN and infinite values: JSON has no literal for
+    them (Python's ``NaN`` is not JSON).  Binary outputs carry them as they are."""
+    if array.dtype.kind != "f" or np.isfinite(array).all():
+        return array.tolist()
+    values = array.astype(object)
+    values[~np.isfinite(array)] = None
+    return values.tolist()
+
+
 def encode_rest_response(
     model_name: str,
     model_version: str,
@@ -321,13 +401,13 @@ def encode_rest_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = array.reshape(-1).tolist()
+            entry["data"] = json_values(array.reshape(-1))
         tensors.append(entry)
     body: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request_id:
         body["id"] = request_id
     body["outputs"] = tensors
-    header = json.dumps(body, separators=(",", ":")).encode()
+    header = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
     if not chunks:
         return header, None
     return header + b"".join(chunks), len(header)
