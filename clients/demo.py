@@ -34,9 +34,8 @@ def run(args: argparse.Namespace) -> int:
     import json
     import shutil
     import time
+    import urllib.request
     from pathlib import Path
-
-    import httpx
 
     from tierserve.server.app import BackgroundServer
     from tierserve.server.settings import Settings
@@ -47,11 +46,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"[demo] training a small DLRM on generated data in {workdir} ...", flush=True)
     demo = train_demo_model(workdir / "train", iterations=args.iterations)
     repository = workdir / "repository"
-    if repository.exists():
-        shutil.rmtree(repository)
+    for old in (repository, repository.with_name(repository.name + ".rocksdb")):
+        shutil.rmtree(old, ignore_errors=True)  # an earlier demo's model and tables
     print(f"[demo] eval AUC {demo.eval_auc:.4f} over {demo.eval_batches} batches of held-out rows")
     write_repository(demo, repository)
-    print(f"[demo] model repository {repository} (hash_map + rocks_db tiers, see ps.json)")
+    print(
+        f"[demo] model repository {repository} (hash_map + rocks_db tiers, see its ps.json); "
+        f"RocksDB in {repository}.rocksdb, training data and checkpoints in {workdir / 'train'}"
+    )
     settings = Settings.from_env(
         model_repository=repository, host=args.host, http_port=args.port, grpc_port=args.port + 1
     )
@@ -67,7 +69,13 @@ def run(args: argparse.Namespace) -> int:
                  "data": batch.sparse[0].keys.tolist()},
             ]
         }  # fmt: skip
-        answer = httpx.post(f"{url}/v2/models/{MODEL_NAME}/infer", json=body, timeout=30).json()
+        request = urllib.request.Request(
+            f"{url}/v2/models/{MODEL_NAME}/infer",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            answer = json.loads(reply.read())
         score = answer["outputs"][0]["data"][0]
         print(f"[demo] POST {url}/v2/models/{MODEL_NAME}/infer")
         print(f"[demo]   request:  {json.dumps(body)}")

@@ -200,7 +200,8 @@ def ps_json(
 def write_repository(
     demo: DemoModel, repository: str | Path, version: int = 1, max_batch_size: int = 1024
 ) -> Path:
-    """Copy the demo model into ``repository/dlrm/<version>/`` and write ``ps.json``."""
+    """Copy the demo model into ``repository/dlrm/<version>/`` and write ``ps.json``, whose
+    RocksDB tier lives beside the repository in ``<repository>.rocksdb``."""
     repository = Path(repository)
     target = repository / MODEL_NAME / str(version)
     staging = repository / MODEL_NAME / f".{version}.tmp"
@@ -217,7 +218,8 @@ def write_repository(
     config = repository / "ps.json"
     if not config.exists():
         names = [p.name for p in demo.sparse_files]
-        data = ps_json("rocksdb", max_batch_size, sparse_names=names)
+        # Beside the repository, not in it: every folder in a repository is a model.
+        data = ps_json(f"../{repository.name}.rocksdb", max_batch_size, sparse_names=names)
         data["models"][0]["dense_file"] = f"{MODEL_NAME}/{version}/{demo.dense_file.name}"
         config.write_text(json.dumps(data, indent=2) + "\n")
     return target

@@ -146,6 +146,12 @@ def _signature(path: Path) -> tuple:
     return tuple(items)
 
 
+def _has_versions(folder: Path) -> bool:
+    """Whether ``folder`` looks like a model: it holds a version folder (a positive integer).
+    Anything else in the repository (a RocksDB folder, a backup) is not listed as a model."""
+    return any(p.name.isdigit() and p.is_dir() for p in folder.iterdir())
+
+
 def _file_signature(path: Path) -> tuple:
     try:
         st = path.stat()
@@ -204,7 +210,10 @@ class ModelRepository:
             return [m.model for m in self.ps_config().models]
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and is_valid_name(p.name))
+        return sorted(
+            p.name for p in self.root.iterdir()
+            if p.is_dir() and is_valid_name(p.name) and _has_versions(p)
+        )  # fmt: skip
 
     def versions(self, name: str) -> list[str]:
         """The model's version folders on disk, oldest first."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -13,8 +15,9 @@ import pytest
 
 from tierserve.clients.cli import main
 from tierserve.clients.demo_model import train_demo_model, write_repository
-from tierserve.server.app import free_port
+from tierserve.server.app import BackgroundServer, free_port
 from tierserve.server.datasets import epoch_batches
+from tierserve.server.settings import Settings
 from tierserve.trainer.graph_json import load_graph_json
 
 
@@ -97,12 +100,34 @@ def test_serve_subprocess_with_config(demo, tmp_path):
 
 
 def test_demo_prints_one_prediction_made_over_http(tmp_path):
+    """On the embedded default install (no httpx: it is a dev dependency), with RocksDB kept
+    outside the model repository, where every folder is a model."""
     port = free_port()
-    result = subprocess.run(
-        [sys.executable, "-m", "tierserve.clients.cli", "demo", "--workdir", str(tmp_path),
-         "--iterations", "20", "--port", str(port), "--exit-after-check"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    args = ["demo", "--workdir", str(tmp_path), "--iterations", "20", "--port", str(port),
+            "--exit-after-check"]  # fmt: skip
+    program = (
+        "import sys; sys.modules['httpx'] = None\n"
+        "from tierserve.clients.cli import main\n"
+        f"sys.exit(main({args!r}))"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "click probability:" in result.stdout
     assert f"127.0.0.1:{port}/v2/models/dlrm/infer" in result.stdout
+    assert sorted(p.name for p in (tmp_path / "repository").iterdir()) == ["dlrm", "ps.json"]
+    assert (tmp_path / "repository.rocksdb").is_dir()
+    assert "ERROR" not in result.stderr
+
+
+def test_the_readme_predict_example_runs_as_written(demo, tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    match = re.search(r"curl -X POST localhost:8000/predict -d '(.+)'", readme)
+    assert match, "the README has no /predict curl example"
+    write_repository(demo, tmp_path / "repo")
+    settings = Settings.build(model_repository=tmp_path / "repo", http_port=0, grpc_port=None)
+    with BackgroundServer(settings) as server:
+        r = httpx.post(f"http://{server.http_url}/predict", content=match.group(1))
+    assert r.status_code == 200, r.text
+    [[score]] = r.json()["outputs"]["OUTPUT0"]
+    assert 0.0 < score < 1.0
