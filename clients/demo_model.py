@@ -214,6 +214,11 @@ def write_repository(
         shutil.copy2(extra, staging / extra.name)
     for folder in demo.sparse_files:
         shutil.copytree(folder, staging / folder.name)
+    copied = [demo.graph, demo.dense_file, *demo.sparse_files,
+              *demo.dense_file.parent.glob(demo.dense_file.name + ".*")]  # fmt: skip
+    from tierserve.trainer import manifest
+
+    manifest.copy_entries(copied, staging)
     staging.rename(target)  # a version appears whole, never half-copied
     config = repository / "ps.json"
     if not config.exists():

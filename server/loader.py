@@ -25,6 +25,8 @@ from pathlib import Path
 
 from tierserve.ps.config import ModelConfig, PSConfig
 from tierserve.ps.errors import CorruptModelFileError
+from tierserve.trainer import manifest
+from tierserve.trainer.dense_file import NONTRAINABLE_SUFFIX
 
 from .inference_model import InferenceModel
 from .servables import EmbeddingLookupServable, RankingServable, Servable
@@ -70,6 +72,10 @@ def version_files(entry: ModelConfig, folder: Path) -> ModelConfig:
         if (entry.network_file or graphs)
         else None
     )
+    used = [p.name for p in (*sparse, dense, network) if p is not None]
+    if dense is not None:
+        used.append(dense.name + NONTRAINABLE_SUFFIX)
+    manifest.verify(folder, used)  # a right-sized dense file of another run is caught here
     data = entry.model_dump()
     data.update(
         sparse_files=[str(p) for p in sparse],

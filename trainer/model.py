@@ -21,7 +21,7 @@ import numpy as np
 from tierserve.ps.errors import ConfigError
 from tierserve.ps.sparse_file import sparse_model_name, sparse_optimizer_name
 
-from . import adapters
+from . import adapters, manifest
 from .dense_file import (
     NONTRAINABLE_SUFFIX,
     dense_model_name,
@@ -502,8 +502,9 @@ class Model:
     # -- graph JSON ----------------------------------------------------------------------------
 
     def graph_to_json(self, graph_config_file: str) -> None:
-        """Write the model graph (DESIGN.md, Formats 3)."""
+        """Write the model graph (DESIGN.md, Formats 3), recorded in its folder's manifest."""
         save_graph_json(graph_config_file, self._graph_dict())
+        manifest.record([graph_config_file])
 
     def construct_from_json(self, graph_config_file: str, include_dense_network: bool) -> None:
         """Rebuild the graph from a saved JSON: the Input and embedding layers, and the dense
@@ -526,15 +527,19 @@ class Model:
         self._require_compiled("save_params_to_files")
         parent = Path(prefix).parent
         parent.mkdir(parents=True, exist_ok=True)
+        written = []
         for i, table in enumerate(self.tables):
             adapters.save_table(table, sparse_model_name(prefix, i, iter),
                                 sparse_optimizer_name(prefix, i, iter))
+            written.append(sparse_model_name(prefix, i, iter))
         flat = [to_numpy(p) for ps in self.params for p in ps]
         dense_path = dense_model_name(prefix, iter)
         write_dense_file(dense_path, flat)
         write_dense_file(dense_path + NONTRAINABLE_SUFFIX,
                          [to_numpy(s) for ss in self.states for s in ss])
         write_dense_file(dense_optimizer_name(prefix, iter), self._dense_opt_arrays())
+        # What a loader checks that the dense file is the one saved with these tables and graph.
+        manifest.record([*written, dense_path, dense_path + NONTRAINABLE_SUFFIX])
 
     def _dense_opt_arrays(self) -> list[np.ndarray]:
         # One block per state name, each the concatenation over all parameters in file order
