@@ -153,6 +153,9 @@ class HierarchicalParameterServer:
             except BaseException:
                 self.close()
                 raise
+        from .refill import start_refill
+
+        self._refill = start_refill(self)  # refills a Redis node that comes back empty
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs) -> HierarchicalParameterServer:
@@ -545,6 +548,9 @@ class HierarchicalParameterServer:
 
     def close(self) -> None:
         """Close the tiers (shared tiers keep their data)."""
+        refill = getattr(self, "_refill", None)
+        if refill is not None:
+            refill.close()
         for tier in self.tiers.values():
             tier.close()
 

@@ -367,6 +367,11 @@ class RedisTier(Tier):
                         self._resolve_overflow(conn, tag, p, int(results[idx]))
             self.stats.inserts += keys.size
 
+    def load_table(self, tag: str, keys, embeddings, chunk: int = 1 << 18) -> None:
+        """Bulk insert, then mark every partition as filled (see :mod:`tierserve.ps.refill`)."""
+        super().load_table(tag, keys, embeddings, chunk)
+        self.mark_partitions(tag, range(self.num_partitions))
+
     def _resolve_overflow(self, conn, tag: str, p: int, size: int) -> None:
         excess = size - self.resolution_target
         vname, tname = value_hash(tag, p), stat_hash(tag, p)

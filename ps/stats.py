@@ -65,7 +65,8 @@ class TierStats:
     backend calls (a lookup that lost a Redis node counts once per failed node call);
     ``evictions`` counts keys removed by overflow handling; ``inserts`` counts keys written;
     ``skipped`` counts keys a lookup did not ask for because their backend was being skipped
-    after repeated failures (circuit open; they also count as misses).
+    after repeated failures (circuit open; they also count as misses); ``refilled`` counts keys
+    written back after a node came back empty (:mod:`tierserve.ps.refill`).
     """
 
     tier: str
@@ -75,6 +76,7 @@ class TierStats:
     evictions: int = 0
     inserts: int = 0
     skipped: int = 0
+    refilled: int = 0
     latency: dict[str, LatencyHistogram] = field(default_factory=dict)
 
     def histogram(self, op: str) -> LatencyHistogram:
@@ -102,6 +104,7 @@ class TierStats:
             "evictions": self.evictions,
             "inserts": self.inserts,
             "skipped": self.skipped,
+            "refilled": self.refilled,
             "latency": {
                 op: {"count": h.count, "sum": h.total, "buckets": h.cumulative()}
                 for op, h in self.latency.items()
