@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tierserve.ps.config import ModelConfig, PSConfig, load_ps_config
+from tierserve.ps.config import ModelConfig, PSConfig
 from tierserve.ps.errors import (
     ConfigError,
     CorruptModelFileError,
@@ -18,6 +18,7 @@ from tierserve.ps.errors import (
 )
 from tierserve.ps.sparse_file import KEY_DTYPE, KEY_FILE
 
+from .device import to_host
 from .embedding_cache import EmbeddingCache
 from .metrics import CacheMetrics
 from .protocols import ParameterServerLike
@@ -67,6 +68,18 @@ class ModelEmbeddingCache:
             )
         return [c.query(k) for c, k in zip(self._caches, keys_per_table)]
 
+    @property
+    def i64_input_key(self) -> bool:
+        """Whether the caches take 64-bit keys (False: 32-bit, see tierserve.ps.keys)."""
+        return all(c.i64_input_key for c in self._caches)
+
+    def lookup_tables(self, model: str, keys_per_table: Sequence) -> list[np.ndarray]:
+        """The parameter server's form of :meth:`query_tables` (host arrays), so a model's
+        cache can stand where its tables are read (the older ``InferenceSession``)."""
+        if model != self.model:
+            raise NotFoundError(f"this embedding cache is model {self.model!r}'s, not {model!r}")
+        return [to_host(v) for v in self.query_tables(keys_per_table)]
+
     def update(self, table: str | int, keys, embeddings) -> None:
         """Write through to the parameter server and the cache."""
         self.cache(table).update(keys, embeddings)
@@ -102,7 +115,9 @@ def _model_config(source, model_name: str) -> ModelConfig:
         return source
     if isinstance(source, PSConfig):
         return source.model(model_name)
-    return load_ps_config(source).model(model_name)
+    from tierserve.ps.inference_json import load_model_source
+
+    return load_model_source(source, model_name)[1]
 
 
 def table_rows(sparse_folder: str | os.PathLike) -> int:

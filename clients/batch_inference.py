@@ -5,6 +5,10 @@ The model is a version folder (the graph JSON, the ``*_dense_*.model`` file and 
 version is used.  The data is a Norm or Parquet file list, a Raw file, or a Criteo CSV/TSV
 file (converted on the fly; give the same ``--hash-buckets`` as the training conversion).
 
+Keys are 64-bit or 32-bit (HugeCTR's i64_input_key): ``--key-bits auto`` (the default) takes
+the width the model was trained with (its graph JSON's solver), else the one a Norm file's
+first records decode with, or a Parquet file's key column type, else 64.
+
 Examples:
   tierserve predict  --model repo/dlrm --data data/eval/_file_list.txt --output preds.txt
   tierserve evaluate --model repo/dlrm/1 --data day_23.tsv --format criteo --hash-buckets 100000
@@ -55,6 +59,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="Criteo only: keys per slot of the training conversion",
+    )
+    parser.add_argument(
+        "--key-bits",
+        choices=["auto", "32", "64"],
+        default="auto",
+        help="key width of the model and data: 32 (HugeCTR's i64_input_key=False) or 64 "
+        "(default auto: from the model's graph JSON, else the data file)",
     )
     parser.add_argument(
         "--batch-size", type=int, default=4096, help="rows per batch (default 4096)"
@@ -110,16 +121,58 @@ def model_files(path: str | Path) -> tuple[Path, Path, list[Path]]:
     return graphs[0], dense[0], sparse
 
 
+def key_bits(args: argparse.Namespace, graph_path: Path) -> int:
+    """The key width ``--key-bits`` names, or (auto) the model's or the data's."""
+    if args.key_bits != "auto":
+        return int(args.key_bits)
+    import json
+
+    try:
+        solver = json.loads(Path(graph_path).read_text()).get("solver") or {}
+    except (OSError, ValueError):
+        solver = {}
+    if "i64_input_key" in solver:
+        return 64 if solver["i64_input_key"] else 32
+    from tierserve.trainer.data.filelist import read_file_list
+    from tierserve.trainer.graph_json import load_graph_json
+    from tierserve.trainer.inference_graph import label_layout
+
+    if args.format == "norm":
+        from tierserve.trainer.data.norm import detect_key_bits, read_norm_header
+
+        files = read_file_list(args.data)
+        if files:
+            data = load_graph_json(graph_path).data_layer
+            header = read_norm_header(files[0])
+            bits = detect_key_bits(
+                files[0], sum(label_layout(data)[1]), int((data.get("dense") or {}).get(
+                    "dense_dim", 0)), int(header["slot_num"]),
+                "Sum" if header["error_check"] else "Non",
+            )  # fmt: skip
+            if bits is not None:
+                return bits
+    elif args.format == "parquet":
+        import pyarrow.parquet as pq
+
+        files = read_file_list(args.data)
+        if files:
+            types = {str(f.type) for f in pq.read_schema(files[0])}
+            if "int32" in types and "int64" not in types:
+                return 32
+    return 64
+
+
 def open_model(args: argparse.Namespace):
     """An InferenceModel over ``--model`` with an in-process hash map tier."""
     from tierserve.server.inference_model import InferenceModel, InferenceParams
 
     graph, dense, sparse = model_files(args.model)
+    bits = key_bits(args, graph)
     params = InferenceParams(
         model_name=re.sub(r"[^A-Za-z0-9_-]", "_", graph.stem)[:120] or "model",
         max_batchsize=args.batch_size, hit_rate_threshold=0.9,
         dense_model_file=str(dense), sparse_model_files=[str(p) for p in sparse],
-        use_gpu_embedding_cache=False, cache_size_percentage=0.5, i64_input_key=True,
+        use_gpu_embedding_cache=False, cache_size_percentage=0.5, i64_input_key=bits == 64,
         volatile_db={"type": "hash_map"},
     )  # fmt: skip
     return InferenceModel(str(graph), params)
@@ -161,7 +214,7 @@ def _batches(args: argparse.Namespace, model, workdir: str):
     bar = tqdm(unit="rows", disable=args.no_progress, file=sys.stderr, desc=args.command)
     try:
         for batch in epoch_batches(model.graph, source, kind, check, args.slot_size_array,
-                                   args.batch_size):  # fmt: skip
+                                   args.batch_size, model.i64_input_key):  # fmt: skip
             if args.max_rows is not None and rows >= args.max_rows:
                 break
             yield batch

@@ -599,15 +599,18 @@ def CreateParameterServer(  # noqa: N802 - HugeCTR's name
     model_names: Sequence[str],
     i64_input_key: bool = True,
 ) -> HierarchicalParameterServer:
-    """HugeCTR's factory: ``ps.json`` files and the model to serve from each.
+    """HugeCTR's factory: ``ps.json`` files, or the older document's inference JSONs
+    (:mod:`tierserve.ps.inference_json`), and the model to serve from each.
 
-    The tiers and update source come from the first file; ``i64_input_key`` sets
-    ``supportlonglong``.
+    The tiers and update source come from the first ``ps.json`` given (HugeCTR's defaults
+    when only inference JSONs are); ``i64_input_key`` sets ``supportlonglong``.
     """
+    from .inference_json import load_model_source
+
     if len(model_config_paths) != len(model_names) or not model_names:
         raise ConfigError("model_config_paths and model_names must be non-empty and of equal length")
-    configs = [load_ps_config(p) for p in model_config_paths]
-    models = [cfg.model(name) for cfg, name in zip(configs, model_names)]
-    data = configs[0].model_dump()
+    sources = [load_model_source(p, name) for p, name in zip(model_config_paths, model_names)]
+    models = [model for _, model in sources]
+    data = next((cfg for cfg, _ in sources if cfg is not None), PSConfig()).model_dump()
     data.update(models=[m.model_dump() for m in models], supportlonglong=bool(i64_input_key))
     return HierarchicalParameterServer(PSConfig.model_validate(data))

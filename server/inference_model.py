@@ -18,7 +18,6 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import numpy as np
@@ -494,11 +493,15 @@ def load_inference_model(
 class InferenceSession:
     """HugeCTR's older ``InferenceSession(config_file, device_id, embedding_cache)``.
 
-    ``config_file`` is a graph JSON with an ``inference`` clause naming ``dense_model_file``
-    and ``sparse_model_file`` (or the keyword arguments give them); ``embedding_cache`` may be
-    None, an embedding cache, or a parameter server.  ``predict(dense_features,
-    embeddingcolumns, row_ptrs)`` takes flat lists: ``B * dense_dim`` floats, the keys, and
-    CSR row pointers ``B * slot_num + 1`` per table.
+    ``config_file`` is the older document's inference JSON: the graph's ``layers`` and an
+    ``inference`` clause naming ``dense_model_file`` and ``sparse_model_file`` (or the keyword
+    arguments give them).  ``embedding_cache`` is what ``CreateEmbeddingCache`` returned (the
+    session reads the model's tables through it), a parameter server already holding the
+    model, or None (the session loads the files into a hash map of its own).  The key width is
+    the clause's ``input_key_type`` ("I64" / "I32"), else the cache's, else 64 bits.
+    ``predict(dense_features, embeddingcolumns, row_ptrs)`` takes flat lists: ``B *
+    dense_dim`` floats, the keys, and CSR row pointers ``B * slot_num + 1`` per table.
+    :meth:`from_model` wraps an :class:`InferenceModel` (``CreateInferenceSession``).
     """
 
     def __init__(
@@ -509,53 +512,58 @@ class InferenceSession:
         model_name: str | None = None,
         dense_model_file: str | None = None,
         sparse_model_files: Sequence[str] | None = None,
-        max_batchsize: int = 1024,
+        max_batchsize: int | None = None,
     ) -> None:
-        import json
+        from tierserve.ps.inference_json import input_key_bits, model_config_from_inference_json
 
-        raw = json.loads(Path(config_file).read_text())
-        clause = raw.get("inference", {}) if isinstance(raw, dict) else {}
-        sparse = (
-            sparse_model_files
-            or clause.get("sparse_model_file")
-            or clause.get("sparse_model_files")
-        )
-        if isinstance(sparse, str):
-            sparse = [sparse]
-        dense = dense_model_file or clause.get("dense_model_file")
-        if not sparse or not dense:
-            raise ConfigError(
-                f"{config_file}: give dense_model_file and sparse_model_file in its "
-                "'inference' clause or as arguments"
-            )
-        name = model_name or (raw.get("solver") or {}).get("model_name") or "model"
+        if model_name is None and embedding_cache is not None:
+            model_name = getattr(embedding_cache, "model", None)
+        config = model_config_from_inference_json(config_file, model_name)
+        if sparse_model_files or dense_model_file:
+            config = config.model_copy(update={
+                "sparse_files": list(sparse_model_files or config.sparse_files),
+                "dense_file": dense_model_file or config.dense_file,
+            })
+        bits = input_key_bits(config_file)
+        if bits is None:
+            bits = 64 if getattr(embedding_cache, "i64_input_key", True) else 32
         params = InferenceParams(
-            model_name=name,
-            max_batchsize=int(clause.get("max_batchsize", max_batchsize)),
-            hit_rate_threshold=float(clause.get("hit_rate_threshold", 0.9)),
-            dense_model_file=dense,
-            sparse_model_files=list(sparse),
+            model_name=config.model,
+            max_batchsize=int(max_batchsize or config.max_batch_size),
+            hit_rate_threshold=config.hit_rate_threshold,
+            dense_model_file=config.dense_file,
+            sparse_model_files=list(config.sparse_files),
             use_gpu_embedding_cache=False,
-            cache_size_percentage=float(clause.get("gpucacheper", 0.0)),
-            i64_input_key=True,
+            cache_size_percentage=config.gpucacheper,
+            i64_input_key=bits == 64,
             deployed_devices=[device_id],
             volatile_db=VolatileDatabaseParams(type="hash_map"),
             persistent_db=DisabledConfig(),
         )
-        ps = None
-        if embedding_cache is not None and hasattr(embedding_cache, "lookup"):
-            ps = embedding_cache
-        self.model = InferenceModel(config_file, params, parameter_server=ps)
+        self.model = InferenceModel(config_file, params, parameter_server=embedding_cache)
+
+    @classmethod
+    def from_model(cls, model: InferenceModel) -> InferenceSession:
+        """A session that predicts with ``model``."""
+        self = cls.__new__(cls)
+        self.model = model
+        return self
 
     def predict(
         self,
         dense_features: Sequence[float],
         embeddingcolumns: Sequence[int],
         row_ptrs: Sequence[int],
-        i64_input_key: bool = True,
+        i64_input_key: bool | None = None,
     ) -> list[float]:
-        """Predictions for the samples in the flat lists, as a flat list."""
+        """Predictions for the samples in the flat lists, as a flat list.  ``i64_input_key``,
+        when given, must agree with the session's key width."""
         m = self.model
+        if i64_input_key is not None and bool(i64_input_key) != m.i64_input_key:
+            raise ConfigError(
+                f"predict: i64_input_key={i64_input_key} but the session has "
+                f"{64 if m.i64_input_key else 32}-bit keys"
+            )
         dense = np.asarray(dense_features, dtype=np.float32)
         if m.dense_dim == 0 or dense.size % m.dense_dim:
             raise InvalidInputError(

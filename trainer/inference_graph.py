@@ -82,11 +82,28 @@ def label_layout(data: dict) -> tuple[list[str], list[int]]:
     return names, dims
 
 
+_LOSSES = ("BinaryCrossEntropyLoss", "CrossEntropyLoss", "MultiCrossEntropyLoss")
+
+
 def dense_layers(graph: Graph) -> list[dict[str, Any]]:
-    """The graph's dense layers (everything after the Data and embedding layers)."""
-    return [
+    """The graph's dense layers (everything after the Data and embedding layers).
+
+    HugeCTR's older inference JSON ends in a ``Sigmoid`` layer instead of the loss; such a
+    graph's last layer is read as the binary cross-entropy loss over the Sigmoid's input
+    (whose prediction is that sigmoid), so one forward serves both forms.
+    """
+    layers = [
         layer for layer in graph.layers[1:] if layer["type"] not in (*EMBEDDING_TYPES, "Data")
     ]
+    if (layers and layers[-1]["type"] == "Sigmoid"
+            and not any(layer["type"] in _LOSSES for layer in layers)):
+        names, _ = label_layout(graph.data_layer)
+        last = layers[-1]
+        layers[-1] = {"name": last.get("name", "sigmoid"), "type": "BinaryCrossEntropyLoss",
+                      "bottom": [last["bottom"] if isinstance(last["bottom"], str)
+                                 else last["bottom"][0], names[0]],
+                      "top": last.get("top", "loss")}
+    return layers
 
 
 def input_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:
