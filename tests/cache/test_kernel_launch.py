@@ -1,0 +1,143 @@
+"""The host side of the CUDA lookup kernel, checked on the CPU against the kernel's source:
+the arguments ``LookupKernel`` packs match ``ts_cache_lookup``'s parameters one by one (count,
+C type, meaning), the launch covers one warp per key, wrong arrays are refused by name, and
+the set hash the kernel computes is ``hashing.set_of`` (the statements of the .cu file,
+evaluated in 64-bit arithmetic, against the numpy path)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tierserve.cache import SetAssociativeTable
+from tierserve.cache.hashing import set_of
+from tierserve.cache.kernels import (
+    LOOKUP_KERNEL,
+    THREADS,
+    WARP,
+    kernel_source,
+    launch_shape,
+    lookup_arguments,
+)
+
+M64 = (1 << 64) - 1
+# C parameter types of the kernel -> what the host must pass: (array?, numpy dtype)
+C_TYPES = {
+    "long long*": (True, np.int64),
+    "unsigned int*": (True, np.uint32),
+    "float*": (True, np.float32),
+    "unsigned char*": (True, np.uint8),
+    "long long": (False, np.int64),
+    "unsigned long long": (False, np.uint64),
+    "int": (False, np.int32),
+}
+
+
+def kernel_parameters(name: str = LOOKUP_KERNEL) -> list[tuple[str, str]]:
+    """``[(c_type, name), ...]`` of ``extern "C" __global__ void <name>(...)`` in the source."""
+    source = kernel_source()
+    match = re.search(rf'extern "C" __global__ void {name}\((.*?)\)\s*\{{', source, re.S)
+    assert match, f"{name} not found in the kernel source"
+    params = []
+    for param in match.group(1).split(","):
+        words = param.replace("*", " * ").split()
+        words = [w for w in words if w not in ("const", "__restrict__")]
+        params.append((" ".join(words[:-1]).replace(" *", "*"), words[-1]))
+    return params
+
+
+def make_table(dim: int = 8, ways: int = 4) -> tuple[SetAssociativeTable, np.ndarray]:
+    table = SetAssociativeTable(1024, dim, ways)
+    rng = np.random.default_rng(dim)
+    keys = np.unique(rng.integers(-(2**40), 2**40, 600)).astype(np.int64)
+    table.place(keys, rng.standard_normal((keys.size, dim), dtype=np.float32), 1)
+    return table, keys
+
+
+def test_the_arguments_match_the_kernel_parameters():
+    table, keys = make_table()
+    out = np.empty((keys.size, table.dim), np.float32)
+    hit = np.empty(keys.size, np.uint8)
+    args = lookup_arguments(table, keys, out, hit, tick=7)
+    params = kernel_parameters()
+    assert len(args) == len(params) == 11
+    for (c_type, name), arg in zip(params, args):
+        is_array, dtype = C_TYPES[c_type]
+        if is_array:
+            assert isinstance(arg, np.ndarray) and arg.dtype == dtype, (name, c_type)
+            assert arg.flags.c_contiguous, name
+        else:  # cupy passes a numpy scalar as that exact C type
+            assert type(arg) is dtype, (name, c_type, type(arg))
+    by_name = {name: arg for (_, name), arg in zip(params, args)}
+    assert by_name["keys"] is keys and by_name["n"] == keys.size
+    assert by_name["table_keys"] is table.keys and by_name["ticks"] is table.ticks
+    assert by_name["values"] is table.values and by_name["out"] is out and by_name["hit"] is hit
+    assert (by_name["num_sets"], by_name["ways"], by_name["dim"]) == (
+        table.num_sets, table.ways, table.dim)
+    assert by_name["tick"] == 7
+    assert lookup_arguments(table, keys, out, hit, tick=None)[-1] == -1  # "do not stamp"
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 255, 1000, 2**20 + 3])
+def test_the_launch_gives_each_key_one_warp(n):
+    (grid,), (block,) = launch_shape(n)
+    assert block == THREADS and block % WARP == 0 and block <= 1024
+    # every key's warp exists, and no block is wholly idle
+    assert grid * block >= n * WARP > (grid - 1) * block
+    assert grid < 2**31  # the grid's x limit
+
+
+def test_the_launch_of_nothing_is_empty_and_negative_sizes_are_refused():
+    assert launch_shape(0) == ((0,), (THREADS,))  # LookupKernel does not launch it
+    with pytest.raises(ValueError, match="must not be negative"):
+        launch_shape(-1)
+
+
+def test_arrays_the_kernel_cannot_read_are_refused_by_name():
+    table, keys = make_table()
+    out = np.empty((keys.size, table.dim), np.float32)
+    hit = np.empty(keys.size, np.uint8)
+    with pytest.raises(TypeError, match="keys must be a C-contiguous 1-D int64 array, got 1-D int32"):
+        lookup_arguments(table, keys.astype(np.int32), out, hit, None)
+    strided = np.repeat(keys, 2)[::2]
+    with pytest.raises(TypeError, match=r"keys must .* \(not contiguous\)"):
+        lookup_arguments(table, strided, out, hit, None)
+    with pytest.raises(TypeError, match="out must be a C-contiguous 2-D float32"):
+        lookup_arguments(table, keys, out.astype(np.float64), hit, None)
+    with pytest.raises(TypeError, match="hit must be a C-contiguous 1-D uint8"):
+        lookup_arguments(table, keys, out, hit.view(bool), None)
+    with pytest.raises(TypeError, match=rf"out must be \({keys.size}, 8\)"):
+        lookup_arguments(table, keys, out[:-1], hit, None)
+
+
+def kernel_set_of(key: int, num_sets: int) -> int:
+    """The kernel's set of ``key``: its hash statements, run in 64-bit unsigned arithmetic."""
+    source = kernel_source()
+    body = source[source.index("const long long key = keys[warp];"):
+                  source.index("const unsigned long long first")]
+    env = {"key": key & M64, "num_sets": num_sets}
+    statements = [s.strip() for s in body.split(";")[1:] if s.strip()]
+    assert len(statements) == 6, statements
+    for statement in statements:
+        statement = statement.replace("(unsigned long long)", "").replace("ULL", "")
+        statement = statement.replace("unsigned long long h =", "h =")
+        target, op, expr = re.fullmatch(r"(\w+)\s*([\^*>]*=)\s*(.+)", statement).groups()
+        value = eval(expr, {}, dict(env))  # the hex constants and shifts of the source
+        if op != "=":
+            value = eval(f"h {op[:-1]} value", {}, {"h": env[target], "value": value})
+        env[target] = value & M64
+    return env["h"]
+
+
+@pytest.mark.parametrize("num_sets", [1, 3, 1000, 2**31 + 11, 2**32 - 1])
+def test_the_kernel_hash_is_set_of(num_sets):
+    rng = np.random.default_rng(num_sets)
+    keys = np.concatenate([
+        [0, 1, -1, 2**63 - 1, -(2**63) + 2], rng.integers(-(2**63), 2**63 - 1, 40, dtype=np.int64),
+    ]).astype(np.int64)
+    want = set_of(keys, num_sets)
+    got = [kernel_set_of(int(k), num_sets) for k in keys]
+    np.testing.assert_array_equal(got, want)
+    assert all(0 <= s < num_sets for s in got)
