@@ -24,13 +24,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tierserve {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import batch_inference, convert, demo, publish, serve
+    from . import batch_inference, convert, demo, doctor, publish, serve
 
     demo.register(commands)
     convert.register(commands)
     serve.register(commands)
     batch_inference.register(commands)
     publish.register(commands)
+    doctor.register(commands)
     return parser
 
 
