@@ -104,8 +104,10 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        """Started, and every model that is not unloaded serves."""
-        return self.started and all(
+        """Started, the loader healthy (its Kafka consumers run), and every model that is
+        not unloaded serves."""
+        healthy = getattr(self.repository.loader, "healthy", None)
+        return self.started and (healthy is None or healthy()) and all(
             e.state == "READY" or e.unloaded for e in self.repository.entries.values()
         )
 

@@ -7,6 +7,8 @@ import uuid
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polling import until
 from ps_helpers import expected, write_model
 
@@ -18,7 +20,9 @@ from tierserve.ps.kafka_updates import (
     group_id,
     subscription,
 )
+from tierserve.ps.retry import ExponentialBackoff
 from tierserve.ps.table_tag import table_tag
+from tierserve.ps.update_message import encode_update
 
 pytestmark = pytest.mark.kafka
 DIM = 4
@@ -69,9 +73,9 @@ def test_subscription_and_groups():
     assert pattern.match("hps_et.beta.t")
     assert not pattern.match("hps_et.alphas.t")  # the filter is a whole model name
     assert not pattern.match("hps_et.gamma.t") and not pattern.match("other.alpha.t")
-    assert group_id("volatile", "hash_map", "r1") == "hps.volatile.r1"  # every replica reads
-    assert group_id("persistent", "rocks_db", "r1") == "hps.persistent.r1"
-    assert group_id("volatile", "redis_cluster", "r1") == "hps.volatile"  # shared: once
+    assert group_id("volatile", False, "r1") == "hps.volatile.r1"  # every replica reads
+    assert group_id("persistent", False, "r1") == "hps.persistent.r1"
+    assert group_id("volatile", True, "r1") == "hps.volatile"  # shared: once
 
 
 def test_updates_reach_every_replica_and_bad_messages_are_skipped(tmp_path, kafka_broker):
@@ -196,3 +200,136 @@ def test_a_refused_message_among_good_ones_is_skipped_alone(tmp_path, kafka_brok
             assert c.stats.messages == 2 and c.stats.rejected == 1 and c.stats.keys == 2
         np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [7, 8]),
                                       np.concatenate([values[0], values[2]]))  # fmt: skip
+
+
+def _headed(value_size: int, body: bytes) -> bytes:
+    return b"HCTR" + value_size.to_bytes(4, "little") + body
+
+
+# Any bytes, and bytes behind a real header with any value_size (2**32 - 4 killed both
+# consumer threads once, issue 12), and whole updates of random dims and keys.
+_values = st.one_of(
+    st.binary(max_size=100),
+    st.builds(
+        _headed,
+        st.one_of(st.integers(0, 2**32 - 1), st.sampled_from([2**32 - 4, 2**31, 4 * DIM])),
+        st.binary(max_size=100),
+    ),
+    st.builds(
+        lambda n, dim, seed: encode_update(
+            np.random.default_rng(seed).integers(-(2**63), 2**63 - 1, n, dtype=np.int64),
+            np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32),
+        ),
+        st.integers(0, 5),
+        st.sampled_from([1, DIM, 9]),
+        st.integers(0, 2**32),
+    ),
+)
+
+
+def test_no_message_stops_the_updates_behind_it(tmp_path, kafka_broker):
+    # Fuzz of the consumer loop through the real broker: each example publishes random
+    # values and then one good update (all on one partition, so in this order); the good
+    # update must apply, every random message must be counted, and the loop never fails.
+    from confluent_kafka import Producer
+
+    name = _name("m")
+    tag = table_tag(name, "sparse_embedding1")
+    _create_topic(kafka_broker, tag)
+    raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    sent = 0
+    replica = _name("r")
+    with _server(tmp_path, name) as ps, UpdateConsumer(ps, _config(kafka_broker), "volatile",
+                                                       replica=replica) as c:  # fmt: skip
+
+        @settings(max_examples=12, deadline=None, database=None)
+        @given(st.lists(_values, min_size=1, max_size=4), st.integers(0, 99))
+        def check(values, key):
+            nonlocal sent
+            for value in values:
+                raw.produce(tag, value=value, partition=0)
+            new = np.full((1, DIM), key + 0.5, np.float32)
+            raw.produce(tag, value=encode_update(np.array([key]), new), partition=0)
+            assert raw.flush(30) == 0
+            sent += len(values) + 1
+            assert until(lambda: _handled(c) + c.stats.errors >= sent, timeout=20), c.stats
+            np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [key]), new)
+            status = c.status()
+            assert status.alive and status.restarts == 0 and c.stats.errors == 0, status
+
+        check()
+        assert c.stats.malformed >= 1  # the fuzz did reach the decoder's refusals
+
+
+class _InjectedFault(Exception):
+    """A failure of the consumer loop itself, which no message or service can cause for real
+    once the decoder and the tiers report their errors; tests inject it to see the loop
+    restart."""
+
+
+class _FaultyConsumer(UpdateConsumer):
+    """A consumer whose loop fails (a fake fault, see _InjectedFault) while decoding the
+    messages ``fails(value)`` picks, ``times`` times in all (or every time: None)."""
+
+    def __init__(self, *args, fails, times=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fails, self.times = fails, times
+
+    def _decode(self, message):
+        if self.fails(message.value()) and (self.times is None or self.times > 0):
+            if self.times is not None:
+                self.times -= 1
+            raise _InjectedFault(f"injected fault at offset {message.offset()}")
+        return super()._decode(message)
+
+
+def test_a_failed_loop_restarts_and_rereads_what_it_had_not_done(tmp_path, kafka_broker):
+    name = _name("m")
+    tag = table_tag(name, "sparse_embedding1")
+    _create_topic(kafka_broker, tag)
+    new = np.full((2, DIM), 4.5, np.float32)
+    with _server(tmp_path, name) as ps:
+        consumer = _FaultyConsumer(
+            ps, _config(kafka_broker), "volatile", replica=_name("r"),
+            fails=lambda value: True, times=1, backoff=ExponentialBackoff(0.05, 0.2),
+        )  # fmt: skip
+        with consumer:
+            with UpdateProducer(kafka_broker.bootstrap) as producer:
+                producer.publish(name, "sparse_embedding1", [3, 4], new)
+            # The failure dropped the message from this client; the restarted one (a new
+            # client, from the committed offset) reads it again and applies it.
+            assert until(lambda: consumer.stats.messages == 1), consumer.stats
+            status = consumer.status()
+            assert status.alive and status.restarts == 1, status
+            assert "_InjectedFault: injected fault at offset" in status.last_error
+            np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [3, 4]), new)
+        assert not consumer.status().alive  # closed
+
+
+def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
+    from confluent_kafka import Producer
+
+    from tierserve.ps.kafka_updates import MAX_FAILURES_PER_MESSAGE
+    from tierserve.ps.update_message import encode_update
+
+    name = _name("m")
+    tag = table_tag(name, "sparse_embedding1")
+    _create_topic(kafka_broker, tag)
+    poison = encode_update(np.array([1]), np.full((1, DIM), 9.0, np.float32))
+    good = np.full((1, DIM), 2.5, np.float32)
+    raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    raw.produce(tag, value=poison, partition=0)
+    raw.produce(tag, value=encode_update(np.array([2]), good), partition=0)
+    assert raw.flush(30) == 0
+    with _server(tmp_path, name) as ps:
+        consumer = _FaultyConsumer(
+            ps, _config(kafka_broker), "volatile", replica=_name("r"),
+            fails=lambda value: value == poison, backoff=ExponentialBackoff(0.05, 0.2),
+        )  # fmt: skip
+        with consumer:
+            assert until(lambda: consumer.stats.messages == 1), consumer.status()
+            assert consumer.stats.errors == 1  # the skipped message
+            assert consumer.status().restarts == MAX_FAILURES_PER_MESSAGE
+            assert consumer.status().alive
+        got = ps.lookup(name, "sparse_embedding1", [1, 2])
+        np.testing.assert_array_equal(got, np.concatenate([expected([1], DIM), good]))
