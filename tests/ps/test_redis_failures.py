@@ -130,3 +130,17 @@ def test_hierarchy_falls_through_to_rocksdb_while_redis_is_skipped(tmp_path, own
         assert stats["volatile"].skipped == 5 * keys.size
         assert stats["persistent"].hits == 6 * 400
         ps.unload_model(name)
+
+
+def test_bad_failure_settings_are_refused_by_name():
+    from tierserve.ps.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_failure_backoff_ms"):
+        parse_ps_config({"volatile_db": {"type": "redis", "failure_backoff_ms": 5000,
+                                         "max_failure_backoff_ms": 1000}})  # fmt: skip
+    for field, value in (("max_retries", -1), ("socket_timeout_ms", 0),
+                         ("failure_threshold", 0), ("refill_interval_ms", -5)):  # fmt: skip
+        with pytest.raises(ConfigError, match=field):
+            parse_ps_config({"volatile_db": {"type": "redis_cluster", field: value}})
+    with pytest.raises(ConfigError, match="socket_timeout_ms"):  # Redis settings only
+        parse_ps_config({"volatile_db": {"type": "hash_map", "socket_timeout_ms": 100}})
