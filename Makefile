@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint fuzz bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+## Fuzz the server's front ends longer than the suite does: schemathesis (every check) over
+## the OpenAPI document, Hypothesis over the REST and gRPC decoders and a live server.
+FUZZ_EXAMPLES ?= 300
+fuzz: setup
+	TIERSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TIERSERVE_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/server/test_fuzz.py -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -54,6 +54,43 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="largest request body accepted, in MiB (default 64)",
     )
     parser.add_argument(
+        "--max-keys-per-request",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most keys one infer request may carry (default: each model's max_batch_size x "
+        "the sum of its maxnum_catfeature_query_per_table_per_sample)",
+    )
+    parser.add_argument(
+        "--max-keys-per-row",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most keys one row may give one table in a multi-hot (ROWINDEX) request "
+        "(default: the table's maxnum_catfeature_query_per_table_per_sample)",
+    )
+    parser.add_argument(
+        "--allow-nonfinite-inputs",
+        action="store_true",
+        help="accept NaN and infinite floats in inputs (refused with a 400 by default); JSON "
+        "answers then carry null where an output is NaN or infinite",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="close an HTTP connection whose request headers take longer than this (default 10)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="close an HTTP connection whose request body takes longer than this after its "
+        "headers (default 60)",
+    )
+    parser.add_argument(
         "--no-dynamic-batching",
         action="store_true",
         help="run every request on its own instead of merging concurrent ones",
@@ -100,6 +137,11 @@ def settings_from_args(args: argparse.Namespace):
         grpc_port=None if args.no_grpc else args.grpc_port,
         admin_token=args.admin_token,
         max_request_bytes=int(args.max_request_mb * 1024 * 1024),
+        max_keys_per_request=args.max_keys_per_request,
+        max_keys_per_row=args.max_keys_per_row,
+        allow_nonfinite_inputs=args.allow_nonfinite_inputs,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
         dynamic_batching=not args.no_dynamic_batching,
         max_batch_delay_ms=args.max_batch_delay_ms,
         poll_interval_s=args.poll_interval,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import socket
@@ -184,8 +185,32 @@ def serve(settings: Settings, loader: Loader | None = None) -> None:
         from .allocator import tune_malloc
 
         tune_malloc()
+    check_sources(settings)
+    check_ports(settings)
     app = create_app(settings, loader)
     uvicorn.Server(uvicorn_config(app, settings, settings.log_level)).run()
+
+
+def check_ports(settings: Settings) -> None:
+    """Refuse to start when the HTTP or gRPC port cannot be listened on (in use, or not
+    allowed), before any model loads: :class:`ConfigError` naming the port."""
+    for what, port in (("--http-port", settings.http_port), ("--grpc-port", settings.grpc_port)):
+        if not port:
+            continue
+        try:
+            infos = socket.getaddrinfo(settings.host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ConfigError(f"--host {settings.host}: {exc.strerror}") from None
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise ConfigError(
+                    f"{what} {port}: cannot listen on {settings.host}:{port}: {exc.strerror}"
+                    + (" (another server runs there?)" if exc.errno == errno.EADDRINUSE else "")
+                ) from None
 
 
 def uvicorn_config(app: FastAPI, settings: Settings, log_level: str) -> uvicorn.Config:

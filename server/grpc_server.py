@@ -13,7 +13,8 @@ all a client sees.
 
 from __future__ import annotations
 
-import hmac
+import asyncio
+import logging
 import time
 from typing import Any
 
@@ -21,11 +22,11 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from tierserve.ps.errors import InvalidInputError, NotFoundError, TierserveError, UnauthorizedError
-from tierserve.ps.table_tag import check_name
+from tierserve.ps.errors import InvalidInputError, TierserveError
 
 from .dataplane import DataPlane
 from .grpc_gen import grpc_predict_v2_pb2 as pb
+from .policy import AdminToken, load_name, model_name, public_index, public_message
 from .tensors import (
     DATATYPES,
     DecodedRequest,
@@ -38,6 +39,7 @@ from .tensors import (
 )
 
 SERVICE = "inference.GRPCInferenceService"
+log = logging.getLogger("tierserve.server")
 
 #: Which InferTensorContents field carries each datatype.
 _CONTENTS_FIELD = {
@@ -142,16 +144,14 @@ def _mapping_errors(method):
         try:
             return await method(request, context)
         except TierserveError as exc:
-            await context.abort(grpc.StatusCode[exc.grpc_status], exc.message)
+            await context.abort(grpc.StatusCode[exc.grpc_status], public_message(exc))
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception:
+            log.exception("gRPC %s failed", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 
     return behavior
-
-
-def _name(model: str) -> str:
-    try:
-        return check_name(model, "model name")
-    except InvalidInputError as exc:
-        raise NotFoundError(exc.message) from None
 
 
 class InferenceServicer:
@@ -159,17 +159,11 @@ class InferenceServicer:
 
     def __init__(self, plane: DataPlane, admin_token: str | None = None) -> None:
         self.plane = plane
-        self.admin_token = admin_token
+        self.token = AdminToken(admin_token)
 
     def _authorize(self, context) -> None:
-        if self.admin_token is None:
-            return
-        given = dict(context.invocation_metadata() or ()).get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), self.admin_token):
-            raise UnauthorizedError(
-                "repository load and unload need metadata 'authorization: Bearer <token>'"
-            )
+        given = dict(context.invocation_metadata() or ()).get("authorization")
+        self.token.check(given, where="metadata")
 
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.plane.live())
@@ -179,7 +173,7 @@ class InferenceServicer:
 
     async def ModelReady(self, request, context):
         try:
-            ready = self.plane.model_ready(_name(request.name), request.version)
+            ready = self.plane.model_ready(model_name(request.name), request.version)
         except TierserveError:
             ready = False
         return pb.ModelReadyResponse(ready=ready)
@@ -188,30 +182,30 @@ class InferenceServicer:
         return json_format.ParseDict(self.plane.server_metadata(), pb.ServerMetadataResponse())
 
     async def ModelMetadata(self, request, context):
-        meta = self.plane.model_metadata(_name(request.name), request.version)
+        meta = self.plane.model_metadata(model_name(request.name), request.version)
         return json_format.ParseDict(meta, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request, context):
-        config = self.plane.model_config(_name(request.name), request.version)
+        config = self.plane.model_config(model_name(request.name), request.version)
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, pb.ModelConfig()))
 
     async def ModelStatistics(self, request, context):
-        name = _name(request.name) if request.name else ""
+        name = model_name(request.name) if request.name else ""
         stats = self.plane.model_statistics(name, request.version)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
 
     async def RepositoryIndex(self, request, context):
-        index = self.plane.repository_index(request.ready)
+        index = public_index(self.plane.repository_index(request.ready))
         return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
 
     async def RepositoryModelLoad(self, request, context):
         self._authorize(context)
-        await self.plane.load(check_name(request.model_name, "model name"))
+        await self.plane.load(load_name(request.model_name))
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
         self._authorize(context)
-        await self.plane.unload(check_name(request.model_name, "model name"))
+        await self.plane.unload(load_name(request.model_name))
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request, context):
@@ -220,7 +214,7 @@ class InferenceServicer:
         try:
             decoded = decode_infer_request(request)
             result = await self.plane.infer(
-                _name(request.model_name), request.model_version, decoded
+                model_name(request.model_name), request.model_version, decoded
             )
             return encode_infer_response(result)
         except TierserveError as exc:

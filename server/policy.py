@@ -3,8 +3,8 @@
 - :func:`model_name`: a name that cannot exist is an unknown model (404 / NOT_FOUND), as
   Triton answers; repository load and unload use :func:`load_name` (400 for a bad name).
 - :class:`AdminToken`: repository load and unload need ``Bearer <token>`` when one is set.
-- :func:`public_message`: an error's message as a client sees it, without the server's file
-  paths (the log keeps the whole message).
+- :func:`public_message`, :func:`public_index`: an error's message and the repository index
+  as a client sees them, without the server's file paths (the log keeps the whole message).
 """
 
 from __future__ import annotations
@@ -56,22 +56,34 @@ class AdminToken:
 
 # An absolute POSIX path: a slash not preceded by a word character, dot or slash (so
 # "application/json" and "KServe v2/..." stay), then path characters.
-_PATH = re.compile(r"(?<![\w./])/(?:[^\s'\"`,;()\[\]{}<>]+)")
+_PATH = re.compile(r"(?<![\w./])/[^\s'\"`,;:()\[\]{}<>]+")
+
+
+def public_text(text: str) -> str:
+    """``text`` with absolute file paths cut to their last component (``.../name``)."""
+    return _PATH.sub(_last_part, text) if "/" in text else text
 
 
 def public_message(exc: TierserveError) -> str:
-    """``exc``'s message with absolute file paths cut to their last component; the whole
-    message is logged when anything was cut."""
+    """``exc``'s message as :func:`public_text` cuts it; the whole message is logged when
+    anything was cut."""
     message = exc.message
-    public = _PATH.sub(_last_part, message)
+    public = public_text(message)
     if public != message:
         log.info("answered %s: %s", type(exc).__name__, message)
     return public
 
 
+def public_index(index: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The repository index with the paths of its failure reasons cut."""
+    return [{**m, "reason": public_text(m.get("reason", ""))} for m in index]
+
+
 def _last_part(match: re.Match) -> str:
-    tail = match.group(0).rstrip("/.:").rsplit("/", 1)[-1]
-    return f".../{tail}" if tail else "..."
+    path = match.group(0)
+    cut = path.rstrip("/.")
+    tail = cut.rsplit("/", 1)[-1]
+    return (f".../{tail}" if tail else "...") + path[len(cut) :]
 
 
 def error_body(exc: TierserveError) -> dict[str, str]:

@@ -39,7 +39,7 @@ from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, Tierser
 
 from . import openapi as docs
 from .dataplane import DataPlane
-from .policy import AdminToken, error_body, load_name, model_name
+from .policy import AdminToken, error_body, load_name, model_name, public_index
 from .tensors import (
     DecodedRequest,
     array_from_json,
@@ -105,8 +105,10 @@ async def _infer_response(
 ) -> tuple[bytes, int | None]:
     """Decode, infer and encode one REST infer request: the body and its JSON header length
     (None: the whole body is JSON).  Raises TierserveError for bad requests."""
+    name = model_name(model)
+    plane.model_ready(name, version)  # an unknown model is a 404 whatever the body holds
     decoded = decode_rest_request(body, header_length)
-    result = await plane.infer(model_name(model), version, decoded)
+    result = await plane.infer(name, version, decoded)
     return encode_rest_response(
         result.model_name, result.model_version, result.id, result.outputs, result.binary
     )
@@ -329,14 +331,14 @@ def build_router(
     async def repository_index(request: Request) -> JSONResponse:
         body = await _read_body(request, max_request_bytes)
         ready = False
-        if body.strip():
+        if body:  # no body: the whole index
             data = parse_json(body)
             if not isinstance(data, dict):
                 raise InvalidInputError('the request body must be a JSON object: {"ready": bool}')
             ready = data.get("ready", False)
             if not isinstance(ready, bool):
                 raise InvalidInputError("'ready' must be true or false")
-        return JSONResponse(plane.repository_index(ready))
+        return JSONResponse(public_index(plane.repository_index(ready)))
 
     admin_responses = {
         200: {"description": "done", **empty},

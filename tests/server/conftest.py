@@ -26,7 +26,7 @@ def tiny_dlrm(tmp_path_factory):
         )
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_repository(tiny_dlrm, tmp_path_factory):
     from tierserve.clients.demo_model import write_repository
 
