@@ -267,10 +267,22 @@ class KafkaUpdateSourceConfig(_Strict):
     brokers: str = "127.0.0.1:9092"
     metadata_refresh_interval_ms: PositiveInt = 30000
     poll_timeout_ms: PositiveInt = 500
-    receive_buffer_size: PositiveInt = 2000
+    receive_buffer_size: PositiveInt = 2000  # embedding rows, as HugeCTR counts them
     max_batch_size: PositiveInt = 1000
     failure_backoff_ms: NonNegativeInt = 50
     max_commit_interval: PositiveInt = 32
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hugectr_spelling(cls, data: Any) -> Any:
+        """HugeCTR's name for ``receive_buffer_size`` is ``max_receive_buffer_size``."""
+        if isinstance(data, dict) and "max_receive_buffer_size" in data:
+            data = dict(data)
+            value = data.pop("max_receive_buffer_size")
+            if "receive_buffer_size" in data and data["receive_buffer_size"] != value:
+                raise ValueError("give receive_buffer_size or max_receive_buffer_size, not both")
+            data["receive_buffer_size"] = value
+        return data
 
 
 UpdateSourceConfig = Annotated[

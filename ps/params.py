@@ -77,7 +77,6 @@ class VolatileDatabaseParams(_TierParams):
     _target = VolatileDBConfig
 
     type: DatabaseType_t = DatabaseType_t.parallel_hash_map
-    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
     address: str = "127.0.0.1:7000"
     user_name: str = "default"
     password: str = ""
@@ -96,6 +95,7 @@ class VolatileDatabaseParams(_TierParams):
     tls_client_certificate: str = "client_cert.pem"
     tls_client_key: str = "client_key.key"
     tls_server_name_identification: str = "redis.localhost"
+    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
 
     _algorithm = field_validator("algorithm")(_check_algorithm)
 
@@ -114,7 +114,11 @@ class PersistentDatabaseParams(_TierParams):
 
 
 class UpdateSourceParams(_TierParams):
-    """The online update source: HugeCTR's ``UpdateSourceParams`` (none by default)."""
+    """The online update source: HugeCTR's ``UpdateSourceParams`` (none by default).
+
+    ``max_receive_buffer_size``: embedding rows received before they are applied without
+    waiting out ``poll_timeout_ms`` (ps.json's ``receive_buffer_size``).
+    """
 
     _target = UpdateSourceConfig
 
@@ -122,7 +126,7 @@ class UpdateSourceParams(_TierParams):
     brokers: str = "127.0.0.1:9092"
     metadata_refresh_interval_ms: Annotated[int, Field(gt=0)] = 30000
     poll_timeout_ms: Annotated[int, Field(gt=0)] = 500
-    receive_buffer_size: Annotated[int, Field(gt=0)] = 2000
+    max_receive_buffer_size: Annotated[int, Field(gt=0)] = 2000  # rows; ps.json: receive_buffer_size
     max_batch_size: Annotated[int, Field(gt=0)] = 1000
     failure_backoff_ms: Annotated[int, Field(ge=0)] = 50
     max_commit_interval: Annotated[int, Field(gt=0)] = 32
