@@ -9,17 +9,35 @@ an empty message key, and a value of at most ``max_batch_size`` records
 
 - it subscribes to ``^hps_et\\.((<filter>)|...)\\.<table>$`` built from that level's
   ``update_filters`` (regular expressions on model names);
-- its consumer group is ``hps.<level>``, with ``.<replica>`` appended (the host name by
-  default) when the level's tier lives in this process or on this machine (``hash_map``,
-  ``parallel_hash_map``, ``rocks_db``): then every replica must see every update.  A shared
-  tier (Redis) takes each update once per group;
-- a malformed message, or one for a model or table this server does not hold, is counted,
-  logged and skipped; a tier that cannot be reached is retried after ``failure_backoff_ms``
+- its consumer group is ``hps.<level>``, with ``.<replica>`` appended when the level's tier
+  is not shared between replicas (:attr:`Tier.shared <tierserve.ps.tier.Tier.shared>`
+  false: ``hash_map``, ``parallel_hash_map``, ``rocks_db``): then every replica applies
+  every update.  A shared tier (Redis) takes each update once per group;
+- the replica id is ``$TIERSERVE_REPLICA_ID`` when set, else unique per process (host name,
+  process id and a random part, :func:`replica_id`), so two servers on one host never split
+  the updates of their in-process tiers between them.  A process with a new id reads the
+  topics from the start (``auto.offset.reset: earliest``); a stable id resumes where the
+  last process with that id stopped;
+- a malformed message (any value the decoder refuses), or one for a model or table this
+  server does not hold, is counted, logged (its first bytes in hex) and skipped, and its
+  offset committed; a tier that cannot be reached is retried after ``failure_backoff_ms``
   (the message is not skipped, and its offset not committed);
+- should the loop fail anyway (a bug), it restarts after a growing backoff (base
+  ``failure_backoff_ms``, at most :data:`MAX_RESTART_BACKOFF_S`) with a new Kafka client,
+  which reads again from the last committed offset; a message that the loop failed on
+  :data:`MAX_FAILURES_PER_MESSAGE` times in a row is skipped.  :meth:`UpdateConsumer.status`
+  tells whether the loop runs, how often it restarted and its last error;
 - consecutive messages of one table are applied with one insert, of at most
   ``max_batch_size`` keys unless one message holds more (HugeCTR's dispatch chunks);
 - offsets are committed after at most ``max_commit_interval`` messages, and only those of
   messages done: after a crash or a rebalance, updates are applied at least once, in order.
+
+With a shared tier, only the replica that applies an update hears of it through
+:meth:`~tierserve.ps.hierarchy.HierarchicalParameterServer.insert`; so every replica also
+runs an :class:`InvalidationConsumer` (group ``hps.<level>.<replica>.cache``) that reads the
+same topics, writes no tier, waits until the applying group ``hps.<level>`` has committed
+past each message (so the shared tier holds the update), and then tells this process's
+update listeners (its embedding caches) to drop the updated keys.
 
 confluent-kafka is the client (extra ``kafka``).
 """
@@ -27,8 +45,12 @@ confluent-kafka is the client (extra ``kafka``).
 from __future__ import annotations
 
 import logging
+import os
+import re
+import secrets
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -37,18 +59,31 @@ import numpy as np
 from .config import KafkaUpdateSourceConfig
 from .errors import (
     BackendUnavailableError,
+    ConfigError,
     InvalidInputError,
     NotFoundError,
     require_extra,
 )
+from .retry import ExponentialBackoff
 from .table_tag import TAG_PREFIX, table_tag
 from .update_message import decode_update, encode_update
 
 log = logging.getLogger(__name__)
 
 _NAME_CHARS = "[A-Za-z0-9_-]"  # of a table name (table_tag.NAME_PATTERN)
-#: Tier types whose data lives in this process or on this machine.
-_LOCAL_TIERS = {"hash_map", "parallel_hash_map", "rocks_db"}
+#: The environment variable that names this replica in consumer groups (see replica_id).
+REPLICA_ENV = "TIERSERVE_REPLICA_ID"
+_REPLICA_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,200}")
+#: The longest wait between restarts of a failing consumer loop.
+MAX_RESTART_BACKOFF_S = 10.0
+#: Failures of the loop on one message after which that message is skipped.
+MAX_FAILURES_PER_MESSAGE = 3
+#: How long after a message was published an invalidation consumer waits for the applying
+#: group to commit past it (then it drops the keys anyway).
+APPLIED_WAIT_S = 60.0
+#: Bytes of a skipped message's value shown (in hex) in the log.
+_LOG_BYTES = 32
+_process_replica: str | None = None
 
 
 def _kafka():
@@ -143,19 +178,69 @@ def subscription(filters: list[str]) -> str:
     return rf"^{TAG_PREFIX}\.({models})\.{_NAME_CHARS}+$"
 
 
-def group_id(level: str, tier_type: str, replica: str | None = None) -> str:
-    """``hps.<level>``, plus ``.<replica>`` when the tier is not shared between replicas."""
-    if tier_type in _LOCAL_TIERS:
-        return f"hps.{level}.{replica or socket.gethostname()}"
-    return f"hps.{level}"
+def replica_id() -> str:
+    """This process's name in the consumer groups of unshared tiers and of cache invalidation.
+
+    ``$TIERSERVE_REPLICA_ID`` when set (letters, digits, ``.``, ``_``, ``-``); else
+    ``<host>-<pid>-<random>``, made once per process, so that two servers on one host are
+    two replicas.
+    """
+    global _process_replica
+    configured = os.environ.get(REPLICA_ENV)
+    if configured is not None:
+        if not _REPLICA_PATTERN.fullmatch(configured):
+            raise ConfigError(
+                f"{REPLICA_ENV}={configured!r}: a replica id is 1 to 200 letters, digits, "
+                "'.', '_' or '-'"
+            )
+        return configured
+    if _process_replica is None:
+        host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+        _process_replica = f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
+    return _process_replica
+
+
+def group_id(level: str, shared: bool, replica: str | None = None) -> str:
+    """``hps.<level>``, plus ``.<replica>`` (default :func:`replica_id`) when the level's tier
+    is not ``shared`` between replicas."""
+    if shared:
+        return f"hps.{level}"
+    return f"hps.{level}.{replica or replica_id()}"
+
+
+def _hex_head(value) -> str:
+    """The first bytes of a message value in hex, for logs (binary is never logged raw)."""
+    if value is None:
+        return "no value"
+    head = bytes(value[:_LOG_BYTES]).hex()
+    return f"{len(value)} bytes: {head}{'...' if len(value) > _LOG_BYTES else ''}"
+
+
+def _message_id(message) -> tuple[str, int, int]:
+    return (message.topic(), message.partition(), message.offset())
+
+
+@dataclass(frozen=True)
+class ConsumerStatus:
+    """Whether an :class:`UpdateConsumer` reads updates, for health checks and metrics."""
+
+    level: str
+    role: str  # "apply" (writes the tier) or "invalidate" (tells this process's caches)
+    group: str
+    alive: bool  # its loop runs (false while it waits to restart, and once it stopped)
+    restarts: int  # times its loop failed and was restarted
+    last_error: str | None  # the last failure of its loop, if any
 
 
 class UpdateConsumer:
     """Applies the updates of Kafka to tier ``level`` of ``ps``; see the module docstring.
 
     ``start()`` runs it in a daemon thread, ``close()`` stops it and commits what was
-    applied.  ``replica`` names this server in the consumer group of an unshared tier.
+    applied.  ``replica`` names this server in the consumer group of an unshared tier
+    (default :func:`replica_id`); ``backoff`` spaces the restarts of a failing loop.
     """
+
+    role = "apply"
 
     def __init__(
         self,
@@ -163,6 +248,8 @@ class UpdateConsumer:
         config: KafkaUpdateSourceConfig,
         level: str,
         replica: str | None = None,
+        *,
+        backoff: ExponentialBackoff | None = None,
         **options,
     ) -> None:
         if level not in ps.tiers:
@@ -171,9 +258,13 @@ class UpdateConsumer:
         self.config = config
         self.level = level
         self.stats = ConsumerStats()
-        self.group = group_id(level, ps.tiers[level].kind, replica)
+        self.replica = replica or replica_id()
+        self.group = self._group(ps.tiers[level])
         self.pattern = subscription(ps.update_filters(level))
-        settings = {
+        self.backoff = backoff or ExponentialBackoff(
+            max(config.failure_backoff_ms / 1000, 0.05), MAX_RESTART_BACKOFF_S
+        )
+        self._settings = {
             "bootstrap.servers": _bootstrap(config.brokers),
             "group.id": self.group,
             "enable.auto.commit": False,
@@ -181,16 +272,26 @@ class UpdateConsumer:
             "topic.metadata.refresh.interval.ms": config.metadata_refresh_interval_ms,
             **options,
         }
-        self._consumer = _kafka().Consumer(settings)
+        self._consumer = _kafka().Consumer(self._settings)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._uncommitted = 0  # messages done since the last commit
         self._positions: dict[tuple[str, int], int] = {}  # next offset to commit
+        self.restarts = 0
+        self.last_error: str | None = None
+        self._restarting = False
+        self._handling: tuple[str, int, int] | None = None  # the message the loop is on
+        self._failures: tuple[tuple[str, int, int] | None, int] = (None, 0)  # in a row
+        self._progress = 0  # batches of messages done
+        self._poison: set[tuple[str, int, int]] = set()  # messages the loop failed on
+
+    def _group(self, tier) -> str:
+        return group_id(self.level, tier.shared, self.replica)
 
     def start(self) -> UpdateConsumer:
         self._consumer.subscribe([self.pattern])
         self._thread = threading.Thread(
-            target=self._run, name=f"hps-updates-{self.level}", daemon=True
+            target=self._supervise, name=f"hps-updates-{self.level}", daemon=True
         )
         self._thread.start()
         return self
@@ -204,6 +305,18 @@ class UpdateConsumer:
         finally:
             self._consumer.close()
 
+    def status(self) -> ConsumerStatus:
+        """Whether the loop runs, how often it was restarted, and its last failure."""
+        alive = (
+            self._thread is not None
+            and self._thread.is_alive()
+            and not self._restarting
+            and not self._stop.is_set()
+        )
+        return ConsumerStatus(
+            self.level, self.role, self.group, alive, self.restarts, self.last_error
+        )
+
     def __enter__(self) -> UpdateConsumer:
         return self.start()
 
@@ -211,6 +324,63 @@ class UpdateConsumer:
         self.close()
 
     # --- the loop ----------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        """Run the loop; when it fails, restart it (with a new client) after a backoff."""
+        failures = 0  # in a row, without a batch done in between
+        progress = self._progress
+        while not self._stop.is_set():
+            try:
+                self._run()
+                return
+            except Exception as exc:  # a bug: the updates behind it must still be applied
+                failures = 1 if self._progress != progress else failures + 1
+                progress = self._progress
+                self.restarts += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                self._restarting = True
+                self._note_failure()
+                delay = self.backoff.compute(failures)
+                log.error("kafka updates (%s): the consumer loop failed; restarting in %.2f s",
+                          self.level, delay, exc_info=exc)  # fmt: skip
+                if self._stop.wait(delay):
+                    return
+                try:
+                    self._reopen()
+                except Exception as reopen_exc:  # the broker may be away: try again later
+                    self.last_error = f"{type(reopen_exc).__name__}: {reopen_exc}"[:500]
+                    log.warning("kafka updates (%s): reopening the consumer failed: %s",
+                                self.level, reopen_exc)  # fmt: skip
+                    continue
+                self._restarting = False
+
+    def _note_failure(self) -> None:
+        """Count a failure on the message being handled; skip it once it failed too often."""
+        current = self._handling
+        last, count = self._failures
+        count = count + 1 if current is not None and current == last else 1
+        self._failures = (current, count)
+        if current is not None and count >= MAX_FAILURES_PER_MESSAGE:
+            self._poison.add(current)
+            log.error("kafka updates (%s): the loop failed %d times on the message on %s "
+                      "partition %s at offset %s; it will be skipped",
+                      self.level, count, *current)  # fmt: skip
+
+    def _reopen(self) -> None:
+        """A new Kafka client in the same group: it reads again from the committed offsets,
+        so the messages consumed but not done when the loop failed are not lost."""
+        try:
+            self._commit(asynchronous=False)
+        finally:
+            self._positions.clear()
+            self._uncommitted = 0
+            old, self._consumer = self._consumer, None
+            try:
+                old.close()
+            except Exception as exc:
+                log.warning("kafka updates (%s): closing the failed consumer: %s", self.level, exc)
+        self._consumer = _kafka().Consumer(self._settings)
+        self._consumer.subscribe([self.pattern])
 
     def _run(self) -> None:
         timeout = self.config.poll_timeout_ms / 1000
@@ -227,7 +397,7 @@ class UpdateConsumer:
             for message in messages:
                 if self._stop.is_set():
                     return  # not applied, not committed: read again on the next start
-                update = self._decode(message)
+                update = self._take(message)
                 if run and (
                     update is None  # an error or a malformed value (counted): done alone
                     or (update.topic, update.dim) != (run[0].topic, run[0].dim)
@@ -241,7 +411,23 @@ class UpdateConsumer:
                 run.append(update)
                 run_keys += update.keys.size
             self._apply(run)
+            self._handling = None
+            if messages:
+                self._progress += 1
             self._commit(asynchronous=True)
+
+    def _take(self, message) -> _Update | None:
+        """:meth:`_decode`, unless the loop already failed on ``message`` too often."""
+        if message.error() is None:
+            self._handling = _message_id(message)
+            if self._handling in self._poison:
+                self._poison.discard(self._handling)
+                self.stats.errors += 1
+                log.warning("kafka updates (%s): skipped the message on %s partition %s at "
+                            "offset %s (%s): the loop failed on it", self.level,
+                            *self._handling, _hex_head(message.value()))  # fmt: skip
+                return None
+        return self._decode(message)
 
     def _decode(self, message) -> _Update | None:
         """The update a message carries, or None (counted) for an error or a malformed value."""
@@ -251,24 +437,32 @@ class UpdateConsumer:
                 self.stats.errors += 1
                 log.warning("kafka updates (%s): %s", self.level, error)
             return None
+        value = message.value()
         try:
-            keys, embeddings = decode_update(message.value())
-        except InvalidInputError as exc:  # MalformedMessageError included
+            keys, embeddings = decode_update(value)
+        except Exception as exc:  # any value the decoder refuses, whatever it raises
             self.stats.malformed += 1
-            log.warning("kafka updates (%s): skipped a malformed message on %s at offset %s: %s",
-                        self.level, message.topic(), message.offset(), exc)  # fmt: skip
+            log.warning("kafka updates (%s): skipped a malformed message on %s partition %s at "
+                        "offset %s (%s): %s", self.level, message.topic(), message.partition(),
+                        message.offset(), _hex_head(value), exc)  # fmt: skip
             return None
         return _Update(message, message.topic(), embeddings.shape[1], keys, embeddings)
+
+    @staticmethod
+    def _merged(run: list[_Update]) -> tuple[np.ndarray, np.ndarray]:
+        if len(run) == 1:
+            return run[0].keys, run[0].embeddings
+        return (
+            np.concatenate([u.keys for u in run]),
+            np.concatenate([u.embeddings for u in run]),
+        )
 
     def _apply(self, run: list[_Update]) -> None:
         """Apply the updates of ``run`` (one topic, one dim) with one insert; when the
         insert refuses them, one by one, so that only the bad ones are skipped."""
         if not run:
             return
-        keys = run[0].keys if len(run) == 1 else np.concatenate([u.keys for u in run])
-        embeddings = (
-            run[0].embeddings if len(run) == 1 else np.concatenate([u.embeddings for u in run])
-        )
+        keys, embeddings = self._merged(run)
         while not self._stop.is_set():
             try:
                 self.ps.apply_update(run[0].topic, keys, embeddings, level=self.level)
@@ -289,11 +483,14 @@ class UpdateConsumer:
                 for one in run:
                     self._skip(one.message, "errors", exc)
                 return
-            self.stats.messages += len(run)
-            self.stats.keys += int(keys.size)
-            for one in run:
-                self._applied(one.message)
+            self._done(run, keys)
             return
+
+    def _done(self, run: list[_Update], keys: np.ndarray) -> None:
+        self.stats.messages += len(run)
+        self.stats.keys += int(keys.size)
+        for one in run:
+            self._applied(one.message)
 
     def _skip(self, message, counter: str, exc: BaseException) -> None:
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
@@ -314,7 +511,7 @@ class UpdateConsumer:
     def _commit(self, asynchronous: bool) -> None:
         """Commit the offsets after the messages done, and only those (a message consumed
         but not yet applied is read again after a crash)."""
-        if not self._positions:
+        if not self._positions or self._consumer is None:
             return
         kafka = _kafka()
         offsets = [kafka.TopicPartition(t, p, o) for (t, p), o in self._positions.items()]
@@ -329,21 +526,110 @@ class UpdateConsumer:
             log.warning("kafka updates (%s): commit failed: %s", self.level, exc)
 
 
+class InvalidationConsumer(UpdateConsumer):
+    """Tells this process's update listeners of the updates another replica applies to a
+    shared tier (see the module docstring); writes no tier.
+
+    Its group is ``hps.<level>.<replica>.cache``.  For each run of messages it waits until
+    the applying group ``hps.<level>`` has committed past them (at most until
+    :data:`APPLIED_WAIT_S` after they were published), then calls
+    :meth:`~tierserve.ps.hierarchy.HierarchicalParameterServer.notify_update` with no
+    vectors: the listeners drop the keys, and their next lookup reads the updated tier.
+    """
+
+    role = "invalidate"
+
+    def __init__(self, ps, config: KafkaUpdateSourceConfig, level: str,
+                 replica: str | None = None, **kwargs) -> None:  # fmt: skip
+        super().__init__(ps, config, level, replica, **kwargs)
+        self.applier_group = group_id(level, True)
+        self._applier = _kafka().Consumer({**self._settings, "group.id": self.applier_group})
+
+    def _group(self, tier) -> str:
+        if not tier.shared:
+            raise InvalidInputError(
+                f"the {self.level} tier ({tier.kind}) is not shared: each replica applies its "
+                "updates itself and needs no invalidation consumer"
+            )
+        return f"hps.{self.level}.{self.replica}.cache"
+
+    def close(self, timeout: float = 10.0) -> None:
+        try:
+            super().close(timeout)
+        finally:
+            self._applier.close()
+
+    def _apply(self, run: list[_Update]) -> None:
+        if not run:
+            return
+        keys, _ = self._merged(run)
+        if not self._wait_applied(run):
+            return  # stopping: not done, read again on the next start
+        try:
+            self.ps.notify_update(run[0].topic, keys, None)
+        except Exception as exc:  # a listener's bug must not stop the ones behind it
+            for one in run:
+                self._skip(one.message, "errors", exc)
+            return
+        self._done(run, keys)
+
+    def _wait_applied(self, run: list[_Update]) -> bool:
+        """Wait until the applying group committed past every message of ``run``, or until
+        :data:`APPLIED_WAIT_S` after the newest was published; False when stopping."""
+        kafka = _kafka()
+        last: dict[tuple[str, int], int] = {}
+        published = 0.0
+        for one in run:
+            m = one.message
+            last[(m.topic(), m.partition())] = max(last.get((m.topic(), m.partition()), -1),
+                                                   m.offset())  # fmt: skip
+            kind, ms = m.timestamp()
+            published = max(published, ms / 1000 if kind else time.time())
+        deadline = published + APPLIED_WAIT_S
+        wait = 0.01
+        while not self._stop.is_set():
+            try:
+                committed = self._applier.committed(
+                    [kafka.TopicPartition(t, p) for t, p in last], timeout=5
+                )
+                behind = [tp for tp in committed if tp.offset <= last[(tp.topic, tp.partition)]]
+            except Exception as exc:  # the broker may be away: wait and ask again
+                log.warning("kafka updates (%s): reading %s's offsets failed: %s",
+                            self.level, self.applier_group, exc)  # fmt: skip
+                behind = list(last)
+            if not behind:
+                return True
+            if time.time() >= deadline:
+                log.warning("kafka updates (%s): %s has not applied %d partitions of %s "
+                            "%.0f s after publication; dropping the keys from the caches anyway",
+                            self.level, self.applier_group, len(behind), run[0].topic,
+                            APPLIED_WAIT_S)  # fmt: skip
+                return True
+            self._stop.wait(wait)
+            wait = min(wait * 2, 0.2)
+        return False
+
+
 def start_update_consumers(ps, source, replica: str | None = None) -> list[UpdateConsumer]:
-    """One running :class:`UpdateConsumer` per tier level of ``ps`` that takes updates, when
-    ``source`` (``ps.json``'s ``update_source``) is a Kafka one; none otherwise."""
+    """The running consumers of a parameter server whose ``ps.json`` ``update_source`` is
+    ``source``: one :class:`UpdateConsumer` per tier level that takes updates, plus an
+    :class:`InvalidationConsumer` for each of those levels whose tier is shared.  None when
+    ``source`` is not a Kafka one."""
     if not isinstance(source, KafkaUpdateSourceConfig):
         return []
-    consumers = []
+    consumers: list[UpdateConsumer] = []
     try:
         for level, tier in ps.tiers.items():
-            if not getattr(tier, "read_only", False) and ps.update_filters(level):
-                consumers.append(UpdateConsumer(ps, source, level, replica).start())
+            if tier.read_only or not ps.update_filters(level):
+                continue
+            consumers.append(UpdateConsumer(ps, source, level, replica).start())
+            if tier.shared:
+                consumers.append(InvalidationConsumer(ps, source, level, replica).start())
     except BaseException:
         for consumer in consumers:
             consumer.close()
         raise
     for consumer in consumers:
-        log.info("kafka updates: %s tier reads %s as group %s", consumer.level,
-                 consumer.pattern, consumer.group)  # fmt: skip
+        log.info("kafka updates: %s %s tier reads %s as group %s", type(consumer).__name__,
+                 consumer.level, consumer.pattern, consumer.group)  # fmt: skip
     return consumers
