@@ -7,7 +7,8 @@ with :func:`load_ps_config` are resolved against the file's folder.
 
 Beyond HugeCTR: ``type: "redis"`` is a standalone Redis server given by ``address`` (a
 ``redis://`` URL or ``host:port``), for small deployments; and the older HugeCTR fields
-``max_get_batch_size`` / ``max_set_batch_size`` are accepted as spellings of ``max_batch_size``.
+``max_get_batch_size`` / ``max_set_batch_size`` chunk reads and writes by their own sizes
+(both default to ``max_batch_size``).
 HugeCTR has no settings for how its Redis client waits and retries; ours are on the ``redis``
 and ``redis_cluster`` configs (:class:`_RedisBase`): ``socket_timeout_ms``,
 ``connect_timeout_ms``, ``max_retries``, the circuit breaker's ``failure_threshold``,
@@ -89,14 +90,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
 
 
-def _legacy_batch_size(data: Any) -> Any:
-    """Fold HugeCTR's older ``max_get/set_batch_size`` into ``max_batch_size``."""
-    if isinstance(data, dict) and ("max_get_batch_size" in data or "max_set_batch_size" in data):
-        data = dict(data)
-        get = data.pop("max_get_batch_size", None)
-        put = data.pop("max_set_batch_size", None)
-        data.setdefault("max_batch_size", min(v for v in (get, put) if v is not None))
-    return data
+def _batch_sizes(self):
+    """``max_get_batch_size`` / ``max_set_batch_size`` (HugeCTR's two settings: reads and
+    writes are chunked by their own size) default to ``max_batch_size``."""
+    if self.max_get_batch_size is None:
+        object.__setattr__(self, "max_get_batch_size", self.max_batch_size)
+    if self.max_set_batch_size is None:
+        object.__setattr__(self, "max_set_batch_size", self.max_batch_size)
+    return self
 
 
 def _check_filters(filters: list[str]) -> list[str]:
@@ -122,7 +123,9 @@ class _VolatileBase(_Strict):
     refresh_time_after_fetch: bool = False
     update_filters: list[str] = Field(default_factory=lambda: [".+"])
 
-    _legacy = model_validator(mode="before")(_legacy_batch_size)
+    max_get_batch_size: PositiveInt | None = None
+    max_set_batch_size: PositiveInt | None = None
+    _batch_sizes = model_validator(mode="after")(_batch_sizes)
     _filters = field_validator("update_filters")(_check_filters)
 
 
@@ -244,7 +247,9 @@ class RocksDBConfig(_Strict):
     max_batch_size: PositiveInt = 10000
     update_filters: list[str] = Field(default_factory=lambda: [".+"])
 
-    _legacy = model_validator(mode="before")(_legacy_batch_size)
+    max_get_batch_size: PositiveInt | None = None
+    max_set_batch_size: PositiveInt | None = None
+    _batch_sizes = model_validator(mode="after")(_batch_sizes)
     _filters = field_validator("update_filters")(_check_filters)
 
 

@@ -82,6 +82,8 @@ class VolatileDatabaseParams(_TierParams):
     password: str = ""
     num_partitions: Annotated[int, Field(gt=0)] = Field(default_factory=default_num_partitions)
     max_batch_size: Annotated[int, Field(gt=0)] = 65536
+    max_get_batch_size: Annotated[int, Field(gt=0)] | None = None  # None: max_batch_size
+    max_set_batch_size: Annotated[int, Field(gt=0)] | None = None
     overflow_margin: Annotated[int, Field(gt=0)] = UNBOUNDED
     overflow_policy: DatabaseOverflowPolicy_t = DatabaseOverflowPolicy_t.evict_oldest
     overflow_resolution_target: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.8
@@ -110,6 +112,8 @@ class PersistentDatabaseParams(_TierParams):
     num_threads: Annotated[int, Field(gt=0)] = 16
     read_only: bool = False
     max_batch_size: Annotated[int, Field(gt=0)] = 10000
+    max_get_batch_size: Annotated[int, Field(gt=0)] | None = None  # None: max_batch_size
+    max_set_batch_size: Annotated[int, Field(gt=0)] | None = None
     update_filters: list[str] = Field(default_factory=lambda: [".+"])
 
 

@@ -82,7 +82,8 @@ class RedisTier(Tier):
         self._redis = redis
         self.config = config
         self.num_partitions = int(config.num_partitions)
-        self.max_batch_size = int(config.max_batch_size)
+        self.max_batch_size = int(config.max_set_batch_size or config.max_batch_size)  # writes
+        self.max_get_batch_size = int(config.max_get_batch_size or config.max_batch_size)
         self.policy = make_policy(config.overflow_policy)
         self.overflow_margin = int(config.overflow_margin)
         self.resolution_target = resolution_size(
@@ -210,8 +211,8 @@ class RedisTier(Tier):
             except self._network_errors as exc:  # pragma: no cover - best effort
                 log.warning("%s tier: cannot refresh the cluster topology: %s", self.kind, exc)
 
-    def _spans(self, b0: int, b1: int):
-        mb = self.max_batch_size
+    def _spans(self, b0: int, b1: int, mb: int | None = None):
+        mb = mb or self.max_batch_size
         return [(c0, min(b1, c0 + mb)) for c0 in range(b0, b1, mb)]
 
     # --- tables ----------------------------------------------------------------------------
@@ -266,7 +267,7 @@ class RedisTier(Tier):
                 spans = [
                     (value_hash(tag, p), c0, c1)
                     for p in node_parts
-                    for c0, c1 in self._spans(bounds[p], bounds[p + 1])
+                    for c0, c1 in self._spans(bounds[p], bounds[p + 1], self.max_get_batch_size)
                 ]
 
                 def queue(pipe, spans=spans):

@@ -46,7 +46,8 @@ class RocksDBTier(Tier):
         self.config = config
         self.path = str(config.path)
         self.read_only = bool(config.read_only)
-        self.max_batch_size = int(config.max_batch_size)
+        self.max_batch_size = int(config.max_set_batch_size or config.max_batch_size)  # writes
+        self.max_get_batch_size = int(config.max_get_batch_size or config.max_batch_size)
         self._lock = threading.Lock()
         options = self._options()
         options.create_if_missing(not self.read_only)
@@ -149,7 +150,7 @@ class RocksDBTier(Tier):
         keys = as_keys(keys)
         with self.stats.timed("lookup"):
             fields = key_fields(keys)
-            mb = self.max_batch_size
+            mb = self.max_get_batch_size
             if keys.size <= mb:
                 values = cf.get(fields)
             else:

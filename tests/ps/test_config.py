@@ -30,7 +30,8 @@ def test_hugectr_style_file_parses(tmp_path):
     config = load_ps_config(EXAMPLE)
     vdb = config.volatile_db
     assert isinstance(vdb, RedisClusterConfig)
-    assert vdb.num_partitions == 8 and vdb.max_batch_size == 100000  # legacy spelling folded
+    assert vdb.num_partitions == 8  # HugeCTR's two batch sizes stay two settings
+    assert (vdb.max_get_batch_size, vdb.max_set_batch_size) == (100000, 100000)
     assert vdb.overflow_policy is DatabaseOverflowPolicy_t.evict_oldest
     assert vdb.cache_missed_embeddings is True
     assert isinstance(config.persistent_db, RocksDBConfig)
