@@ -38,6 +38,7 @@ class HashMapTier(Tier):
         super().__init__()
         self.config = config
         self.num_partitions = int(config.num_partitions)
+        self.refresh_after_fetch = bool(config.refresh_time_after_fetch)
         self.policy = make_policy(config.overflow_policy)
         self.overflow_margin = int(config.overflow_margin)
         self.resolution_target = resolution_size(
@@ -106,7 +107,7 @@ class HashMapTier(Tier):
             if len(parts) == 1:
                 emb = cache_aligned((keys.size, parts[0].dim), np.float32)
                 found = np.empty(keys.size, dtype=bool)
-                hits = parts[0].lookup_into(keys, None, emb, found)
+                hits = parts[0].lookup_into(keys, None, emb, found, self.refresh_after_fetch)
             else:
                 emb, found, hits = self._lookup_partitioned(parts, keys)
             self.stats.hits += hits
@@ -123,7 +124,8 @@ class HashMapTier(Tier):
             # Each partition writes its rows straight to request order: all in parallel.
             a, b = bounds[p], bounds[p + 1]
             if b > a:
-                hits[p] = parts[p].lookup_into(keys, order[a:b], emb, grouped[a:b])
+                hits[p] = parts[p].lookup_into(keys, order[a:b], emb, grouped[a:b],
+                                               self.refresh_after_fetch)
 
         self._map(work, len(parts))
         found = np.empty(keys.size, dtype=bool)

@@ -187,20 +187,27 @@ class HashTable:
         self.lookup_into(keys, None, emb, found)
         return emb, found
 
-    def lookup_into(self, keys: np.ndarray, pos, out: np.ndarray, found: np.ndarray) -> int:
+    def lookup_into(
+        self, keys: np.ndarray, pos, out: np.ndarray, found: np.ndarray, refresh: bool = True
+    ) -> int:
         """Look up ``keys[pos]`` (all keys when ``pos`` is None): rows into ``out[pos]``, flags
-        into ``found[: pos.size]`` (in the order of ``pos``).
+        into ``found[: pos.size]`` (in the order of ``pos``).  ``refresh``: a recency table
+        stamps the rows found with the access time (HugeCTR's ``refresh_time_after_fetch``).
 
         ``keys`` must be contiguous int64 and ``out`` contiguous float32.  Returns the hits.
         """
         st = self._state
         tick = 0
-        if self._track == _k.TRACK_RECENCY:
-            self._tick += 1
-            tick = self._tick
+        track = self._track
+        if track == _k.TRACK_RECENCY:
+            if refresh:
+                self._tick += 1
+                tick = self._tick
+            else:
+                track = _k._TRACK_NONE
         hits = _k.lookup(
             keys, _NO_POS if pos is None else pos, pos is not None, st.tags, st.rows, st.cap,
-            st.seed, st.stats, self._track, tick, out, found,
+            st.seed, st.stats, track, tick, out, found,
         )  # fmt: skip
         if tick >= _TICK_REBASE:
             self._rebase()
