@@ -98,7 +98,7 @@ class AUC(Metric):
 
     def update(self, labels, predictions, loss=None):
         labels = _as_2d(labels)
-        predictions = _as_2d(predictions)
+        predictions = positive_class(labels, _as_2d(predictions))
         if labels.shape != predictions.shape:
             raise InvalidInputError(
                 f"AUC: labels {labels.shape} and predictions {predictions.shape} differ")
@@ -147,13 +147,21 @@ class HitRate(Metric):
 
     def update(self, labels, predictions, loss=None):
         y = _host_1d(labels)
-        p = _host_1d(predictions)
+        p = positive_class(_as_2d(labels), _as_2d(predictions)).reshape(-1)
         checked = p > self.threshold
         self._checked += int(checked.sum())
         self._hits += int((y[checked] == 1.0).sum())
 
     def result(self) -> float:
         return self._hits / self._checked if self._checked else 0.0
+
+
+def positive_class(labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """The positive class's column when a two-class softmax (``CrossEntropyLoss``) predicts a
+    binary label ``[B, 1]``: HugeCTR's AUC is over that class.  Otherwise ``predictions``."""
+    if labels.shape[1] == 1 and predictions.ndim == 2 and predictions.shape[1] == 2:
+        return predictions[:, 1:2]
+    return predictions
 
 
 def _as_2d(array: Any) -> np.ndarray:

@@ -100,3 +100,51 @@ def test_average_loss_and_the_metrics_spec():
     assert Metrics().results()[0][0] == "AUC"
     with pytest.raises(InvalidInputError, match="metric"):
         Metrics({"NDCG": 1.0})
+
+
+def test_auc_of_a_two_class_softmax_is_over_the_positive_class():
+    """Issue 13: CrossEntropyLoss predicts [B, 2] for a [B, 1] label; HugeCTR's AUC takes the
+    positive class (fit crashed at its first evaluation)."""
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 2, (200, 1)).astype(np.float32)
+    p1 = np.clip(labels[:, 0] * 0.3 + rng.random(200) * 0.7, 0, 1)
+    probs = np.stack([1 - p1, p1], axis=1)
+    auc = AUC()
+    auc.update(labels, probs)
+    assert auc.result() == pytest.approx(auc_score(labels[:, 0], p1))
+    hits = HitRate(0.5)
+    hits.update(labels, probs)
+    assert hits.result() == pytest.approx(float(labels[p1 > 0.5].mean()))
+
+
+def test_fit_with_cross_entropy_loss_evaluates_auc(tmp_path):
+    import tierserve.trainer as hugectr
+    from model32 import train_model32
+
+    m = train_model32(tmp_path / "data")
+    solver = hugectr.CreateSolver(batchsize=256, batchsize_eval=256, max_eval_batches=4, lr=0.01)
+    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm,
+                                      source=[str(m.train_list)], eval_source=str(m.eval_list),
+                                      check_type=hugectr.Check_t.Sum)
+    opt = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam)
+    model = hugectr.Model(solver, reader, opt)
+    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=3, dense_name="dense",
+                            data_reader_sparse_param_array=[
+                                hugectr.DataReaderSparseParam("data1", 1, True, 4)]))
+    model.add(hugectr.SparseEmbedding(
+        embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+        workspace_size_per_gpu_in_mb=1, embedding_vec_size=4, combiner="sum",
+        sparse_embedding_name="emb", bottom_name="data1", optimizer=opt))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape, bottom_names=["emb"],
+                                 top_names=["flat"], leading_dim=16))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Concat,
+                                 bottom_names=["flat", "dense"], top_names=["both"]))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct, bottom_names=["both"],
+                                 top_names=["fc"], num_output=2))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.CrossEntropyLoss,
+                                 bottom_names=["fc", "label"], top_names=["loss"]))
+    model.compile()
+    model.fit(max_iter=40, display=1000, eval_interval=20)
+    for _ in range(4):
+        model.eval()
+    assert dict(model.get_eval_metrics())["AUC"] > 0.7
