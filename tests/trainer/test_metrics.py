@@ -118,8 +118,9 @@ def test_auc_of_a_two_class_softmax_is_over_the_positive_class():
 
 
 def test_fit_with_cross_entropy_loss_evaluates_auc(tmp_path):
-    import tierserve.trainer as hugectr
     from model32 import train_model32
+
+    import tierserve.trainer as hugectr
 
     m = train_model32(tmp_path / "data")
     solver = hugectr.CreateSolver(batchsize=256, batchsize_eval=256, max_eval_batches=4, lr=0.01)
