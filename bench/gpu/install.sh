@@ -2,6 +2,9 @@
 # Install tierserve (editable, extras redis and gpu) and what the GPU check runs into the venv
 # VENV, created from PY with --system-site-packages when missing (so a cupy or torch the machine
 # already has is used).  WHEELS: install from that folder only.  DRY=1: no gpu extra, no torch.
+# (check.sh passes PY's own venv as VENV when PY runs in one: a venv made from a venv's Python
+# would not see that venv's packages, and cuda-pathfinder, which finds cupy's CUDA libraries,
+# searches only site.getsitepackages().)
 # Called by check.sh.
 set -euo pipefail
 : "${VENV:?}" "${ROOT:?}" "${PY:=python3}" "${WHEELS:=}" "${DRY:=0}"
