@@ -24,6 +24,7 @@ from google.protobuf import json_format
 
 from tierserve.ps.errors import InvalidInputError, TierserveError
 
+from .allocator import trimmer
 from .dataplane import DataPlane
 from .grpc_gen import grpc_predict_v2_pb2 as pb
 from .policy import AdminToken, load_name, model_name, public_index, public_message
@@ -213,10 +214,13 @@ class InferenceServicer:
         status = None
         try:
             decoded = decode_infer_request(request)
-            result = await self.plane.infer(
-                model_name(request.model_name), request.model_version, decoded
-            )
-            return encode_infer_response(result)
+            try:
+                result = await self.plane.infer(
+                    model_name(request.model_name), request.model_version, decoded
+                )
+                return encode_infer_response(result)
+            finally:
+                trimmer.after_request(decoded.inputs, request.ByteSize())
         except TierserveError as exc:
             status = exc.grpc_status
             raise

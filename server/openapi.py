@@ -207,7 +207,7 @@ def _infer_operation(versioned: bool) -> dict[str, Any]:
             "in": "header",
             "required": False,
             "description": "binary tensor extension: length of the JSON header of the body",
-            "schema": {"type": "integer", "minimum": 0},
+            "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
         },
         {
             "name": "Content-Encoding",

@@ -38,6 +38,7 @@ from starlette.routing import Route
 from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, TierserveError
 
 from . import openapi as docs
+from .allocator import trimmer
 from .dataplane import DataPlane
 from .policy import AdminToken, error_body, load_name, model_name, public_index
 from .tensors import (
@@ -52,7 +53,7 @@ from .tensors import (
 log = logging.getLogger("tierserve.server")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-_DIGITS = re.compile(r"[0-9]{1,18}")
+_DIGITS = re.compile(r"[0-9]{1,19}")
 INTERNAL_ERROR = {"error": "internal error"}
 
 
@@ -105,13 +106,14 @@ async def _infer_response(
 ) -> tuple[bytes, int | None]:
     """Decode, infer and encode one REST infer request: the body and its JSON header length
     (None: the whole body is JSON).  Raises TierserveError for bad requests."""
-    name = model_name(model)
-    plane.model_ready(name, version)  # an unknown model is a 404 whatever the body holds
     decoded = decode_rest_request(body, header_length)
-    result = await plane.infer(name, version, decoded)
-    return encode_rest_response(
-        result.model_name, result.model_version, result.id, result.outputs, result.binary
-    )
+    try:
+        result = await plane.infer(model_name(model), version, decoded)
+        return encode_rest_response(
+            result.model_name, result.model_version, result.id, result.outputs, result.binary
+        )
+    finally:
+        trimmer.after_request(decoded.inputs, len(body))
 
 
 # --- infer: the one implementation ---------------------------------------------------------
@@ -150,7 +152,8 @@ class InferEndpoint:
                 elif key == b"content-encoding":
                     encoding = value.decode("latin-1")
             try:
-                model_name(model)
+                # an unknown model is a 404 whatever the request holds
+                plane.model_ready(model_name(model), version)
                 _check_declared(length, self.limit)
                 body = await _receive_body(receive, self.limit)
                 if body is None:

@@ -1,0 +1,85 @@
+"""Memory a large allowed request used goes back to the OS afterwards, although ``tierserve
+serve`` keeps freed memory in its heap for the usual batch sizes (server/allocator.py)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+from polling import until
+
+from tierserve.server.app import free_port
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="malloc tuning and trimming are glibc's",
+)
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _binary_request(rows: int) -> tuple[bytes, dict]:
+    rng = np.random.default_rng(rows)
+    des = rng.random((rows, 13), dtype=np.float32)
+    cat = rng.integers(0, 5000, (rows, 8)).astype(np.int64)
+    header = json.dumps({
+        "inputs": [
+            {"name": "DES", "datatype": "FP32", "shape": [rows, 13],
+             "parameters": {"binary_data_size": des.nbytes}},
+            {"name": "CATCOLUMN", "datatype": "INT64", "shape": [rows, 8],
+             "parameters": {"binary_data_size": cat.nbytes}},
+        ],
+        "parameters": {"binary_data_output": True},
+    }).encode()  # fmt: skip
+    return header + des.tobytes() + cat.tobytes(), {
+        "Inference-Header-Content-Length": str(len(header))
+    }
+
+
+def test_rss_falls_back_after_a_large_request(tiny_repository):
+    repo = tiny_repository(max_batch_size=65536)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository", str(repo),
+         "--http-port", str(port), "--no-grpc", "--log-level", "warning"],
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/v2/models/dlrm/infer"
+    try:
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        assert until(ready, timeout=60)
+        body, headers = _binary_request(2048)  # the usual sizes: warm, and nothing to give back
+        assert httpx.post(url, content=body, headers=headers, timeout=60).status_code == 200
+        time.sleep(0.5)
+        warm = _rss_mib(server.pid)
+        body, headers = _binary_request(65536)
+        assert httpx.post(url, content=body, headers=headers, timeout=120).status_code == 200
+        del body
+        peak = _rss_mib(server.pid)
+        assert peak - warm > 40, (warm, peak)  # the request did need memory
+        # at least half of what it took is given back (it stayed at the peak before)
+        assert until(lambda: _rss_mib(server.pid) < warm + (peak - warm) / 2, timeout=10), (
+            warm,
+            peak,
+            _rss_mib(server.pid),
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
