@@ -10,6 +10,7 @@ cupy when ``vvgpu`` names a visible GPU).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -22,6 +23,7 @@ from tierserve.ps.errors import ConfigError
 from tierserve.ps.sparse_file import sparse_model_name, sparse_optimizer_name
 
 from . import adapters, manifest
+from .data.source import check_data_source, local_copy
 from .dense_file import (
     NONTRAINABLE_SUFFIX,
     dense_model_name,
@@ -420,6 +422,7 @@ class Model:
         every ``snapshot`` iterations under ``snapshot_prefix``.  Stops early when an AUC
         threshold of ``metrics_spec`` is reached."""
         self._require_compiled("fit")
+        check_data_source(data_source_params, "fit")
         from tqdm.auto import tqdm
 
         epoch_mode = not self.solver.repeat_dataset
@@ -467,7 +470,9 @@ class Model:
                                   f"{threshold}: training stops at iteration {it}")
                         break
                 if snapshot > 0 and it % snapshot == 0 and snapshot_prefix is not None:
-                    self.save_params_to_files(snapshot_prefix, it)
+                    written = self.save_params_to_files(snapshot_prefix, it)
+                    if data_source_params is not None:  # with use_hdfs: to hdfs_model_home
+                        data_source_params.upload(written)
         finally:
             bar.close()
 
@@ -520,10 +525,10 @@ class Model:
 
     # -- model files ---------------------------------------------------------------------------
 
-    def save_params_to_files(self, prefix: str, iter: int = 0) -> None:  # noqa: A002
+    def save_params_to_files(self, prefix: str, iter: int = 0) -> list[str]:  # noqa: A002
         """Write every table (``<prefix><i>_sparse_<iter>.model``) with its optimizer state,
         the dense weights (``<prefix>_dense_<iter>.model`` and ``.nontrainable``) and the
-        dense optimizer state (``<prefix>_opt_dense_<iter>.model``)."""
+        dense optimizer state (``<prefix>_opt_dense_<iter>.model``); returns their paths."""
         self._require_compiled("save_params_to_files")
         parent = Path(prefix).parent
         parent.mkdir(parents=True, exist_ok=True)
@@ -540,6 +545,8 @@ class Model:
         write_dense_file(dense_optimizer_name(prefix, iter), self._dense_opt_arrays())
         # What a loader checks that the dense file is the one saved with these tables and graph.
         manifest.record([*written, dense_path, dense_path + NONTRAINABLE_SUFFIX])
+        return [*written, *(sparse_optimizer_name(prefix, i, iter) for i in range(len(self.tables))),
+                dense_path, dense_path + NONTRAINABLE_SUFFIX, dense_optimizer_name(prefix, iter)]
 
     def _dense_opt_arrays(self) -> list[np.ndarray]:
         # One block per state name, each the concatenation over all parameters in file order
@@ -554,6 +561,11 @@ class Model:
     def load_dense_weights(self, dense_model_file: str, data_source_params: Any = None) -> None:
         """Load the dense weights (and the ``.nontrainable`` state beside them, if present)."""
         self._require_compiled("load_dense_weights")
+        remote = os.fspath(dense_model_file)
+        dense_model_file, tmp = local_copy(data_source_params, remote, "load_dense_weights")
+        if tmp is not None:  # the .nontrainable state beside it comes along when present
+            with contextlib.suppress(ConfigError):
+                data_source_params.fetch(remote + NONTRAINABLE_SUFFIX, tmp.name)
         shapes = self.network.flat_param_shapes()
         arrays = read_dense_file(dense_model_file, shapes)
         for dst, src in zip((p for ps in self.params for p in ps), arrays):
@@ -569,6 +581,8 @@ class Model:
                                     data_source_params: Any = None) -> None:
         """Load the dense optimizer state written by ``save_params_to_files``."""
         self._require_compiled("load_dense_optimizer_states")
+        dense_opt_states_file, _tmp = local_copy(data_source_params, dense_opt_states_file,
+                                                 "load_dense_optimizer_states")
         shapes = [tuple(p.shape) for _ in self.optimizer.state_names
                   for ps in self.params for p in ps]
         arrays = read_dense_file(dense_opt_states_file, shapes, "dense optimizer state file")
@@ -601,6 +615,7 @@ class Model:
         by embedding name."""
         self._require_compiled("load_sparse_weights")
         for table, path in self._tables_by(sparse_embedding_files, "load_sparse_weights"):
+            path, _tmp = local_copy(data_source_params, path, "load_sparse_weights")
             adapters.load_table(table, path)
 
     def load_sparse_optimizer_states(self, sparse_opt_states_files: Any,
@@ -609,6 +624,7 @@ class Model:
         self._require_compiled("load_sparse_optimizer_states")
         for table, path in self._tables_by(sparse_opt_states_files,
                                            "load_sparse_optimizer_states"):
+            path, _tmp = local_copy(data_source_params, path, "load_sparse_optimizer_states")
             adapters.load_table_optimizer(table, path)
 
     # -- freezing ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from .params import (
 from .planted import auc_score
 from .reader import DataReader, create_data_reader
 from .records import Records
+from .source import DataSource, DataSourceParams
 
 __all__ = [
     "AsyncParam",
@@ -33,6 +34,8 @@ __all__ = [
     "DataReaderParams",
     "DataReaderSparseParam",
     "DataReaderType_t",
+    "DataSource",
+    "DataSourceParams",
     "Distribution_t",
     "GeneratedDataset",
     "GeneratedSplit",

@@ -108,8 +108,9 @@ class DataReaderParams(ParamsModel):
 
     Not honoured, each warns once when set: ``cache_eval_data`` (evaluation data is read from
     the files at every evaluation), ``keyset`` (only the embedding training cache reads
-    keysets), ``async_param`` (the Raw reader reads the data).  ``data_source_params``: its
-    local paths are used (see :class:`~tierserve.trainer.data.source.DataSourceParams`).
+    keysets), ``async_param`` (the Raw reader reads the data).  ``data_source_params``: local
+    (``use_hdfs=False``) is read as given; ``use_hdfs=True`` is refused, naming
+    ``DataSource.move_to_local``.
     """
 
     data_reader_type: DataReaderType_t
@@ -147,6 +148,16 @@ class DataReaderParams(ParamsModel):
                       "keyset files are read only by HugeCTR's embedding training cache, "
                       "which tierserve does not have (tables live in memory); not read",
                       stacklevel=5)
+        if self.data_source_params is not None:
+            from .source import check_data_source
+
+            dsp = check_data_source(self.data_source_params, "DataReaderParams")
+            if dsp.use_hdfs:
+                raise ConfigError(
+                    "DataReaderParams.data_source_params with use_hdfs: the readers read local "
+                    "files; call hugectr.data.DataSource(params).move_to_local() and give the "
+                    "local file lists as source / eval_source"
+                )
         if self.async_param is not None:
             if not isinstance(self.async_param, AsyncParam):
                 raise ConfigError("DataReaderParams.async_param must be an AsyncParam")

@@ -121,6 +121,10 @@ class PReLU_Dice(Layer):
 class Dropout(Layer):
     """Inverted dropout: in training, zero each value with probability ``rate`` and scale
     the rest by 1/(1 - rate); identity in inference.  ``rate`` defaults to 0.5.
+
+    As HugeCTR's code computes it (``scale_ = 1 / (1 - rate)``, ``out = in * (mask >= rate) *
+    scale``), ``rate`` is the probability of dropping; its document's "1 means no element is
+    dropped" is not what HugeCTR does, and 1 is refused as HugeCTR's code asserts ``rate < 1``.
     """
 
     type_name = "Dropout"
@@ -129,7 +133,11 @@ class Dropout(Layer):
         super().__init__(config)
         self.rate = float(self.param("rate", self.param("dropout_rate", 0.5)))
         if not 0.0 <= self.rate < 1.0:
-            raise self.error(f"rate must be in [0, 1), got {self.rate}")
+            raise self.error(
+                f"dropout_rate must be in [0, 1), got {self.rate}: it is the probability of "
+                "dropping a value, as in HugeCTR's code (1 would drop every value; use 0, or "
+                "no Dropout layer, to keep them all)"
+            )
         self._seed = 0
         self._rngs: dict[Any, Any] = {}
 
