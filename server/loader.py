@@ -205,6 +205,10 @@ class StoreServable(EmbeddingLookupServable):
             _TableSource(ps, staged),
             config.embedding_table_names,
             config.embedding_vecsize_per_table,
+            # the model's own key limit: max_batch_size samples of its hotness
+            max_keys=config.max_batch_size
+            * (sum(config.maxnum_catfeature_query_per_table_per_sample) or config.slot_num or 1),
+            i64_keys=ps.config.supportlonglong,
         )
         self.ps, self.staged = ps, staged
 

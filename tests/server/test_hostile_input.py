@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 
 import grpc
@@ -326,5 +327,57 @@ def test_keys_over_the_limits_are_refused_before_any_work(tiny_repository):
         _expect_400(_post(srv, body, headers=headers), "max_keys_per_row", "limit of 8")
         body, headers = _csr_body(1, 1)
         assert _post(srv, body, headers=headers).status_code == 200
+    finally:
+        srv.stop()
+
+
+def _embedding_store(repo, tiny_dlrm):
+    """``repo`` plus ``emb``: the DLRM's table served as an embedding-lookup model."""
+    sparse = tiny_dlrm.sparse_files[0]
+    shutil.copytree(sparse, repo / "emb" / "1" / sparse.name)
+    config = json.loads((repo / "ps.json").read_text())
+    entry = dict(config["models"][0], model="emb", network_file="", dense_file="",
+                 sparse_files=[sparse.name], default_value_for_each_table=[0.5])  # fmt: skip
+    config["models"].append(entry)
+    (repo / "ps.json").write_text(json.dumps(config))
+    return repo
+
+
+def _lookup(server, keys, datatype="INT64", counts=None):
+    counts = [len(keys)] if counts is None else counts
+    body = _json(_input("KEYS", datatype, [len(keys)], keys),
+                 _input("NUMKEYS", "INT32", [len(counts)], counts))  # fmt: skip
+    return _post(server, body, path="/v2/models/emb/infer")
+
+
+def test_embedding_store_keys_width_and_limit(tiny_repository, tiny_dlrm):
+    from tierserve.ps.sparse_file import read_sparse_model
+
+    table = read_sparse_model(tiny_dlrm.sparse_files[0], 16)
+    keys = np.asarray(table.keys[:5]).tolist() + [4999]
+    wide = _start(_embedding_store(tiny_repository(), tiny_dlrm))
+    narrow = _start(_embedding_store(tiny_repository(supportlonglong=False), tiny_dlrm))
+    try:
+        r = _lookup(wide, keys)
+        assert r.status_code == 200, r.text
+        expected = r.json()["outputs"][0]["data"]
+        np.testing.assert_allclose(np.reshape(expected, (6, 16))[:5], table.embeddings[:5])
+        for datatype in ("INT32", "INT64"):
+            r = _lookup(narrow, keys, datatype)
+            assert r.status_code == 200, (datatype, r.text)
+            assert r.json()["outputs"][0]["data"] == expected
+        for datatype in ("INT32", "INT64"):
+            _expect_400(_lookup(narrow, [2**31] + keys[1:], datatype), "'KEYS'", "INT32")
+        assert _lookup(wide, [], counts=[0]).json()["outputs"][0]["shape"] == [0]
+        # the model's own key limit: max_batch_size 64 x 8 keys per sample
+        assert _lookup(wide, list(range(512))).status_code == 200
+        _expect_400(_lookup(wide, list(range(513))), "'KEYS'", "513", "max_keys_per_request")
+    finally:
+        wide.stop()
+        narrow.stop()
+    srv = _start(_embedding_store(tiny_repository(), tiny_dlrm), max_keys_per_request=1000)
+    try:
+        assert _lookup(srv, list(range(1000))).status_code == 200
+        _expect_400(_lookup(srv, list(range(1001))), "limit of 1000")
     finally:
         srv.stop()
