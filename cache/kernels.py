@@ -143,10 +143,11 @@ class LookupKernel:
 def load_lookup_kernel(required: bool = False) -> LookupKernel | None:
     """The compiled kernel (once per process), or ``None`` when it cannot be built.
 
-    With ``required`` a failure raises instead of falling back.
+    With ``required`` a failure raises instead of falling back (also after an earlier call
+    without ``required`` fell back).
     """
     with _lock:
-        if "lookup" in _loaded:
+        if "lookup" in _loaded and (_loaded["lookup"] is not None or not required):
             return _loaded["lookup"]
         kernel = None
         try:

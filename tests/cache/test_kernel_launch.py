@@ -141,3 +141,24 @@ def test_the_kernel_hash_is_set_of(num_sets):
     got = [kernel_set_of(int(k), num_sets) for k in keys]
     np.testing.assert_array_equal(got, want)
     assert all(0 <= s < num_sets for s in got)
+
+
+def test_a_required_kernel_raises_even_after_a_fallback(caplog, monkeypatch):
+    """``use_kernel=True`` must not be ignored because an earlier cache (``use_kernel=None``)
+    fell back to the cupy path: the required load tries again and raises why."""
+    import logging
+
+    from tierserve.cache import kernels
+
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("cupy is installed: the kernel may compile here")
+    monkeypatch.setattr(kernels, "_loaded", {})
+    with caplog.at_level(logging.WARNING, logger="tierserve.cache.kernels"):
+        assert kernels.load_lookup_kernel() is None
+    assert "CUDA cache kernel unavailable, using the cupy path" in caplog.text
+    with pytest.raises(ImportError, match="cupy"):
+        kernels.load_lookup_kernel(required=True)
