@@ -84,3 +84,12 @@ def test_a_bad_ps_json_is_a_failed_check_naming_the_field(tmp_path, capsys):
 def test_the_timeout_must_be_positive(capsys):
     assert main(["doctor", "--timeout", "0"]) == 2
     assert "--timeout must be positive" in capsys.readouterr().err
+
+
+def test_a_real_kafka_broker_answers(tmp_path, kafka_broker):
+    config = write_ps(tmp_path, {"type": "hash_map"},
+                      {"type": "kafka_message_queue", "brokers": kafka_broker.bootstrap})
+    checks = {c.name: c for c in diagnose(str(config), timeout=5, compile_kernels=False)}
+    c = checks[f"kafka {kafka_broker.bootstrap}"]
+    assert c.status == "ok" and re.match(r"answering: 1 broker\(s\), \d+ topics", c.detail), c
+    assert checks["volatile_db hash_map"].status == "info"
