@@ -196,6 +196,15 @@ class _RedisBase(_VolatileBase):
     refill_interval_ms: NonNegativeInt = 1000
 
     @model_validator(mode="after")
+    def _sni(self) -> _RedisBase:
+        if self.enable_tls and self.tls_server_name_identification != "redis.localhost":
+            from .compat import warn_once
+
+            warn_once("tls_server_name_identification", "redis-py sends each node's host name "
+                      "as the TLS server name; the setting is not used", stacklevel=2)
+        return self
+
+    @model_validator(mode="after")
     def _backoff_range(self) -> _RedisBase:
         if self.max_failure_backoff_ms < self.failure_backoff_ms:
             raise ValueError(
@@ -360,6 +369,41 @@ class ModelConfig(_Strict):
         if len(set(self.embedding_table_names)) != n:
             raise ValueError("embedding_table_names must be unique")
         return self
+
+    @model_validator(mode="after")
+    def _hugectr_switches(self) -> ModelConfig:
+        """HugeCTR's ``use_static_table`` is our static cache; the GPU-pipeline switches that
+        have no counterpart here warn once (what happens instead: MODEL_NOT_HONOURED)."""
+        if self.use_static_table:
+            if "embedding_cache_type" in self.model_fields_set and (
+                self.embedding_cache_type != "static"
+            ):
+                raise ValueError("use_static_table is true but embedding_cache_type is "
+                                 f"{self.embedding_cache_type!r}; give one of them")
+            object.__setattr__(self, "embedding_cache_type", "static")
+        from .compat import warn_once
+
+        defaults = type(self).model_fields
+        for name, instead in MODEL_NOT_HONOURED.items():
+            if getattr(self, name) != defaults[name].default:
+                warn_once(f"ps.json models[].{name}", instead, stacklevel=2)
+        if len(self.deployed_device_list) > 1:
+            warn_once("ps.json models[].deployed_device_list", "the model is served on one "
+                      f"device, the first ({self.deployed_device_list[0]})", stacklevel=2)
+        return self
+
+
+#: ``models[]`` fields accepted with no effect here, and what happens instead.
+MODEL_NOT_HONOURED = {
+    "num_of_worker_buffer_in_pool": "the embedding cache serves concurrent queries without a "
+    "buffer pool",
+    "num_of_refresher_buffer_in_pool": "the cache refresher needs no buffer pool",
+    "use_context_stream": "no CUDA context streams; cupy's current stream is used",
+    "fuse_embedding_table": "each table keeps its own cache (the same lookups)",
+    "use_mixed_precision": "inference computes in float32",
+    "cache_refresh_percentage_per_iteration": "the refresher re-reads every cached key of a "
+    "table each refresh_interval",
+}
 
 
 class PSConfig(_Strict):

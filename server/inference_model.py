@@ -139,6 +139,57 @@ class InferenceParams(BaseModel):
 # --- the model -------------------------------------------------------------------------------
 
 
+#: InferenceParams fields with no effect here, and what happens instead (warned once when given).
+PARAMS_NOT_HONOURED = {
+    "use_algorithm_search": "no cuBLAS algorithm search; numpy/cupy pick the GEMM kernels",
+    "use_cuda_graph": "no CUDA graphs; each layer runs as its own numpy/cupy calls",
+    "scaler": "inference computes in float32, so there is no loss scale",
+}
+
+
+def check_params_against_graph(
+    p: InferenceParams, network: InferenceGraph, slots: list[int], graph_path
+) -> None:
+    """HugeCTR's ``InferenceParams`` repeat what the graph defines (table names, vector sizes,
+    slots, label and dense widths): when given, they must agree with ``graph_path``; and the
+    switches of :data:`PARAMS_NOT_HONOURED` warn once when given."""
+    from tierserve.ps.compat import warn_once
+
+    tables = list(network.embeddings)
+    graph = {
+        "embedding_table_names": [t.name for t in tables],
+        "embedding_vecsize_per_table": [t.embedding_vec_size for t in tables],
+        "label_dim": sum(network.label_dims),
+        "slot_num": sum(slots),
+    }
+    given = p.model_fields_set
+    for name, value in graph.items():
+        if name in given and getattr(p, name) != value:
+            raise ConfigError(
+                f"InferenceParams.{name} is {getattr(p, name)!r} but the graph {graph_path} "
+                f"defines {value!r}"
+            )
+    at_least = {
+        "maxnum_catfeature_query_per_table_per_sample": [max(t.max_nnz, t.slot_num)
+                                                         for t in tables],
+        "maxnum_des_feature_per_sample": network.dense_dim,
+    }
+    for name, need in at_least.items():
+        if name not in given:
+            continue
+        value = getattr(p, name)
+        ok = (len(value) == len(need) and all(v >= n for v, n in zip(value, need))
+              if isinstance(need, list) else value >= need)
+        if not ok:
+            raise ConfigError(
+                f"InferenceParams.{name} is {value!r}; the graph {graph_path} needs at least "
+                f"{need!r}"
+            )
+    for name, instead in PARAMS_NOT_HONOURED.items():
+        if name in given:
+            warn_once(f"InferenceParams.{name}", instead, stacklevel=4)
+
+
 def model_config_from_params(
     params: InferenceParams, network: InferenceGraph, graph_path: str | os.PathLike
 ) -> ModelConfig:
@@ -158,6 +209,7 @@ def model_config_from_params(
     if len(defaults) == 1 and len(tables) > 1:
         defaults = defaults * len(tables)
     slots = [int(s["slot_num"]) for s in load_graph_json(graph_path).data_layer.get("sparse", [])]
+    check_params_against_graph(p, network, slots, graph_path)
     return ModelConfig(
         model=p.model_name,
         sparse_files=[os.fspath(f) for f in p.sparse_model_files],
@@ -176,8 +228,11 @@ def model_config_from_params(
         cache_refresh_percentage_per_iteration=p.cache_refresh_percentage_per_iteration,
         refresh_interval=int(p.refresh_interval),
         refresh_delay=int(p.refresh_delay),
-        num_of_worker_buffer_in_pool=p.number_of_worker_buffers_in_pool,
-        num_of_refresher_buffer_in_pool=p.number_of_refresh_buffers_in_pool,
+        # given only when the script set them (the defaults differ; they warn, see ModelConfig)
+        **{name: getattr(p, field) for field, name in (
+            ("number_of_worker_buffers_in_pool", "num_of_worker_buffer_in_pool"),
+            ("number_of_refresh_buffers_in_pool", "num_of_refresher_buffer_in_pool"),
+        ) if field in p.model_fields_set},
         use_mixed_precision=p.use_mixed_precision,
         label_dim=sum(network.label_dims),
         slot_num=max(1, sum(slots)),

@@ -41,6 +41,13 @@ from .layer_specs import (
 )
 from .lr_scheduler import LearningRateScheduler
 from .metrics import MetricsType
+from .mlperf import (
+    CommunicationType,
+    CreateETC,
+    HybridEmbeddingParam,
+    HybridEmbeddingType,
+    TrainPSType_t,
+)
 from .model import Model
 from .optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t
 from .session import Session, SolverParser, get_learning_rate_scheduler, solver_parser_helper
@@ -61,6 +68,8 @@ __all__ = [
     "AllReduceAlgo",
     "AsyncParam",
     "Check_t",
+    "CommunicationType",
+    "CreateETC",
     "CreateOptimizer",
     "CreateSolver",
     "DatabaseHashMapAlgorithm_t",
@@ -79,6 +88,8 @@ __all__ = [
     "FcPosition_t",
     "GroupDenseLayer",
     "GroupLayer_t",
+    "HybridEmbeddingParam",
+    "HybridEmbeddingType",
     "InferenceGraph",
     "Initializer_t",
     "Input",
@@ -93,6 +104,7 @@ __all__ = [
     "Regularizer_t",
     "Session",
     "Solver",
+    "TrainPSType_t",
     "SolverParser",
     "SparseEmbedding",
     "Update_t",

@@ -168,6 +168,13 @@ class SparseEmbedding:
         optimizer: Any = None,
         hybrid_embedding_param: Any = None,
     ) -> None:
+        if _name(embedding_type) == "HybridSparseEmbedding":
+            raise ConfigError(
+                f"SparseEmbedding {sparse_embedding_name!r}: HybridSparseEmbedding (HugeCTR's "
+                "MLPerf embedding over RawAsync data) is not available; use "
+                "LocalizedSlotSparseEmbeddingOneHot or DistributedSlotSparseEmbeddingHash, "
+                "which compute the same lookup"
+            )
         if isinstance(combiner, int):
             combiner = {0: "sum", 1: "mean"}.get(combiner, combiner)
         if combiner not in ("sum", "mean"):
@@ -188,6 +195,13 @@ class SparseEmbedding:
         self.bottom_name = bottom_name
         self.slot_size_array = list(slot_size_array or [])
         self.optimizer = optimizer
+        if hybrid_embedding_param is not None:
+            from .compat import warn_once
+
+            warn_once("SparseEmbedding.hybrid_embedding_param", "HugeCTR's MLPerf hybrid "
+                      "embedding (frequent keys replicated, the rest model-parallel) is a "
+                      "multi-GPU communication scheme; the table is looked up and trained as "
+                      "one table on one device (the same values)", stacklevel=2)
 
     def to_json(self) -> dict[str, Any]:
         hparam: dict[str, Any] = {
@@ -254,6 +268,12 @@ class DenseLayer:
             lambda_ = kwargs.pop("lambda")
         if kwargs:
             raise ConfigError(f"DenseLayer got unknown arguments {sorted(kwargs)}")
+        if _name(pos_type) != "Non":
+            from .compat import warn_once
+
+            warn_once("DenseLayer.pos_type", "HugeCTR's MLPerf chain of fused layers is not "
+                      "used; each FusedInnerProduct computes act(x W + b) on its own (the same "
+                      "values)", stacklevel=3)
         self.layer_type = _name(layer_type)
         self.bottom_names = _names(bottom_names)
         self.top_names = _names(top_names)

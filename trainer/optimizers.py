@@ -157,7 +157,9 @@ def CreateOptimizer(  # noqa: N802 - HugeCTR's name
     """HugeCTR's ``CreateOptimizer``: the optimizer for dense layers and, by default, embeddings.
 
     Arguments and defaults are HugeCTR's; ``lambda1``, ``lambda2`` and ``beta`` configure
-    ``Optimizer_t.Ftrl``.  Bad values raise :class:`InvalidInputError`.
+    ``Optimizer_t.Ftrl``.  Bad values raise :class:`InvalidInputError`.  ``atomic_update=False``
+    warns once: the SGD update is applied exactly, as with atomic updates (HugeCTR's
+    non-atomic GPU kernel may drop concurrent updates of one row).
     """
     opt = _enum(optimizer_type, Optimizer_t, "optimizer_type")
     upd = _enum(update_type, Update_t, "update_type")
@@ -172,6 +174,11 @@ def CreateOptimizer(  # noqa: N802 - HugeCTR's name
         raise InvalidInputError(
             "epsilon, initial_accu_value, lambda1, lambda2 and beta must not be negative"
         )
+    if not atomic_update:
+        from .compat import warn_once
+
+        warn_once("CreateOptimizer.atomic_update", "the SGD update of a row is applied "
+                  "exactly, as HugeCTR's atomic update does", stacklevel=3)
     return OptParamsPy(
         optimizer=opt,
         update_type=upd,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,10 +35,11 @@ class Solver:
     ``batchsize_eval``, ``batchsize``, ``vvgpu`` (first device only), ``repeat_dataset``,
     ``use_mixed_precision`` and ``scaler`` (float16 compute with loss scaling on a GPU; the
     CPU computes in float32 and ignores them), ``metrics_spec``, ``i64_input_key``.
-    The CUDA- and MLPerf-specific switches (``enable_tf32_compute``, ``use_algorithm_search``,
-    ``use_cuda_graph``, ``device_layout``, ``use_holistic_cuda_graph``,
-    ``use_overlapped_pipeline``, ``all_reduce_algo``, ``grouped_all_reduce``,
-    ``num_iterations_statistics``, ``is_dlrm``) are accepted and have no effect.
+    Not honoured, each warns once when given (:data:`NOT_HONOURED` says what happens
+    instead): more than one device in ``vvgpu``, and the CUDA- and MLPerf-specific switches
+    ``enable_tf32_compute``, ``use_algorithm_search``, ``use_cuda_graph``, ``device_layout``,
+    ``use_holistic_cuda_graph``, ``use_overlapped_pipeline``, ``all_reduce_algo``,
+    ``grouped_all_reduce``, ``num_iterations_statistics``, ``is_dlrm``.
     """
 
     model_name: str = ""
@@ -83,6 +83,33 @@ class Solver:
         return out
 
 
+#: Solver switches that have no effect here, and what happens instead (warned once when given).
+NOT_HONOURED = {
+    "enable_tf32_compute": "matrix products run in float32 (numpy/cupy default precision)",
+    "use_algorithm_search": "no cuBLAS algorithm search; numpy/cupy pick the GEMM kernels",
+    "use_cuda_graph": "no CUDA graphs; each layer runs as its own numpy/cupy calls (same values)",
+    "device_layout": "one device, so no device map",
+    "use_holistic_cuda_graph": "no CUDA graphs (MLPerf option)",
+    "use_overlapped_pipeline": "the bottom MLP and the embeddings run one after the other",
+    "all_reduce_algo": "one device, so no all-reduce",
+    "grouped_all_reduce": "one device, so no all-reduce",
+    "num_iterations_statistics": "no hybrid embedding statistics (MLPerf option)",
+}
+
+
+def _warn_not_honoured(kwargs: dict[str, Any], solver: Solver) -> None:
+    from .compat import warn_once
+
+    for name, instead in NOT_HONOURED.items():
+        if name in kwargs:
+            warn_once(f"CreateSolver.{name}", instead, stacklevel=4)
+    devices = [d for node in solver.vvgpu for d in (node if isinstance(node, list) else [node])]
+    if len(devices) > 1:
+        warn_once("CreateSolver.vvgpu", f"training runs on one device, the first of "
+                  f"vvgpu ({devices[0]}), not on {len(devices)}; the batch is not split",
+                  stacklevel=4)
+
+
 def CreateSolver(**kwargs: Any) -> Solver:  # noqa: N802 - HugeCTR's name
     """HugeCTR's ``CreateSolver``: every argument is keyword-only, defaults are HugeCTR's.
 
@@ -111,6 +138,10 @@ def CreateSolver(**kwargs: Any) -> Solver:  # noqa: N802 - HugeCTR's name
         solver.metrics_spec = {MetricsType.AUC: 1.0}
     if solver.warmup_steps < 0 or solver.decay_start < 0 or solver.decay_steps < 1:
         raise ConfigError("warmup_steps and decay_start must be >= 0, decay_steps >= 1")
+    _warn_not_honoured(kwargs, solver)
     if solver.is_dlrm:
-        warnings.warn("is_dlrm: HugeCTR's MLPerf optimisations are not used here", stacklevel=2)
+        from .compat import warn_once
+
+        warn_once("CreateSolver.is_dlrm", "HugeCTR's MLPerf optimisations are not used here",
+                  stacklevel=3)
     return solver

@@ -51,11 +51,13 @@ from .key_index import KeyIndex
 
 
 class Embedding_t(enum.Enum):  # noqa: N801 - HugeCTR's name
-    """The embedding types of ``hugectr.Embedding_t`` that tierserve trains."""
+    """The embedding types of ``hugectr.Embedding_t``.  ``HybridSparseEmbedding`` (MLPerf) is
+    named so scripts can spell it; ``SparseEmbedding`` refuses it with a message."""
 
     DistributedSlotSparseEmbeddingHash = "DistributedSlotSparseEmbeddingHash"
     LocalizedSlotSparseEmbeddingHash = "LocalizedSlotSparseEmbeddingHash"
     LocalizedSlotSparseEmbeddingOneHot = "LocalizedSlotSparseEmbeddingOneHot"
+    HybridSparseEmbedding = "HybridSparseEmbedding"
 
     @property
     def is_localized(self) -> bool:
