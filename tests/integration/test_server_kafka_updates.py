@@ -4,6 +4,7 @@ updates a producer publishes, and its predictions change accordingly."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 import uuid
 
@@ -14,6 +15,7 @@ from polling import until
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.ps.kafka_updates import UpdateProducer
+from tierserve.ps.update_message import encode_update
 from tierserve.server.app import BackgroundServer
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.settings import Settings
@@ -73,6 +75,85 @@ def test_published_updates_change_what_the_server_serves(tmp_path, kafka_broker)
         group = {c.level: c.group for c in loader.update_consumers}
         assert group["volatile"].startswith("hps.volatile.")  # hash_map: one per replica
     assert loader.update_consumers == []  # closed with the server
+
+
+def _metric(url: str, series: str) -> float:
+    """The value of one series (name and labels as the exposition writes them) of /metrics."""
+    text = urllib.request.urlopen(f"{url}/metrics").read().decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.rsplit(" ", 1)[0] == series]  # fmt: skip
+    assert len(values) == 1, f"{series} not in\n{text}"
+    return values[0]
+
+
+def _hostile_values(rng, dim: int) -> list[bytes]:
+    """Values no consumer may stop on: the header that killed both consumer threads once
+    (value_size 2**32 - 4, issue 12), other huge or odd value sizes, truncated records, wrong
+    dims, NaN, and random bytes with and without the magic."""
+
+    def header(value_size: int) -> bytes:
+        return b"HCTR" + int(value_size).to_bytes(4, "little")
+
+    values = [header(2**32 - 4), header(2**31), header(2**32 - 4) + bytes(12), header(0),
+              header(6) + bytes(14), header(4 * dim) + b"\x01" * 7, b"", b"HCTR",
+              encode_update(np.arange(2), np.ones((2, dim + 1), np.float32)),
+              encode_update(np.arange(1), np.full((1, dim), np.nan, np.float32))]  # fmt: skip
+    for _ in range(20):
+        body = rng.bytes(int(rng.integers(0, 64)))
+        values.append(body if rng.random() < 0.5 else header(rng.integers(0, 2**32)) + body)
+    return values
+
+
+def test_hostile_messages_do_not_stop_updates_nor_health(tmp_path, kafka_broker):
+    from confluent_kafka import Producer
+
+    demo = train_demo_model(tmp_path / "train", iterations=5, batch_size=256, seed=5)
+    repo = tmp_path / "repo"
+    write_repository(demo, repo)
+    config = json.loads((repo / "ps.json").read_text())
+    config["update_source"] = {
+        "type": "kafka_message_queue", "brokers": kafka_broker.bootstrap,
+        "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500,
+    }  # fmt: skip
+    config["persistent_db"]["path"] = str(tmp_path / "rocksdb")
+    (repo / "ps.json").write_text(json.dumps(config))
+    table = config["models"][0]["embedding_table_names"][0]
+    dim = config["models"][0]["embedding_vecsize_per_table"][0]
+    rng = np.random.default_rng(5)
+    topic = f"hps_et.dlrm.{table}"
+    raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    hostile = _hostile_values(rng, dim)
+    for value in hostile:  # all before the good update, on one partition: read first
+        raw.produce(topic, value=value, partition=0)
+    keys = np.array([1, 2, 3], np.int64)
+    new = rng.normal(0, 1, (keys.size, dim)).astype(np.float32)
+    raw.produce(topic, value=encode_update(keys, new), partition=0)
+    assert raw.flush(30) == 0
+    loader = RepositoryLoader()
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=None,
+                              poll_interval_s=0)  # fmt: skip
+    with BackgroundServer(settings, loader=loader) as server:
+        ps = loader.parameter_server
+        assert until(lambda: np.array_equal(ps.lookup("dlrm", table, keys), new)), [
+            c.stats for c in loader.update_consumers
+        ]
+        for consumer in loader.update_consumers:
+            status = consumer.status()
+            assert status.alive and status.restarts == 0, status
+        url = f"http://{server.http_url}"
+        assert urllib.request.urlopen(f"{url}/v2/health/ready").status == 200
+        volatile = 'role="apply",tier="volatile:hash_map"'
+        assert _metric(url, f"tierserve_update_consumers_alive{{{volatile}}}") == 1
+        assert _metric(url, f"tierserve_update_consumer_restarts_total{{{volatile}}}") == 0
+        assert _metric(url, 'tierserve_tier_updates_total{outcome="malformed",'
+                       'tier="volatile:hash_map"}') >= 20  # fmt: skip
+        # A consumer that does not run makes the server not ready, and shows in the metrics.
+        next(c for c in loader.update_consumers if c.level == "persistent").close()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/v2/health/ready")
+        assert refused.value.code == 503
+        persistent = 'role="apply",tier="persistent:rocks_db"'
+        assert _metric(url, f"tierserve_update_consumers_alive{{{persistent}}}") == 0
 
 
 def test_no_update_source_starts_no_consumer(tmp_path):
