@@ -169,10 +169,10 @@ class _RedisBase(_VolatileBase):
     - ``failure_threshold`` (3): after this many failed calls in a row a node is skipped: its
       keys read as not found (the next tier or the default vector answers, counted in
       ``tierserve_tier_skipped``) without being asked for.
-    - ``failure_backoff_ms`` (1000) / ``max_failure_backoff_ms`` (30000): how long a node is
+    - ``failure_backoff_ms`` (1000) / ``max_failure_backoff_ms`` (10000): how long a node is
       skipped; the back-off doubles with every probe that fails again, up to the maximum.
-      After the back-off one lookup probes the node while the others still skip it; writes
-      are always tried (they raise when the node cannot be reached).
+      After the back-off one call probes the node while the others still skip it; skipped
+      writes raise a retryable error at once, as writes to an unreachable node do.
     - ``refill_interval_ms`` (1000): how often each served table's partitions are checked for
       a node that came back empty (restarted without persistence); such partitions are
       refilled in the background from the persistent tier, or from the model files, as at
@@ -192,7 +192,7 @@ class _RedisBase(_VolatileBase):
     max_retries: Annotated[int, Field(ge=0, le=100)] = 0
     failure_threshold: PositiveInt = 3
     failure_backoff_ms: PositiveInt = 1000
-    max_failure_backoff_ms: PositiveInt = 30000
+    max_failure_backoff_ms: PositiveInt = 10000
     refill_interval_ms: NonNegativeInt = 1000
 
     @model_validator(mode="after")

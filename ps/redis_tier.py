@@ -13,9 +13,11 @@ one pipeline per node, waiting at most ``socket_timeout_ms`` for it and repeatin
 costs its keys only: they are reported as not found (the hierarchy falls through), the error
 counter rises and a warning is logged.  Each node has a circuit breaker
 (:mod:`tierserve.ps.breaker`): after ``failure_threshold`` failed calls in a row the node is
-skipped by lookups for a back-off that grows while it stays down (its keys count as
-``skipped``), then one lookup probes it.  Writes are always tried; to an unreachable node
-they raise :class:`~tierserve.ps.errors.BackendUnavailableError` (retryable).
+skipped for a back-off that grows while it stays down, then one call probes it: lookups
+report its keys as not found (counted as ``skipped``), inserts and evictions raise
+:class:`~tierserve.ps.errors.BackendUnavailableError` at once (retryable), as they do when
+the node cannot be reached.  So a lookup that copies missed vectors up
+(``cache_missed_embeddings``) does not wait on a frozen node either.
 
 As in HugeCTR, reads refresh the ``t`` hash only when ``refresh_time_after_fetch`` is set
 (it costs a write per read); writes always do.
@@ -197,6 +199,15 @@ class RedisTier(Tier):
                 attempt += 1
                 time.sleep(self._retry_backoff.compute(attempt))
 
+    def _admit(self, name: str, what: str) -> None:
+        """Raise at once when node ``name`` is being skipped, rather than wait on it."""
+        breaker = self.breakers[name]
+        if not breaker.allow():
+            raise BackendUnavailableError(
+                f"{self.kind} node {name} is skipped after repeated failures ({what} not "
+                f"sent); it is tried again in {breaker.retry_in():.1f} s"
+            )
+
     def _node_failed(self, name: str, exc: Exception, what: str) -> None:
         self.stats.errors += 1
         self.breakers[name].failed()
@@ -339,6 +350,7 @@ class RedisTier(Tier):
             parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
             now = time.time_ns() // 1000
             for name, (conn, node_parts) in self._routes(tag, parts).items():
+                self._admit(name, "insert")
                 hlen_at = []  # (partition, position of its HLEN reply)
 
                 def queue(pipe, node_parts=node_parts, hlen_at=hlen_at):
@@ -402,6 +414,7 @@ class RedisTier(Tier):
         parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
         removed = 0
         for name, (conn, node_parts) in self._routes(tag, parts).items():
+            self._admit(name, "evict")
 
             def queue(pipe, node_parts=node_parts):
                 for p in node_parts:
@@ -443,8 +456,7 @@ class RedisTier(Tier):
         """
         missing = []
         for name, (conn, parts) in self._routes(tag, range(self.num_partitions)).items():
-            if not self.breakers[name].allow():
-                raise BackendUnavailableError(f"{self.kind} node {name} is being skipped")
+            self._admit(name, "fill check")
 
             def queue(pipe, parts=parts):
                 for p in parts:

@@ -95,22 +95,30 @@ def test_a_frozen_node_is_skipped_after_the_threshold_then_probed(own_redis):
             assert took < 0.1 and not found.any()
             probe.join()
             assert breaker.state == "open" and tier.stats.errors == 3
-            # Writes are tried (not skipped) and fail with a retryable error.
-            with pytest.raises(BackendUnavailableError):
+            # Writes to a skipped node fail at once with a retryable error.
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailableError, match="skipped after repeated failures"):
                 tier.insert(tag, keys[:3], expected(keys[:3], 4))
+            with pytest.raises(BackendUnavailableError, match="skipped"):
+                tier.evict(tag, keys[:3])
+            assert time.monotonic() - started < 0.1 and tier.stats.errors == 3
         # Thawed: after the back-off the next lookup's probe succeeds and closes the circuit.
         assert until(lambda: tier.lookup(tag, keys)[1].all(), timeout=5)
         assert breaker.state == "closed"
         tier.drop_table(tag)
 
 
-def test_hierarchy_falls_through_to_rocksdb_while_redis_is_skipped(tmp_path, own_redis):
+@pytest.mark.parametrize("cache_missed", [False, True])
+def test_hierarchy_falls_through_to_rocksdb_while_redis_is_skipped(
+    tmp_path, own_redis, cache_missed
+):
     name = f"m{uuid.uuid4().hex[:8]}"
     model = write_model(tmp_path, name, [(np.arange(400), 4)])
     config = parse_ps_config({
         "volatile_db": {"type": "redis", "address": own_redis.address, "num_partitions": 2,
                         "socket_timeout_ms": 200, "failure_threshold": 1,
-                        "failure_backoff_ms": 60000, "max_failure_backoff_ms": 60000},
+                        "failure_backoff_ms": 60000, "max_failure_backoff_ms": 60000,
+                        "cache_missed_embeddings": cache_missed},
         "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rdb")},
         "models": [model],
     })  # fmt: skip
@@ -124,9 +132,11 @@ def test_hierarchy_falls_through_to_rocksdb_while_redis_is_skipped(tmp_path, own
             for _ in range(5):
                 got = ps.lookup(name, "sparse_embedding1", keys)
                 np.testing.assert_array_equal(got, truth)
-            assert time.monotonic() - started < 0.5  # no timeouts: the tier is skipped
+            # No timeouts: the tier is skipped (so is copying the misses up into it).
+            assert time.monotonic() - started < 0.5
         stats = ps.tier_stats()
-        assert stats["volatile"].errors == 1
+        if not cache_missed:  # (the hierarchy counts each refused copy-up as an error too)
+            assert stats["volatile"].errors == 1
         assert stats["volatile"].skipped == 5 * keys.size
         assert stats["persistent"].hits == 6 * 400
         ps.unload_model(name)

@@ -57,9 +57,11 @@ def test_second_process_is_told_who_holds_the_lock(holder):
 
 
 def test_same_process_twice_says_so(tmp_path):
-    with create_tier(RocksDBConfig(path=str(tmp_path / "rdb"))):
-        with pytest.raises(BackendUnavailableError, match="this process, which already has it"):
-            create_tier(RocksDBConfig(path=str(tmp_path / "rdb")))
+    with (
+        create_tier(RocksDBConfig(path=str(tmp_path / "rdb"))),
+        pytest.raises(BackendUnavailableError, match="this process, which already has it"),
+    ):
+        create_tier(RocksDBConfig(path=str(tmp_path / "rdb")))
 
 
 def test_opens_once_the_other_process_is_gone(tmp_path):
