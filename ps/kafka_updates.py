@@ -84,6 +84,7 @@ APPLIED_WAIT_S = 60.0
 #: Bytes of a skipped message's value shown (in hex) in the log.
 _LOG_BYTES = 32
 _process_replica: str | None = None
+_MAX_CONSUME = 100_000  # messages per consume() call (librdkafka takes at most 1,000,000)
 
 
 def _kafka():
@@ -214,6 +215,16 @@ def _hex_head(value) -> str:
         return "no value"
     head = bytes(value[:_LOG_BYTES]).hex()
     return f"{len(value)} bytes: {head}{'...' if len(value) > _LOG_BYTES else ''}"
+
+
+def _rows(message) -> int:
+    """The embedding rows a message's header and length announce (1 for an error or a value
+    too short to say): what the receive buffer counts."""
+    value = message.value() if message.error() is None else None
+    if not value or len(value) < 8:
+        return 1
+    value_size = int.from_bytes(value[4:8], "little")
+    return max(1, (len(value) - 8) // (8 + value_size))
 
 
 def _message_id(message) -> tuple[str, int, int]:
@@ -386,7 +397,7 @@ class UpdateConsumer:
         timeout = self.config.poll_timeout_ms / 1000
         while not self._stop.is_set():
             try:
-                messages = self._consumer.consume(self.config.receive_buffer_size, timeout)
+                messages = self._receive(timeout)
             except Exception as exc:  # the client itself failed: back off and go on
                 self.stats.errors += 1
                 log.warning("kafka updates (%s): consume failed: %s", self.level, exc)
@@ -415,6 +426,29 @@ class UpdateConsumer:
             if messages:
                 self._progress += 1
             self._commit(asynchronous=True)
+
+    def _receive(self, timeout: float) -> list:
+        """The messages that arrive within ``timeout`` seconds, or fewer: as soon as they hold
+        ``receive_buffer_size`` embedding rows (HugeCTR's ``max_receive_buffer_size`` counts
+        rows, not messages), they are handed on without waiting out the timeout."""
+        limit = self.config.receive_buffer_size
+        deadline = time.monotonic() + timeout
+        messages: list = []
+        rows = 0
+        while rows < limit:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            first = self._consumer.poll(left)  # waits for one message at most
+            if first is None:
+                break
+            # Then what the client already holds, without waiting (each message holds at
+            # least one row, so at most limit - rows more are needed).
+            wanted = min(max(limit - rows - 1, 1), _MAX_CONSUME)
+            batch = [first, *self._consumer.consume(wanted, 0)]
+            messages.extend(batch)
+            rows += sum(_rows(m) for m in batch)
+        return messages
 
     def _take(self, message) -> _Update | None:
         """:meth:`_decode`, unless the loop already failed on ``message`` too often."""
