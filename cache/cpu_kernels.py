@@ -31,8 +31,8 @@ from numba import njit
 # ``prefetch(array, i)`` / ``prefetch_write``: hint the CPU to load the line of element ``i``
 # of a C-contiguous 1-D array (no bounds check, no fault), shared with the ps hash kernels.
 from tierserve.ps.hash_kernels import prefetch as _prefetch
-from tierserve.ps.partition import FMIX_C1, FMIX_C2
 from tierserve.ps.hash_kernels import prefetch_write as _prefetch_write
+from tierserve.ps.partition import FMIX_C1, FMIX_C2
 
 from .set_associative import EMPTY, STAMP_ALL, STAMP_STRIDE
 

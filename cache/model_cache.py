@@ -154,16 +154,26 @@ def CreateEmbeddingCache(  # noqa: N802 - HugeCTR's name
 ) -> ModelEmbeddingCache:
     """HugeCTR's factory: the caches of ``model_name``'s tables on one device.
 
-    ``model_config_path`` is a ``ps.json`` (or its parsed :class:`PSConfig` /
-    :class:`ModelConfig`).  Each table's cache holds ``cache_size_percentage`` (default: the
+    ``model_config_path`` is a ``ps.json``, the older document's inference JSON, or a parsed
+    :class:`PSConfig` / :class:`ModelConfig`.  Each table's cache holds ``cache_size_percentage`` (default: the
     model's ``gpucacheper``) of the table's rows, counted from its sparse file, or the
     explicit ``capacities``.  ``use_gpu_embedding_cache`` puts the caches on CUDA device
-    ``cuda_dev_id`` with cupy; without it they live in host memory with numpy.
+    ``cuda_dev_id`` with cupy (in host memory, warning once, where there is none); without it
+    they live in host memory with numpy.
     ``embedding_cache_type``, ``hit_rate_threshold``, ``refresh_interval`` and
     ``refresh_delay`` (seconds) come from the model config; other keyword arguments go to
     every :class:`EmbeddingCache`.
     """
     config = _model_config(model_config_path, model_name)
+    if use_gpu_embedding_cache:
+        from .device import cupy_or_none
+
+        if cupy_or_none() is None:  # as the trainer does: the CPU stands in for the GPU
+            from tierserve.ps.compat import warn_once
+
+            warn_once("CreateEmbeddingCache.use_gpu_embedding_cache", "no usable CUDA device "
+                      "(or no cupy): the embedding cache lives in host memory (numpy)")
+            use_gpu_embedding_cache = False
     pct = config.gpucacheper if cache_size_percentage is None else float(cache_size_percentage)
     if not 0.0 < pct <= 1.0:
         raise ConfigError(f"cache_size_percentage must be in (0, 1], got {pct}")
