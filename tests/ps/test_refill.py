@@ -79,7 +79,9 @@ def test_restarted_cluster_node_gets_back_only_its_partitions(tmp_path, redis_cl
     with ps:
         storage = ps.model(name).table("sparse_embedding1").storage
         node = 2
-        parts = [p for p in range(6) if redis_cluster.node_index_for_key(value_hash(storage, p)) == node]
+        parts = [
+            p for p in range(6) if redis_cluster.node_index_for_key(value_hash(storage, p)) == node
+        ]
         assert parts, "node 2 serves none of the six partitions"
         on_node = int(np.isin(partition_of(np.arange(N), 6), parts).sum())
         try:

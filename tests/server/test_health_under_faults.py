@@ -47,9 +47,7 @@ def server(tmp_path_factory, redis):
     }  # fmt: skip
     config["persistent_db"] = {"type": "disabled"}
     (repo / "ps.json").write_text(json.dumps(config))
-    settings = Settings.build(
-        model_repository=repo, http_port=0, grpc_port=0, poll_interval_s=0
-    )
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=0, poll_interval_s=0)
     with BackgroundServer(settings) as srv:
         yield srv
 
