@@ -103,3 +103,95 @@ def test_scripts_import_tierserve_where_the_documents_import_hugectr():
         text = path.read_text()
         assert not re.search(r"^\s*(import|from) hugectr", text, re.M), path.name
         assert re.search(r"^(import|from) tierserve\.trainer", text, re.M), path.name
+
+
+@pytest.fixture(scope="module")
+def wdl_folder(tmp_path_factory):
+    """new_data_generator.py and new_training.py run in one folder (the data the first
+    writes is what the second reads)."""
+    folder = tmp_path_factory.mktemp("wdl")
+    mp = pytest.MonkeyPatch()
+    try:
+        generated = run("new_data_generator", folder, mp)
+        trained = run("new_training", folder, mp)
+    finally:
+        mp.undo()
+    return folder, generated, trained
+
+
+def test_new_data_generator_writes_the_norm_files(wdl_folder):
+    from tierserve.trainer.data.filelist import read_file_list
+    from tierserve.trainer.data.norm import read_norm_header
+
+    folder, _, _ = wdl_folder
+    files = read_file_list(folder / "wdl_norm" / "file_list.txt")
+    header = read_norm_header(files[0])
+    assert len(files) == 2 and header["slot_num"] == 28 and header["number_of_records"] == 2048
+
+
+def test_new_training_examples(wdl_folder):
+    folder, _, g = wdl_folder
+    model = g["model"]
+    assert dict(g["metrics"])["AUC"] > 0.5
+    for name in ("wdl.json", "wdl0_sparse_20.model", "wdl_1_sparse_4000.model",
+                 "wdl__dense_4000.model", "predictions1", "label1"):
+        assert (folder / name).exists(), name
+    preds = np.loadtxt(folder / "predictions1")
+    labels = np.loadtxt(folder / "label1")
+    assert preds.shape == labels.shape == (2 * 512,)  # max_eval_batches x batchsize_eval
+    # the files reload into a fresh model that predicts the same
+    import tierserve.trainer as hugectr
+
+    fresh = hugectr.Model(model.solver, model.reader_params, model.opt_params)
+    fresh.construct_from_json(str(folder / "wdl.json"), True)
+    fresh.compile()
+    fresh.load_dense_weights(str(folder / "wdl__dense_4000.model"))
+    fresh.load_sparse_weights([str(folder / "wdl_0_sparse_4000.model"),
+                               str(folder / "wdl_1_sparse_4000.model")])
+    del fresh
+
+
+def _old_config(folder: Path, wdl: Path, sources: list[str], eval_source: str) -> None:
+    """your_config.json: the Wide&Deep graph JSON over 32-bit data in ``folder``."""
+    import tierserve.trainer as hugectr
+
+    gen = hugectr.tools.DataGenerator(hugectr.tools.DataGeneratorParams(
+        format=hugectr.DataReaderType_t.Norm, label_dim=1, dense_dim=13, num_slot=28,
+        i64_input_key=False, source=str(folder / "data" / "file_list.txt"),
+        eval_source=str(folder / "data" / "file_list_test.txt"),
+        slot_size_array=[500] * 2 + [100] * 26, check_type=hugectr.Check_t.Sum,
+        num_files=len(sources), eval_num_files=1, num_samples_per_file=512))
+    gen.generate()
+    from tierserve.trainer.data.filelist import read_file_list
+
+    train = read_file_list(folder / "data" / "file_list.txt")
+    for name, path in zip(sources, train):
+        (folder / name).write_text(f"1\n{path}\n")
+        keys = np.arange(10, dtype=np.uint32)
+        keys.tofile(folder / name.replace(".txt", ".keyset"))
+    test = read_file_list(folder / "data" / "file_list_test.txt")
+    (folder / eval_source).write_text(f"1\n{test[0]}\n")
+    graph = json.loads((wdl / "wdl.json").read_text())
+    graph["layers"][0]["source"] = sources[0]
+    graph["layers"][0]["eval_source"] = eval_source
+    (folder / "your_config.json").write_text(json.dumps(graph))
+
+
+def test_old_non_epoch_training(wdl_folder, tmp_path, monkeypatch):
+    _old_config(tmp_path, wdl_folder[0], ["file_list.0.txt"], "file_list.1.txt")
+    g = run("old_non_epoch", tmp_path, monkeypatch)
+    assert g["sess"].model.solver.i64_input_key is False
+    assert dict(g["metrics"])["AUC"] > 0.4
+    assert (tmp_path / "0_sparse_20.model").is_dir() and (tmp_path / "_dense_20.model").exists()
+    preds = np.loadtxt(tmp_path / "predictions.txt")
+    assert preds.shape == (2 * 256,) and np.all((preds > 0) & (preds < 1))
+    assert g["lr_sch"].get_next() == pytest.approx(0.001)  # the JSON solver's schedule
+
+
+def test_old_epoch_training(wdl_folder, tmp_path, monkeypatch):
+    sources = [f"file_list.{i}.txt" for i in range(5)]
+    _old_config(tmp_path, wdl_folder[0], sources, "file_list.5.txt")
+    (tmp_path / "your_temp_embedding_dir").mkdir()
+    g = run("old_epoch", tmp_path, monkeypatch)
+    assert g["iteration"] == 5 * 2  # five files of 512 samples, batches of 256, one epoch each
+    assert (tmp_path / f"0_sparse_{g['iteration']}.model").is_dir()
