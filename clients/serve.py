@@ -120,6 +120,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "to 1 GiB: large batches run faster, and freed memory stays with the process)",
     )
     parser.add_argument(
+        "--replica-id",
+        default=None,
+        help="this server's name in the Kafka consumer groups of online updates; keep it "
+        "stable across restarts to resume where the last run stopped (default: "
+        "$TIERSERVE_REPLICA_ID, else host-pid-random, so each process is its own replica)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     parser.set_defaults(run=run)
@@ -169,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
     from tierserve.server.app import serve
 
     settings = settings_from_args(args)
+    if args.replica_id is not None:
+        from tierserve.ps.kafka_updates import REPLICA_ENV, check_replica_id
+
+        os.environ[REPLICA_ENV] = check_replica_id(args.replica_id, "--replica-id")
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -189,16 +189,20 @@ def replica_id() -> str:
     global _process_replica
     configured = os.environ.get(REPLICA_ENV)
     if configured is not None:
-        if not _REPLICA_PATTERN.fullmatch(configured):
-            raise ConfigError(
-                f"{REPLICA_ENV}={configured!r}: a replica id is 1 to 200 letters, digits, "
-                "'.', '_' or '-'"
-            )
-        return configured
+        return check_replica_id(configured, REPLICA_ENV)
     if _process_replica is None:
         host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
         _process_replica = f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
     return _process_replica
+
+
+def check_replica_id(value: str, source: str) -> str:
+    """``value`` if it can name a replica; else a :class:`ConfigError` naming ``source``."""
+    if not _REPLICA_PATTERN.fullmatch(value):
+        raise ConfigError(
+            f"{source}={value!r}: a replica id is 1 to 200 letters, digits, '.', '_' or '-'"
+        )
+    return value
 
 
 def group_id(level: str, shared: bool, replica: str | None = None) -> str:

@@ -64,11 +64,12 @@ def _close(got: np.ndarray, want: np.ndarray) -> bool:
     return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
 
 
-def _serve(repo, port: int, replica_env: dict) -> subprocess.Popen:
+def _serve(repo, port: int, env: dict, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository", str(repo),
-         "--http-port", str(port), "--no-grpc", "--poll-interval", "0", "--log-level", "warning"],
-        env=replica_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+         "--http-port", str(port), "--no-grpc", "--poll-interval", "0", "--log-level", "warning",
+         *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
 
@@ -127,8 +128,10 @@ def test_two_servers_on_one_host_both_serve_a_published_update_within_a_second(
     with BackgroundServer(ref_settings, loader=loader) as ref, httpx.Client() as client:
         ref_url = f"http://{ref.http_url}"
         try:
-            for port, url in zip(ports, urls):  # one after the other: both may fill Redis
-                procs.append(_serve(tmp_path / "repo", port, env))
+            # One after the other (both may fill Redis); the first names its replica, the
+            # second takes the default, unique to its process.
+            for port, url, args in zip(ports, urls, [["--replica-id", f"{name}-a"], []]):
+                procs.append(_serve(tmp_path / "repo", port, env, *args))
                 _wait_ready(procs[-1], url)
             before = _predict(client, ref_url, name, body)
             for url in urls:  # warm both caches: these rows are cached from here on
@@ -151,6 +154,9 @@ def test_two_servers_on_one_host_both_serve_a_published_update_within_a_second(
             print(f"both replicas fresh after {took:.3f} s")
             assert all(fresh), f"fresh after 10 s: {fresh} (stale caches)"
             assert took < 1.0, f"both replicas served the update only after {took:.2f} s"
+            groups = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
+            named = f"hps.volatile.{name}-a" + (".cache" if volatile == "redis" else "")
+            assert named in groups, sorted(groups)
             for url in urls:
                 metrics = client.get(f"{url}/metrics").text
                 hit = [line for line in metrics.splitlines()
