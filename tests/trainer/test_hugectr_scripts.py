@@ -195,3 +195,45 @@ def test_old_epoch_training(wdl_folder, tmp_path, monkeypatch):
     g = run("old_epoch", tmp_path, monkeypatch)
     assert g["iteration"] == 5 * 2  # five files of 512 samples, batches of 256, one epoch each
     assert (tmp_path / f"0_sparse_{g['iteration']}.model").is_dir()
+
+
+def test_new_group_dense_layer_example(wdl_folder, monkeypatch):
+    g = run("new_group_dense", wdl_folder[0], monkeypatch)
+    layers = [layer["type"] for layer in g["model"].graph().layers]
+    assert layers.count("FusedInnerProduct") == 8 and "Interaction" in layers
+    assert np.isfinite(g["model"].get_current_loss())
+
+
+def test_new_raw_and_parquet_readers_and_mlperf_params(tmp_path, monkeypatch):
+    from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
+
+    run("new_data_generator_raw_parquet", tmp_path, monkeypatch)
+    reset_warnings()
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(HugeCTRCompatibilityWarning) as caught, blas_threads(1):
+        g = runpy.run_path(str(SCRIPTS / "new_readers_and_mlperf_params.py"))
+    said = " ".join(str(w.message) for w in caught)
+    assert "async_param" in said and "hybrid_embedding_param" in said
+    assert set(g["results"]) == {"Raw", "Parquet"}
+    for metrics in g["results"].values():
+        assert 0.0 <= dict(metrics)["AUC"] <= 1.0
+    # the document's Raw reader (float_label_dense by default) reads the labels as 0 and 1
+    from tierserve.trainer.data.reader import create_data_reader
+
+    sparse = [g["hugectr"].DataReaderSparseParam("data1", 1, True, 4)]
+    with create_data_reader(g["raw_reader"], 256, 1, 3, sparse, eval=True) as reader:
+        batch = reader.read_a_batch()
+    assert set(np.unique(batch.label)) <= {0.0, 1.0} and np.isfinite(batch.dense).all()
+
+
+def test_new_data_source(tmp_path, monkeypatch):
+    remote = tmp_path / "remote"
+    (remote / "train").mkdir(parents=True)
+    (remote / "train" / "0.data").write_bytes(b"\x01\x02")
+    (remote / "file_list.txt").write_text("1\n./train/0.data\n")
+    (remote / "wdl_0_sparse_4000.model").mkdir()
+    (remote / "wdl_0_sparse_4000.model" / "key").write_bytes(b"\x00" * 8)
+    run("new_data_source", tmp_path, monkeypatch)
+    assert (tmp_path / "local" / "train" / "0.data").read_bytes() == b"\x01\x02"
+    assert (tmp_path / "local" / "file_list.txt").exists()
+    assert (tmp_path / "local" / "wdl_0_sparse_4000.model" / "key").exists()
