@@ -306,7 +306,7 @@ class UpdateConsumer:
     def start(self) -> UpdateConsumer:
         self._consumer.subscribe([self.pattern])
         self._thread = threading.Thread(
-            target=self._supervise, name=f"hps-updates-{self.level}", daemon=True
+            target=self._supervise, name=f"hps-{self.role}-{self.level}", daemon=True
         )
         self._thread.start()
         return self

@@ -50,7 +50,12 @@ def decode_update(
     """
     if value is None:
         raise MalformedMessageError("update message has no value")
-    view = memoryview(value).cast("B")
+    try:
+        view = memoryview(value).cast("B")
+    except TypeError:
+        raise MalformedMessageError(
+            f"update message value is a {type(value).__name__}, not bytes"
+        ) from None
     if view.nbytes < HEADER.size:
         raise MalformedMessageError(
             f"update message of {view.nbytes} bytes is shorter than its {HEADER.size}-byte header"

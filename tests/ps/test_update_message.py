@@ -118,3 +118,9 @@ def test_wrong_dim_and_non_finite():
     bad = encode_update(np.arange(1), np.array([[np.nan]], np.float32))
     with pytest.raises(MalformedMessageError, match="NaN"):
         decode_update(bad)
+
+
+@pytest.mark.parametrize("value", [None, "HCTR\x04\0\0\0", 12345])
+def test_a_value_that_is_not_bytes_is_malformed(value):
+    with pytest.raises(MalformedMessageError, match="no value|not bytes"):
+        decode_update(value)
