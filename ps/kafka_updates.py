@@ -13,7 +13,8 @@ an empty message key, and a value of at most ``max_batch_size`` records
   is not shared between replicas (:attr:`Tier.shared <tierserve.ps.tier.Tier.shared>`
   false: ``hash_map``, ``parallel_hash_map``, ``rocks_db``): then every replica applies
   every update.  A shared tier (Redis) takes each update once per group;
-- the replica id is ``$TIERSERVE_REPLICA_ID`` when set, else unique per process (host name,
+- the replica id is ``$TIERSERVE_REPLICA_ID`` when set (``tierserve serve --replica-id``
+  sets it), else unique per process (host name,
   process id and a random part, :func:`replica_id`), so two servers on one host never split
   the updates of their in-process tiers between them.  A process with a new id reads the
   topics from the start (``auto.offset.reset: earliest``); a stable id resumes where the
@@ -27,6 +28,8 @@ an empty message key, and a value of at most ``max_batch_size`` records
   which reads again from the last committed offset; a message that the loop failed on
   :data:`MAX_FAILURES_PER_MESSAGE` times in a row is skipped.  :meth:`UpdateConsumer.status`
   tells whether the loop runs, how often it restarted and its last error;
+- it takes what arrives within ``poll_timeout_ms``, or less as soon as that holds
+  ``receive_buffer_size`` embedding rows (HugeCTR counts rows, not messages);
 - consecutive messages of one table are applied with one insert, of at most
   ``max_batch_size`` keys unless one message holds more (HugeCTR's dispatch chunks);
 - offsets are committed after at most ``max_commit_interval`` messages, and only those of
