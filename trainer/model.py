@@ -212,8 +212,10 @@ class Model:
         """New training (and evaluation) sources for epoch-mode training."""
         self._require_compiled("set_source")
         if keyset:
-            warnings.warn("set_source: keyset files are ignored (no embedding training cache)",
-                          stacklevel=2)
+            from .compat import warn_once
+
+            warn_once("Model.set_source.keyset", "keyset files are read only by HugeCTR's "
+                      "embedding training cache, which tierserve does not have; not read")
         if source is not None:
             src = source[0] if isinstance(source, (list, tuple)) and len(source) == 1 else source
             self._train_reader.set_source(src)
