@@ -273,3 +273,18 @@ def test_a_whole_table_notification_clears_the_cache(hps):
         cache.on_update(MODEL, TABLE, None, None)
         assert cache.metrics().size == 0
         _check(cache, hps, np.arange(20))
+
+
+def test_32_bit_keys_read_as_unsigned_on_every_path(use_gpu):
+    """Issue 13: a 32-bit model's keys above 2**31 arrive as uint32, as int32 (their bits) or
+    as int64 values; all three are the same key, from the host or the device."""
+    ps = DictParameterServer({(MODEL, TABLE): DIM})
+    big = np.array([2**31 + 5, 2**32 - 1, 7], dtype=np.int64)
+    ps.fill(MODEL, TABLE, big)
+    want = ps.lookup(MODEL, TABLE, big)
+    with _cache(ps, use_gpu, i64_input_key=False) as cache:
+        for keys in (big.astype(np.uint32), big.astype(np.uint32).view(np.int32), big):
+            for _ in range(2):  # a miss, then a hit
+                np.testing.assert_array_equal(to_host(cache.query(keys)), want)
+            if use_gpu:
+                np.testing.assert_array_equal(to_host(cache.query(cache.xp.asarray(keys))), want)

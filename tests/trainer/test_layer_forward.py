@@ -174,3 +174,15 @@ def test_gru_matches_the_cudnn_equations():
             ng = np.tanh(xt @ gate(w, 2) + gate(bw, 2) + rg * (h @ gate(r, 2) + gate(br, 2)))
             h = (1 - zg) * ng + zg * h
             np.testing.assert_allclose(out[s, t * hidden : (t + 1) * hidden], h, rtol=1e-10)
+
+
+def test_slice_and_dropout_follow_hugectr_code_where_its_prose_differs():
+    """Issue 13 (README, HugeCTR compatibility): Slice (2, 8) is elements 2..7, six of them,
+    as HugeCTR's code slices; dropout_rate is the drop probability and 1 is refused."""
+    layer = _layer({"type": "Slice", "ranges": [[2, 8], [0, 3]]}, [(10,)], tops=2)
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    (a, b), _ = layer.forward(np, [x], [], [], False)
+    np.testing.assert_array_equal(a, x[:, 2:8])
+    assert a.shape == (2, 6) and b.shape == (2, 3)
+    with pytest.raises(ConfigError, match="probability of dropping"):
+        _layer({"type": "Dropout", "rate": 1.0}, [(10,)])

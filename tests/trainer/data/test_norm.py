@@ -157,3 +157,16 @@ def test_variable_length_decode_is_vectorised_enough(tmp_path, make_records):
     elapsed = time.perf_counter() - start
     assert got.equals(records)
     assert elapsed < 1.5  # about 0.1 s unloaded; a per-key Python loop takes many seconds
+
+
+@pytest.mark.parametrize("i64", [False, True])
+def test_the_key_width_a_file_reads_as_is_detected_and_named(tmp_path, make_records, i64):
+    """Issue 13: 32-bit Norm files read as 64-bit failed with 'truncated' and no hint."""
+    from tierserve.trainer.data.norm import detect_key_bits
+
+    records = make_records(np.random.default_rng(1), 50, 1, 2, 3, 2, False)
+    path = write_norm_file(tmp_path / "f.data", records, Check_t.Sum, i64)
+    assert detect_key_bits(path, 1, 2, 3, Check_t.Sum) == (64 if i64 else 32)
+    with pytest.raises(DataFileError, match=f"reads as {64 if i64 else 32}-bit keys: set "
+                       f"i64_input_key={i64}"):
+        read_all(path, records, Check_t.Sum, not i64)
