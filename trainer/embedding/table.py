@@ -42,6 +42,7 @@ import numpy as np
 
 from tierserve.ps.atomic import atomic_write_file
 from tierserve.ps.errors import CapacityExceededError, CorruptModelFileError, InvalidInputError
+from tierserve.ps.keys import as_keys
 from tierserve.ps.partition import GOLDEN, SPLITMIX_M1, SPLITMIX_M2
 from tierserve.ps.sparse_file import SparseTable, write_sparse_model
 
@@ -136,9 +137,13 @@ def _host(array: Any) -> np.ndarray:
 
 
 def _key_array(xp: Any, keys: Any, what: str) -> Any:
-    """``keys`` as a flat int64 array on ``xp``'s device; non-integer keys are an error."""
+    """``keys`` as a flat int64 array on ``xp``'s device; non-integer keys are an error.
+    Host arrays follow :func:`tierserve.ps.keys.as_keys` (the readers hand 32-bit keys over
+    as uint32, so they keep their unsigned values)."""
     if not hasattr(keys, "dtype"):
         keys = np.asarray(keys)
+    if isinstance(keys, np.ndarray):
+        return xp.asarray(as_keys(keys, 64, what))
     if not np.issubdtype(keys.dtype, np.integer):
         raise InvalidInputError(f"{what} must be integers, got dtype {keys.dtype}")
     return xp.ascontiguousarray(xp.asarray(keys).reshape(-1), dtype=xp.int64)
