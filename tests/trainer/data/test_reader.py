@@ -70,6 +70,9 @@ def reader_params(dataset, slot_size_array=None, check=Check_t.Sum):
         slot_size_array=dataset.reader_slot_size_array
         if slot_size_array is None
         else slot_size_array,
+        # the generator writes Raw labels and dense values as int32 unless told otherwise,
+        # the reader reads them as float32 unless told otherwise (both HugeCTR's defaults)
+        float_label_dense=False,
     )
 
 
