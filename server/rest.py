@@ -379,7 +379,7 @@ def build_router(
             data, name, version = _plain_json(body)
             label = name
             meta = plane.model_metadata(name, version)
-            decoded = _plain_request(data, {t["name"]: t["datatype"] for t in meta["inputs"]})
+            decoded = _plain_request(data, {t["name"]: t for t in meta["inputs"]})
             result = await plane.infer(name, version, decoded)
             return {
                 "model": result.model_name,
@@ -423,16 +423,21 @@ def _plain_json(body: bytes) -> tuple[dict[str, Any], str, str]:
     return data, model_name(data["model"]), str(version)
 
 
-def _plain_request(data: dict[str, Any], datatypes: dict[str, str]) -> DecodedRequest:
-    """Nested lists as arrays of the datatypes the model declares for them."""
+def _plain_request(data: dict[str, Any], specs: dict[str, dict[str, Any]]) -> DecodedRequest:
+    """Nested lists as arrays of the datatypes the model declares for them; an empty list is
+    an empty batch of the declared row shape."""
     inputs, declared = {}, {}
     for key, value in data["inputs"].items():
-        if key not in datatypes:
+        if key not in specs:
             raise InvalidInputError(
-                f"unexpected input {key[:120]!r}; the model's inputs are {sorted(datatypes)}"
+                f"unexpected input {key[:120]!r}; the model's inputs are {sorted(specs)}"
             )
-        inputs[key] = array_from_json(key, datatypes[key], value)
-        declared[key] = datatypes[key]
+        datatype, shape = specs[key]["datatype"], specs[key]["shape"]
+        array = array_from_json(key, datatype, value)
+        if array.shape == (0,) and len(shape) > 1 and all(d >= 0 for d in shape[1:]):
+            array = array.reshape(0, *shape[1:])
+        inputs[key] = array
+        declared[key] = datatype
     return DecodedRequest(inputs=inputs, declared=declared, outputs=None)
 
 
