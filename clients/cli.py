@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tierserve {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import batch_inference, convert, demo, doctor, publish, serve
+    from . import batch_inference, convert, demo, doctor, publish, serve, triton_repo
 
     demo.register(commands)
     convert.register(commands)
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch_inference.register(commands)
     publish.register(commands)
     doctor.register(commands)
+    triton_repo.register(commands)
     return parser
 
 
