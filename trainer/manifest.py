@@ -1,6 +1,6 @@
 """A model folder's checksum manifest: which graph and dense files belong together.
 
-The trainer records every file it writes in ``tierserve-manifest.json`` beside it (file name ->
+The trainer records every file it writes in ``tierserve.manifest`` (JSON) beside it (file name ->
 size and SHA-256); a loader verifies the files it is about to use against it.  A dense file
 from another training run of the same architecture has the right size and reads without
 error, so only its checksum tells it apart.  Sparse model folders are recorded by size only:
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from tierserve.ps.errors import CorruptModelFileError
 
-MANIFEST = "tierserve-manifest.json"
+#: Not a .json name: tools find a version's graph as its only *.json file.
+MANIFEST = "tierserve.manifest"
 _CHUNK = 1 << 20
 
 
