@@ -59,22 +59,58 @@ def train_multi_hot32(workdir: Path, name: str = "mh32") -> Trained:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         model = hugectr.Model(solver, reader, optimizer)
-        model.add(hugectr.Input(
-            label_dim=1, label_name="label", dense_dim=MH_DENSE, dense_name="dense",
-            data_reader_sparse_param_array=[
-                hugectr.DataReaderSparseParam("data1", MH_NNZ, False, MH_SLOTS)]))
-        model.add(hugectr.SparseEmbedding(
-            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-            workspace_size_per_gpu_in_mb=1, embedding_vec_size=MH_DIM, combiner="sum",
-            sparse_embedding_name="emb", bottom_name="data1", optimizer=optimizer))
-        model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape, bottom_names=["emb"],
-                                     top_names=["flat"], leading_dim=MH_SLOTS * MH_DIM))
-        model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Concat,
-                                     bottom_names=["flat", "dense"], top_names=["both"]))
-        model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct,
-                                     bottom_names=["both"], top_names=["fc"], num_output=1))
-        model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
-                                     bottom_names=["fc", "label"], top_names=["loss"]))
+        model.add(
+            hugectr.Input(
+                label_dim=1,
+                label_name="label",
+                dense_dim=MH_DENSE,
+                dense_name="dense",
+                data_reader_sparse_param_array=[
+                    hugectr.DataReaderSparseParam("data1", MH_NNZ, False, MH_SLOTS)
+                ],
+            )
+        )
+        model.add(
+            hugectr.SparseEmbedding(
+                embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+                workspace_size_per_gpu_in_mb=1,
+                embedding_vec_size=MH_DIM,
+                combiner="sum",
+                sparse_embedding_name="emb",
+                bottom_name="data1",
+                optimizer=optimizer,
+            )
+        )
+        model.add(
+            hugectr.DenseLayer(
+                layer_type=hugectr.Layer_t.Reshape,
+                bottom_names=["emb"],
+                top_names=["flat"],
+                leading_dim=MH_SLOTS * MH_DIM,
+            )
+        )
+        model.add(
+            hugectr.DenseLayer(
+                layer_type=hugectr.Layer_t.Concat,
+                bottom_names=["flat", "dense"],
+                top_names=["both"],
+            )
+        )
+        model.add(
+            hugectr.DenseLayer(
+                layer_type=hugectr.Layer_t.InnerProduct,
+                bottom_names=["both"],
+                top_names=["fc"],
+                num_output=1,
+            )
+        )
+        model.add(
+            hugectr.DenseLayer(
+                layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
+                bottom_names=["fc", "label"],
+                top_names=["loss"],
+            )
+        )
         model.compile()
         model.fit(max_iter=MH_ITERS, display=1000, eval_interval=1000)
     out = workdir / "model"
@@ -94,8 +130,7 @@ def from_demo(demo) -> Trained:
 
 def copy_version(trained: Trained, folder: Path, *, graph: bool = True) -> Path:
     """Copy a trained model's files (and, with its graph, its checksum manifest) into version
-    ``folder``.  An embedding store gets no manifest: the loader would take that JSON file for
-    a graph (server/loader.py version_files globs ``*.json``)."""
+    ``folder``; an embedding store's folder holds the sparse folders alone."""
     from tierserve.trainer import manifest
 
     folder.mkdir(parents=True)

@@ -1,0 +1,157 @@
+"""``tierserve triton-repo`` writes config.pbtxt from each model's graph and ps.json, version
+folders Triton's poll mode sees appear whole, and settings it cannot honour are refused.
+(tests/integration/test_server_triton_backend.py serves what it writes from tritonserver.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from tierserve.clients.cli import main
+from tierserve.clients.demo_model import SLOT_SIZES
+from tierserve.clients.triton_repo import MODEL_PY, generate
+from tierserve.ps.errors import ConfigError
+from tierserve.trainer import manifest
+
+
+@pytest.fixture(scope="module")
+def tiny_dlrm(tmp_path_factory):
+    import warnings
+
+    from tierserve.clients.demo_model import train_demo_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no GPU: the trainer says so
+        return train_demo_model(tmp_path_factory.mktemp("tiny") / "train", iterations=4,
+                                batch_size=64, num_samples=1024)  # fmt: skip
+
+
+@pytest.fixture
+def repo(tiny_dlrm, tmp_path):
+    """The tiny DLRM (64-bit keys) plus an embedding store over its table, hash map only."""
+    from tierserve.clients.demo_model import write_repository
+
+    repo = tmp_path / "repo"
+    write_repository(tiny_dlrm, repo, max_batch_size=64)
+    config = json.loads((repo / "ps.json").read_text())
+    del config["persistent_db"]
+    store = repo / "store" / "1"
+    store.mkdir(parents=True)
+    sparse = next((repo / "dlrm" / "1").glob("*_sparse_*.model"))
+    (store / sparse.name).symlink_to(sparse)
+    config["models"].append(dict(config["models"][0], model="store", dense_file="",
+                                 network_file=""))  # fmt: skip
+    (repo / "ps.json").write_text(json.dumps(config))
+    return repo
+
+
+def _tensors(text: str, section: str) -> dict[str, tuple[str, str]]:
+    block = re.search(rf"^{section} \[\n(.*?)\n\]", text, re.S | re.M).group(1)
+    return {
+        m.group(1): (m.group(2), m.group(3).replace(" ", ""))
+        for m in re.finditer(r'name: "(\w+)" data_type: (\w+) dims: \[ ([-\d, ]+) \]', block)
+    }
+
+
+def test_configs_follow_graph_and_ps_json(repo, tmp_path):
+    out = tmp_path / "triton"
+    results = {r.model: r for r in generate(repo, out, instances=2, max_queue_delay_us=250,
+                                            site_packages="/opt/site")}  # fmt: skip
+    assert set(results) == {"dlrm", "store"}
+    dlrm = (out / "dlrm" / "config.pbtxt").read_text()
+    assert _tensors(dlrm, "input") == {"DES": ("TYPE_FP32", "13"),
+                                       "CATCOLUMN": ("TYPE_INT64", str(len(SLOT_SIZES)))}  # fmt: skip
+    assert _tensors(dlrm, "output") == {"OUTPUT0": ("TYPE_FP32", "1")}
+    assert "max_batch_size: 64\n" in dlrm
+    assert "dynamic_batching { max_queue_delay_microseconds: 250 }" in dlrm
+    assert "instance_group [ { kind: KIND_CPU count: 2 } ]" in dlrm
+    assert "version_policy: { latest: { num_versions: 1 } }" in dlrm
+    assert f'string_value: "{repo.resolve() / "ps.json"}"' in dlrm
+    assert 'key: "site_packages" value: { string_value: "/opt/site" }' in dlrm
+    store = (out / "store" / "config.pbtxt").read_text()
+    assert _tensors(store, "input") == {"KEYS": ("TYPE_INT64", "-1"),
+                                        "NUMKEYS": ("TYPE_INT32", "-1")}  # fmt: skip
+    assert _tensors(store, "output") == {"OUTPUT0": ("TYPE_FP32", "-1")}
+    assert "max_batch_size: 0\n" in store and "dynamic_batching" not in store
+    version = out / "dlrm" / "1"
+    assert (version / "model.py").read_text() == MODEL_PY
+    for item in (repo / "dlrm" / "1").iterdir():
+        assert (version / item.name).is_symlink()
+        assert os.path.samefile(version / item.name, item)
+
+
+def test_32_bit_keys_and_gpu_kind(repo, tmp_path):
+    config = json.loads((repo / "ps.json").read_text())
+    config["supportlonglong"] = False
+    (repo / "ps.json").write_text(json.dumps(config))
+    generate(repo, tmp_path / "t", models=["dlrm"], kind="gpu", site_packages="")
+    text = (tmp_path / "t" / "dlrm" / "config.pbtxt").read_text()
+    assert _tensors(text, "input")["CATCOLUMN"][0] == "TYPE_INT32"
+    assert "kind: KIND_GPU" in text and "site_packages" not in text
+    assert not (tmp_path / "t" / "store").exists()
+
+
+def test_a_new_version_appears_whole_and_the_config_stays(repo, tmp_path):
+    out = tmp_path / "triton"
+    generate(repo, out)
+    before = (out / "dlrm" / "config.pbtxt").stat().st_mtime_ns
+    import shutil
+
+    shutil.copytree(repo / "dlrm" / "1", repo / "dlrm" / "2")
+    [dlrm, _] = generate(repo, out)
+    assert dlrm.new_versions == ["2"] and not dlrm.config_changed
+    assert (out / "dlrm" / "config.pbtxt").stat().st_mtime_ns == before
+    assert (out / "dlrm" / "2" / "model.py").is_file()
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # no staging
+
+
+def test_copy_instead_of_links(repo, tmp_path):
+    generate(repo, tmp_path / "t", models=["dlrm"], copy=True)
+    files = list((tmp_path / "t" / "dlrm" / "1").iterdir())
+    assert files and not any(p.is_symlink() for p in files)
+
+
+def test_refusals_name_what_is_wrong(repo, tmp_path):
+    with pytest.raises(ConfigError, match="'nope' is not a model"):
+        generate(repo, tmp_path / "t", models=["nope"])
+    with pytest.raises(ConfigError, match="--out"):
+        generate(repo, repo / "triton")
+    with pytest.raises(ConfigError, match="--instances"):
+        generate(repo, tmp_path / "t", instances=0)
+    with pytest.raises(ConfigError, match="--max-queue-delay-us"):
+        generate(repo, tmp_path / "t", max_queue_delay_us=-1)
+    config = json.loads((repo / "ps.json").read_text())
+    config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rdb")}
+    (repo / "ps.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="persistent_db is a writable rocks_db"):
+        generate(repo, tmp_path / "t")
+    config["persistent_db"]["read_only"] = True
+    (repo / "ps.json").write_text(json.dumps(config))
+    generate(repo, tmp_path / "t")  # a read-only RocksDB can be opened by every process
+
+
+def test_versions_of_different_shapes_are_refused(repo, tmp_path):
+    import shutil
+
+    shutil.copytree(repo / "dlrm" / "1", repo / "dlrm" / "2")
+    graph = next((repo / "dlrm" / "1").glob("dlrm.json"))
+    data = json.loads(graph.read_text())
+    data["layers"][0]["dense"]["dense_dim"] = 12
+    graph.write_text(json.dumps(data))
+    (repo / "dlrm" / "1" / manifest.MANIFEST).unlink()  # it would refuse the edit
+    with pytest.raises(ConfigError, match="version 1's inputs differ from version 2's"):
+        generate(repo, tmp_path / "t", models=["dlrm"])
+
+
+def test_cli(repo, tmp_path, capsys):
+    out = tmp_path / "t"
+    assert main(["triton-repo", "--model-repository", str(repo), "--out", str(out),
+                 "--models", "dlrm", "--max-queue-delay-us", "100"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "dlrm: one-hot model, versions 1" in printed and "tritonserver" in printed
+    assert main(["triton-repo", "--model-repository", str(repo), "--out", str(out),
+                 "--models", "x"]) == 2  # fmt: skip
+    assert "'x' is not a model" in capsys.readouterr().err
