@@ -134,6 +134,8 @@ class Input:
             layer["check"] = _name(reader_params.check_type)
             if reader_params.slot_size_array:
                 layer["slot_size_array"] = list(reader_params.slot_size_array)
+            if layer["format"] in ("Raw", "RawAsync"):  # how serving reads Raw data too
+                layer["float_label_dense"] = bool(reader_params.float_label_dense)
         layer["label"] = {
             "top": _one_or_list(self.label_names),
             "label_dim": self.label_dims[0] if len(self.label_dims) == 1 else self.label_dims,

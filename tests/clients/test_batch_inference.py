@@ -65,3 +65,51 @@ def test_predict_writes_one_row_per_sample(model_dir, tmp_path):
                  "--key-bits", "32", "--output", str(out), "--no-progress"]) == 0
     preds = np.load(out)
     assert preds.shape == (1024, 1) and np.all((preds > 0) & (preds < 1))
+
+
+def test_evaluate_reads_raw_data_as_the_model_was_trained_on_it(tmp_path, capsys):
+    """Raw labels and dense values are float32 by DataReaderParams' default; evaluate reads
+    them the same way (the graph JSON records it), so its AUC is the trainer's."""
+    import tierserve.trainer as hugectr
+    from tierserve.trainer.data.raw import write_raw_file
+
+    rng = np.random.default_rng(5)
+    for name, n in (("train.bin", 4096), ("eval.bin", 1024)):
+        keys = rng.integers(0, 20, (n, 2)).astype(np.int32)
+        dense = rng.standard_normal((n, 2)).astype(np.float32)
+        logit = dense[:, 0] + (keys[:, 0] - 10) * 0.2
+        label = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)[:, None]
+        write_raw_file(tmp_path / name, label, dense, keys, float_label_dense=True)
+    solver = hugectr.CreateSolver(model_name="raw", batchsize=256, batchsize_eval=1024,
+                                  max_eval_batches=1, lr=0.01)
+    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Raw,
+                                      source=[str(tmp_path / "train.bin")],
+                                      eval_source=str(tmp_path / "eval.bin"),
+                                      check_type=hugectr.Check_t.Non, slot_size_array=[20, 20])
+    opt = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam)
+    model = hugectr.Model(solver, reader, opt)
+    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
+                            data_reader_sparse_param_array=[
+                                hugectr.DataReaderSparseParam("d", 1, True, 2)]))
+    model.add(hugectr.SparseEmbedding(
+        embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot,
+        workspace_size_per_gpu_in_mb=1, embedding_vec_size=2, combiner="sum",
+        sparse_embedding_name="e", bottom_name="d", slot_size_array=[20, 20], optimizer=opt))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape, bottom_names=["e"],
+                                 top_names=["r"], leading_dim=4))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Concat, bottom_names=["r", "dense"],
+                                 top_names=["c"]))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct, bottom_names=["c"],
+                                 top_names=["fc"], num_output=1))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
+                                 bottom_names=["fc", "label"], top_names=["loss"]))
+    model.compile()
+    model.fit(max_iter=40, display=1000, eval_interval=1000)
+    version = tmp_path / "repo" / "raw" / "1"
+    model.graph_to_json(str(version / "raw.json"))
+    model.save_params_to_files(str(version / "raw"), 40)
+    want = dict(model._evaluate())["AUC"]
+    assert want > 0.7
+    assert main(["evaluate", "--model", str(version), "--data", str(tmp_path / "eval.bin"),
+                 "--format", "raw", "--slot-size-array", "20", "20", "--no-progress"]) == 0
+    assert _auc(capsys.readouterr().out) == pytest.approx(want, abs=1e-4)
