@@ -237,3 +237,17 @@ def test_new_data_source(tmp_path, monkeypatch):
     assert (tmp_path / "local" / "train" / "0.data").read_bytes() == b"\x01\x02"
     assert (tmp_path / "local" / "file_list.txt").exists()
     assert (tmp_path / "local" / "wdl_0_sparse_4000.model" / "key").exists()
+
+
+def test_the_trainer_imports_the_server_only_when_a_script_touches_inference():
+    import subprocess
+    import sys
+
+    code = ("import sys, tierserve.trainer as hugectr\n"
+            "before = any(m.startswith('tierserve.server') for m in sys.modules)\n"
+            "hugectr.inference.InferenceParams\n"
+            "after = any(m.startswith('tierserve.server') for m in sys.modules)\n"
+            "print(before, after)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "True"]
