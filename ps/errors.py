@@ -108,6 +108,11 @@ class BackendUnavailableError(TierserveError):
     retryable = True
 
 
+class BackendSkippedError(BackendUnavailableError):
+    """A backend is being skipped after repeated failures (its circuit is open): nothing was
+    sent to it, and the same call may succeed once its back-off ends."""
+
+
 class MissingExtraError(ImportError, TierserveError):
     """An optional backend was requested but its extra is not installed."""
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from .config import ModelConfig, PSConfig, RocksDBConfig, load_ps_config
 from .errors import (
+    BackendSkippedError,
     BackendUnavailableError,
     ConfigError,
     InvalidInputError,
@@ -434,8 +435,9 @@ class HierarchicalParameterServer:
                 if self._cache_missed and self.volatile is not None:
                     try:
                         self.volatile.insert(spec.storage, mkeys[found], emb[found])
-                    except BackendUnavailableError as exc:
-                        self.volatile.stats.errors += 1
+                    except BackendSkippedError:
+                        pass  # the tier is known to be down: the lookup has its answer
+                    except BackendUnavailableError as exc:  # the tier counted the failure
                         log.warning("could not cache missed embeddings of %s: %s", spec.tag, exc)
                 missing = missing[~found]
         if missing.size:

@@ -35,7 +35,12 @@ import numpy as np
 from .breaker import BreakerSet
 from .codec import decode_values, key_fields, vector_values
 from .config import RedisClusterConfig, RedisConfig
-from .errors import BackendUnavailableError, InvalidInputError, require_extra
+from .errors import (
+    BackendSkippedError,
+    BackendUnavailableError,
+    InvalidInputError,
+    require_extra,
+)
 from .eviction import make_policy, resolution_size
 from .partition import as_keys, group_by_partition
 from .retry import ExponentialBackoff
@@ -203,7 +208,7 @@ class RedisTier(Tier):
         """Raise at once when node ``name`` is being skipped, rather than wait on it."""
         breaker = self.breakers[name]
         if not breaker.allow():
-            raise BackendUnavailableError(
+            raise BackendSkippedError(
                 f"{self.kind} node {name} is skipped after repeated failures ({what} not "
                 f"sent); it is tried again in {breaker.retry_in():.1f} s"
             )
