@@ -94,6 +94,11 @@ def test_old_inference_flow(model32, tmp_path, monkeypatch):
     want = model.predict(1, str(tmp_path / "eval_list.txt"), "Norm", "Sum")[:n, 0]
     model.close()
     np.testing.assert_allclose(g["output"], want, atol=1e-6)
+    from tierserve.ps.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="i64_input_key=True but the session has 32-bit keys"):
+        g["inference_session"].predict(g["dense_features"], g["embedding_columns"],
+                                       g["row_ptrs"], True)
 
 
 def test_scripts_import_tierserve_where_the_documents_import_hugectr():
