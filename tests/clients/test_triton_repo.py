@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +156,52 @@ def test_cli(repo, tmp_path, capsys):
     assert main(["triton-repo", "--model-repository", str(repo), "--out", str(out),
                  "--models", "x"]) == 2  # fmt: skip
     assert "'x' is not a model" in capsys.readouterr().err
+
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_PS_JSON = "/etc/tierserve/triton-ps.json"  # where the compose profile mounts it
+
+
+def test_the_deploy_example_is_what_the_generator_writes(tiny_dlrm, tmp_path):
+    """deploy/triton/example/ is the generator's output for the demo DLRM with run.sh's options."""
+    import shutil
+
+    from tierserve.clients.demo_model import write_repository
+
+    write_repository(tiny_dlrm, tmp_path / "models")
+    ps = tmp_path / "triton-ps.json"
+    shutil.copy(ROOT / "deploy" / "triton" / "ps.json", ps)
+    generate(tmp_path / "models", tmp_path / "out", site_packages="", ps_json=ps, copy=True)
+    example = ROOT / "deploy" / "triton" / "example" / "dlrm"
+    text = (tmp_path / "out" / "dlrm" / "config.pbtxt").read_text()
+    assert (
+        text.replace(str(ps.resolve()), EXAMPLE_PS_JSON) == (example / "config.pbtxt").read_text()
+    )
+    assert (example / "1" / "model.py").read_text() == MODEL_PY
+
+
+def test_the_compose_profile_runs_the_generator_on_the_served_models():
+    from tierserve.ps.config import load_ps_config
+
+    compose = (ROOT / "docker-compose.yml").read_text()
+    service = compose[compose.index("  tritonserver:\n") :]
+    assert "dockerfile: deploy/triton/Dockerfile" in service
+    assert f"./deploy/triton/ps.json:{EXAMPLE_PS_JSON}:ro" in service
+    assert "./deploy/models:/models:ro" in service
+    run = (ROOT / "deploy" / "triton" / "run.sh").read_text()
+    assert "PS_JSON=${PS_JSON:-" + EXAMPLE_PS_JSON + "}" in run
+    assert "MODELS=${MODELS:-/models}" in run and "tierserve triton-repo" in run
+    triton = load_ps_config(ROOT / "deploy" / "triton" / "ps.json")
+    served = load_ps_config(ROOT / "deploy" / "models" / "ps.json")
+    assert triton.persistent_db.type.name == "disabled"  # the tierserve service holds RocksDB
+    assert triton.volatile_db == served.volatile_db
+    assert triton.update_source == served.update_source
+
+    def entries(config):  # file paths resolve against each ps.json's folder: compare names
+        return [
+            m.model_dump(exclude={"sparse_files", "dense_file", "network_file"})
+            | {"files": [Path(f).name for f in (*m.sparse_files, m.dense_file, m.network_file)]}
+            for m in config.models
+        ]
+
+    assert entries(triton) == entries(served)
