@@ -15,6 +15,7 @@ from tierserve.ps.config import (
 )
 
 from . import data, tools
+from .adapters import ReaderHandle as DataReader32
 from .data.generator import DataGenerator, DataGeneratorParams, Distribution_t, PowerLaw_t
 from .data.params import (
     Alignment_t,
@@ -50,8 +51,17 @@ from .mlperf import (
 )
 from .model import Model
 from .optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t
-from .session import Session, SolverParser, get_learning_rate_scheduler, solver_parser_helper
+from .session import (
+    ModelOversubscriber,
+    Session,
+    SolverParser,
+    get_learning_rate_scheduler,
+    solver_parser_helper,
+)
 from .solver import AllReduceAlgo, CreateSolver, DeviceLayout, LrPolicy_t, Solver
+
+#: HugeCTR's reader classes by key width: the object ``get_data_reader_train`` returns.
+DataReader64 = DataReader32
 
 
 def __getattr__(name: str) -> Any:
@@ -77,6 +87,8 @@ __all__ = [
     "DatabaseType_t",
     "DataGenerator",
     "DataGeneratorParams",
+    "DataReader32",
+    "DataReader64",
     "DataReaderParams",
     "DataReaderSparseParam",
     "DataReaderType_t",
@@ -98,6 +110,7 @@ __all__ = [
     "LrPolicy_t",
     "MetricsType",
     "Model",
+    "ModelOversubscriber",
     "OptParamsPy",
     "Optimizer_t",
     "PowerLaw_t",

@@ -146,12 +146,12 @@ class Session:
             self.model.load_sparse_weights(list(sp.embedding_files))
         if sp.sparse_opt_states_file:
             self.model.load_sparse_optimizer_states(list(sp.sparse_opt_states_file))
-        self._oversubscriber = _ModelOversubscriber() if use_model_oversubscriber else None
+        self._oversubscriber = ModelOversubscriber() if use_model_oversubscriber else None
         self.temp_embedding_dir = temp_embedding_dir
 
     # -- the older names --------------------------------------------------------------------
 
-    def get_model_oversubscriber(self) -> _ModelOversubscriber:
+    def get_model_oversubscriber(self) -> ModelOversubscriber:
         """The model oversubscriber (see the class docstring); only with
         ``use_model_oversubscriber=True``, as in HugeCTR."""
         if self._oversubscriber is None:
@@ -214,7 +214,7 @@ class Session:
         self.model.save_params_to_files(prefix, iter)
 
 
-class _ModelOversubscriber:
+class ModelOversubscriber:
     """HugeCTR's ``ModelOversubscriber``: whole tables stay in host memory here, so an
     ``update`` has no rows to move; it checks the keyset files it is given exist."""
 
