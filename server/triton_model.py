@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tierserve.ps.config import load_ps_config
-from tierserve.ps.errors import TierserveError
+from tierserve.ps.errors import ConfigError, TierserveError
 
 from .loader import RepositoryLoader
 from .servables import Servable
@@ -170,6 +170,23 @@ def _configure_logging() -> None:
         )
 
 
+def _select_device(kind: str, device_id: str) -> bool | None:
+    """``use_gpu_embedding_cache`` for an instance of ``kind``: a KIND_CPU instance keeps its
+    embedding cache in host memory (False); a KIND_GPU one makes its GPU current and follows
+    ps.json's ``gpucache`` (None)."""
+    if kind != "GPU":
+        return False
+    try:
+        import cupy
+    except ImportError:
+        raise ConfigError(
+            "instance_group kind KIND_GPU needs cupy in Triton's Python (pip install "
+            "'tierserve[gpu]'), or generate the repository with --kind cpu"
+        ) from None
+    cupy.cuda.Device(int(device_id)).use()
+    return None
+
+
 class TritonPythonModel:
     """The Python-backend model: ``initialize``, ``execute``, ``finalize`` (Triton's contract)."""
 
@@ -191,14 +208,8 @@ class TritonPythonModel:
             )
         folder = Path(args["model_repository"]) / version
         kind = args.get("model_instance_kind", "CPU")
-        use_gpu = None
-        if kind == "GPU":
-            import cupy
-
-            cupy.cuda.Device(int(args.get("model_instance_device_id", 0))).use()
-        else:
-            use_gpu = False  # a KIND_CPU instance keeps its embedding cache in host memory
         try:
+            use_gpu = _select_device(kind, args.get("model_instance_device_id", "0"))
             self.runtime = TritonRuntime(name, version, folder, ps_config, use_gpu)
         except Exception as exc:
             reason = str(exc) if isinstance(exc, TierserveError) else f"{type(exc).__name__}: {exc}"

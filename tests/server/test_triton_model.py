@@ -119,3 +119,15 @@ def test_the_triton_model_imports_no_front_end():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_instance_kind_selects_where_the_cache_lives():
+    from tierserve.ps.errors import ConfigError
+    from tierserve.server.triton_model import _select_device
+
+    assert _select_device("CPU", "0") is False  # KIND_CPU: host memory whatever ps.json says
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="KIND_GPU needs cupy"):
+            _select_device("GPU", "0")
