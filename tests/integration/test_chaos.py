@@ -1,0 +1,299 @@
+"""Chaos: mixed traffic from 32 clients while the services fail around the server.
+
+One server over a real three-node Redis Cluster (volatile), RocksDB (persistent) and a real
+Kafka broker (online updates).  While 32 clients send HTTP (binary and JSON), gRPC and
+/predict requests and a prober times the health endpoints, the run drops a new version in,
+freezes a cluster node and thaws it, kills a node and restarts it empty, publishes a poison
+message and updates, and restarts the broker.  Afterwards:
+
+- no request got a 5xx (none is documented for these faults: a frozen or dead node falls
+  through to RocksDB), and none failed in the client;
+- health answered with p99 under 100 ms;
+- every answer equals ``InferenceModel.predict`` of the version it names, on the same rows
+  (updates only touch keys the requests never use, so the answers have one right value);
+- the final tables, in both tiers, equal the new version's files plus every published update.
+
+``TIERSERVE_CHAOS_SECONDS`` sets the length (default 60); the faults keep their proportions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import threading
+import time
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from frozen import frozen
+from polling import until
+
+from tierserve.clients.demo_model import train_demo_model, write_repository
+from tierserve.ps.kafka_updates import UpdateProducer
+from tierserve.ps.sparse_file import read_sparse_model
+from tierserve.server.app import BackgroundServer
+from tierserve.server.inference_model import InferenceModel, InferenceParams
+from tierserve.server.settings import Settings
+from tierserve.trainer.data.batch import Batch, SparseInput
+
+pytestmark = pytest.mark.slow
+
+SECONDS = float(os.environ.get("TIERSERVE_CHAOS_SECONDS", "60"))
+TABLE = "sparse_embedding1"
+DIM = 16
+POOL = 64  # request rows are drawn from these
+UPDATE_KEYS = np.arange(5000, 5200, dtype=np.int64)  # never in a request (keys < 300)
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory):
+    work = tmp_path_factory.mktemp("chaos")
+    return (
+        train_demo_model(work / "v1", iterations=10, batch_size=256, seed=1),
+        train_demo_model(work / "v2", iterations=30, batch_size=256, seed=2),
+    )
+
+
+def _reference(demo, des, cat) -> np.ndarray:
+    params = InferenceParams(
+        model_name="ref", max_batchsize=POOL, hit_rate_threshold=0.9,
+        dense_model_file=str(demo.dense_file), sparse_model_files=[str(p) for p in demo.sparse_files],
+        use_gpu_embedding_cache=False, cache_size_percentage=0.5, i64_input_key=True,
+        volatile_db={"type": "hash_map"},
+    )  # fmt: skip
+    model = InferenceModel(str(demo.graph), params)
+    try:
+        sparse = SparseInput(cat.reshape(-1), np.arange(cat.size + 1, dtype=np.int64), cat.shape[1])
+        return model.predict_batch(Batch(np.zeros((POOL, 1), np.float32), des, (sparse,)))
+    finally:
+        model.close()
+
+
+def _repository(root, demo, name: str, cluster, broker) -> None:
+    """The demo model as ``name``, on the cluster, RocksDB and the broker."""
+    write_repository(demo, root)
+    (root / "dlrm").rename(root / name)
+    path = root / "ps.json"
+    data = json.loads(path.read_text())
+    data["models"][0].update(model=name, max_batch_size=64)
+    data["volatile_db"] = {
+        "type": "redis_cluster", "address": cluster.addresses, "num_partitions": 4,
+        "socket_timeout_ms": 300, "connect_timeout_ms": 300, "failure_threshold": 2,
+        "failure_backoff_ms": 500, "max_failure_backoff_ms": 2000, "refill_interval_ms": 500,
+    }  # fmt: skip
+    data["update_source"] = {
+        "type": "kafka_message_queue", "brokers": broker.bootstrap,
+        "metadata_refresh_interval_ms": 1000, "poll_timeout_ms": 200,
+    }  # fmt: skip
+    path.write_text(json.dumps(data))
+
+
+class Traffic:
+    """32 clients and a health prober; records answers, failures and health latencies."""
+
+    def __init__(self, server, name: str, des, cat) -> None:
+        self.server, self.name, self.des, self.cat = server, name, des, cat
+        self.answers: list[tuple[str, np.ndarray, np.ndarray]] = []  # version, rows, output
+        self.failures: list[str] = []
+        self.health: list[float] = []
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        kinds = ["http"] * 12 + ["grpc"] * 8 + ["predict"] * 8 + ["json"] * 4
+        self.threads = [
+            threading.Thread(target=self._client, args=(k, i), daemon=True)
+            for i, k in enumerate(kinds)
+        ]
+        self.threads.append(threading.Thread(target=self._prober, daemon=True))
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def _record(self, version: str, rows: np.ndarray, out) -> None:
+        with self._lock:
+            self.answers.append((version, rows, np.asarray(out, np.float32).reshape(-1, 1)))
+
+    def _fail(self, what: str) -> None:
+        with self._lock:
+            self.failures.append(what)
+
+    def _client(self, kind: str, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        url = self.server.http_url
+        http = th.InferenceServerClient(url, connection_timeout=30, network_timeout=30)
+        grpc = tg.InferenceServerClient(self.server.grpc_url)
+        plain = httpx.Client(base_url=f"http://{url}", timeout=30)
+        while not self.stop.is_set():
+            rows = rng.choice(POOL, size=int(rng.integers(1, 9)), replace=False)
+            des, cat = self.des[rows], self.cat[rows]
+            try:
+                if kind == "http":
+                    a = th.InferInput("DES", list(des.shape), "FP32")
+                    a.set_data_from_numpy(des, binary_data=True)
+                    b = th.InferInput("CATCOLUMN", list(cat.shape), "INT64")
+                    b.set_data_from_numpy(cat, binary_data=True)
+                    r = http.infer(self.name, [a, b])
+                    self._record(r.get_response()["model_version"], rows, r.as_numpy("OUTPUT0"))
+                elif kind == "grpc":
+                    a = tg.InferInput("DES", list(des.shape), "FP32")
+                    a.set_data_from_numpy(des)
+                    b = tg.InferInput("CATCOLUMN", list(cat.shape), "INT64")
+                    b.set_data_from_numpy(cat)
+                    r = grpc.infer(self.name, [a, b], client_timeout=30)
+                    self._record(r.get_response().model_version, rows, r.as_numpy("OUTPUT0"))
+                elif kind == "predict":
+                    body = {"model": self.name,
+                            "inputs": {"DES": des.tolist(), "CATCOLUMN": cat.tolist()}}  # fmt: skip
+                    r = plain.post("/predict", json=body)
+                    if r.status_code != 200:
+                        self._fail(f"predict {r.status_code}: {r.text[:200]}")
+                    else:
+                        data = r.json()
+                        self._record(data["version"], rows, data["outputs"]["OUTPUT0"])
+                else:
+                    body = {"inputs": [
+                        {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
+                         "data": des.reshape(-1).tolist()},
+                        {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
+                         "data": cat.reshape(-1).tolist()},
+                    ]}  # fmt: skip
+                    r = plain.post(f"/v2/models/{self.name}/infer", json=body)
+                    if r.status_code != 200:
+                        self._fail(f"json {r.status_code}: {r.text[:200]}")
+                    else:
+                        data = r.json()
+                        self._record(data["model_version"], rows, data["outputs"][0]["data"])
+            except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
+                self._fail(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
+            time.sleep(0.02)  # 32 clients at up to ~50 requests/s each, on 2 shared cores
+        plain.close()
+
+    def _prober(self) -> None:
+        http = httpx.Client(base_url=f"http://{self.server.http_url}", timeout=10)
+        grpc = tg.InferenceServerClient(self.server.grpc_url)
+        turn = 0
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            try:
+                if turn % 2:
+                    grpc.is_server_live(client_timeout=10)
+                else:
+                    http.get("/v2/health/live").raise_for_status()
+            except Exception as exc:  # noqa: BLE001
+                self._fail(f"health: {type(exc).__name__}: {exc}")
+            with self._lock:
+                self.health.append(time.perf_counter() - started)
+            turn += 1
+            time.sleep(0.05)
+        http.close()
+
+
+def _poison(broker, topic: str) -> None:
+    """A header claiming vectors of 2^32-4 bytes, then nothing (issue 12's message)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer.produce(topic, value=b"HCTR" + struct.pack("<I", 2**32 - 4))
+    producer.produce(topic, value=os.urandom(37))
+    producer.flush(30)
+
+
+def test_chaos(versions, redis_cluster, kafka_broker, tmp_path):
+    v1, v2 = versions
+    name = f"chaos{uuid.uuid4().hex[:8]}"
+    repo = tmp_path / "repo"
+    _repository(repo, v1, name, redis_cluster, kafka_broker)
+    rng = np.random.default_rng(0)
+    des = rng.random((POOL, 13), dtype=np.float32)
+    cat = rng.integers(0, 300, (POOL, 8)).astype(np.int64)
+    expected = {"1": _reference(v1, des, cat), "2": _reference(v2, des, cat)}
+    updates = {}  # key -> vector, the last published wins
+    at = [0.10, 0.20, 0.35, 0.40, 0.50, 0.55, 0.65, 0.75]
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=0,
+                              poll_interval_s=0.2)  # fmt: skip
+    with BackgroundServer(settings) as server:
+        traffic = Traffic(server, name, des, cat)
+        started = time.monotonic()
+
+        def wait_until(fraction: float) -> None:
+            time.sleep(max(0.0, started + fraction * SECONDS - time.monotonic()))
+
+        def publish(seed: int) -> None:
+            vectors = np.random.default_rng(seed).standard_normal((UPDATE_KEYS.size, DIM))
+            vectors = vectors.astype(np.float32)
+            with UpdateProducer(kafka_broker.bootstrap, max_batch_size=50) as producer:
+                producer.publish(name, TABLE, UPDATE_KEYS, vectors)
+            updates.update(zip(UPDATE_KEYS.tolist(), vectors))
+
+        traffic.start()
+        try:
+            wait_until(at[0])
+            staging = tmp_path / "v2repo"
+            write_repository(v2, staging, version=2)
+            shutil.move(staging / "dlrm" / "2", repo / name / "2")
+            plane = server.plane
+            assert until(lambda: plane.repository.entries[name].version == "2", timeout=30)
+            wait_until(at[1])
+            with frozen(redis_cluster.servers[0]):
+                wait_until(at[2])
+            wait_until(at[3])
+            redis_cluster.kill_node(1)
+            try:
+                wait_until(at[4])
+            finally:
+                redis_cluster.restart_node(1)
+            wait_until(at[5])
+            _poison(kafka_broker, f"hps_et.{name}.{TABLE}")
+            publish(1)
+            wait_until(at[6])
+            kafka_broker.stop()
+            try:
+                time.sleep(0.05 * SECONDS)
+            finally:
+                kafka_broker.start()
+            wait_until(at[7])
+            publish(2)
+            wait_until(1.0)
+        finally:
+            traffic.join()
+        ps = server.app.state.plane.repository.loader.parameter_server
+        want = np.stack([updates[k] for k in UPDATE_KEYS.tolist()])
+
+        def applied() -> bool:
+            return np.array_equal(ps.lookup(name, TABLE, UPDATE_KEYS), want)
+
+        assert until(applied, timeout=60), "published updates never reached the tables"
+        served = ps.model(name)
+        storage = served.table(TABLE).storage
+        trained = read_sparse_model(str(repo / name / "2" / v2.sparse_files[0].name), DIM)
+        table = dict(zip(np.asarray(trained.keys).tolist(), np.asarray(trained.embeddings)))
+        table.update(updates)
+        keys = np.fromiter(table, np.int64)
+        truth = np.stack(list(table.values())).astype(np.float32)
+        for level, tier in ps.tiers.items():
+            if level == "volatile":  # a restarted node is refilled in the background
+                assert until(lambda t=tier: t.lookup(storage, keys)[1].all(), timeout=30)
+            got, found = tier.lookup(storage, keys)
+            assert found.all(), f"{level}: {int((~found).sum())} keys missing"
+            np.testing.assert_array_equal(got, truth, err_msg=level)
+
+    health = np.asarray(traffic.health)
+    print(f"chaos: {len(traffic.answers)} answers, {len(traffic.failures)} failures, health p50 "
+          f"{np.percentile(health, 50) * 1e3:.1f} ms p99 {np.percentile(health, 99) * 1e3:.1f} ms")
+    assert not traffic.failures, traffic.failures[:10]
+    assert {v for v, _, _ in traffic.answers} == {"1", "2"}
+    assert len(traffic.answers) > 100
+    for version, rows, out in traffic.answers:
+        np.testing.assert_allclose(out, expected[version][rows], atol=1e-5, err_msg=version)
+    assert np.percentile(health, 99) < 0.1, (np.percentile(health, [50, 99]), health.max())
