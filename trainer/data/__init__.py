@@ -1,6 +1,18 @@
-"""Data readers (Norm, Raw, Parquet), the data generator and the Criteo converter."""
+"""Data readers (Norm, Raw, Parquet), the data generator, the Criteo converter and ``tf.data``-style
+streaming datasets (``Dataset``, ``TextLineDataset``, ``decode_csv``)."""
 
 from .batch import Batch, SparseInput
+from .dataset import (
+    AUTOTUNE,
+    CSVRecordError,
+    Dataset,
+    DecodeCSVError,
+    NormDataset,
+    ParquetDataset,
+    RawDataset,
+    TextLineDataset,
+    decode_csv,
+)
 from .errors import DataFileError
 from .filelist import read_file_list, write_file_list
 from .generator import (
@@ -24,6 +36,15 @@ from .records import Records
 from .source import DataSource, DataSourceParams
 
 __all__ = [
+    "AUTOTUNE",
+    "CSVRecordError",
+    "Dataset",
+    "DecodeCSVError",
+    "NormDataset",
+    "ParquetDataset",
+    "RawDataset",
+    "TextLineDataset",
+    "decode_csv",
     "AsyncParam",
     "Batch",
     "Check_t",
