@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tierserve.ps.errors import InvalidInputError
+from tierserve.ps.keys import as_keys
 from tierserve.trainer.data.batch import Batch, SparseInput
 
 from .tensors import TensorSpec, check_finite, check_inputs, check_int_range
@@ -163,18 +164,19 @@ def _hotness(model: Predictor, slot_nums: list[int]) -> list[int]:
 
 
 def key_dtype_check(name: str, keys: np.ndarray, i64_keys: bool) -> np.ndarray:
-    """``keys`` as the model's key type (int64, or int32 for a 32-bit model), refusing keys
-    that do not fit it."""
-    want = np.dtype(np.int64 if i64_keys else np.int32)
-    if keys.dtype != want:
-        check_int_range(
-            name,
-            keys,
-            want,
-            "" if i64_keys else ": the model has 32-bit keys (supportlonglong false)",
-        )
-        keys = keys.astype(want)
-    return keys
+    """``keys`` as the model's key type, refusing keys that do not fit it (a 400 naming
+    ``name``): int64, or for a 32-bit model int32 holding HugeCTR's unsigned 32-bit keys by the
+    one key rule (:mod:`tierserve.ps.keys`): INT32 tensors carry the keys' bits, wider ones
+    must hold 0 .. 2**32-1."""
+    if i64_keys:
+        if keys.dtype != np.int64:
+            check_int_range(name, keys, np.dtype(np.int64), "")
+            keys = keys.astype(np.int64)
+        return keys
+    if keys.dtype == np.int32:
+        return keys
+    unsigned = as_keys(keys, 32, f"input {name!r}")
+    return unsigned.astype(np.uint32).view(np.int32).reshape(keys.shape)
 
 
 class RankingServable(Servable):

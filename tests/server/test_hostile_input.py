@@ -275,13 +275,17 @@ def test_32bit_model_takes_int32_and_fitting_int64_keys(tiny_repository):
                 getattr(request.inputs[1].contents, field).extend(np.ravel(CAT).tolist())
                 out = np.frombuffer(infer(request).raw_output_contents[0], np.float32)
                 np.testing.assert_allclose(out, expected, atol=1e-6)
-        for key in (2**31, -(2**31) - 1, 2**40):
+        # 32-bit keys are HugeCTR's unsigned int (tierserve.ps.keys): an INT64 key up to
+        # 2**32-1 is the key whose bits an INT32 tensor carries as a negative number.
+        high = [[2**32 - 5] + CAT[0][1:]]
+        bits = [[2**32 - 5 - 2**32] + CAT[0][1:]]
+        r64 = _post(narrow, _json(*_good(DES[:1], high, "INT64")))
+        r32 = _post(narrow, _json(*_good(DES[:1], bits, "INT32")))
+        assert r64.status_code == 200 and r32.status_code == 200, (r64.text, r32.text)
+        assert r64.json()["outputs"][0]["data"] == r32.json()["outputs"][0]["data"]
+        for key, cat_type in ((2**31, "INT32"), (-1, "INT64"), (2**32, "INT64"), (2**40, "INT64")):
             cat = [[key] + CAT[0][1:]]
-            for cat_type in ("INT32", "INT64"):
-                message = _expect_400(
-                    _post(narrow, _json(*_good(DES[:1], cat, cat_type))), "'CATCOLUMN'"
-                )
-                assert "INT32" in message
+            _expect_400(_post(narrow, _json(*_good(DES[:1], cat, cat_type))), "'CATCOLUMN'")
     finally:
         wide.stop()
         narrow.stop()
@@ -367,8 +371,9 @@ def test_embedding_store_keys_width_and_limit(tiny_repository, tiny_dlrm):
             r = _lookup(narrow, keys, datatype)
             assert r.status_code == 200, (datatype, r.text)
             assert r.json()["outputs"][0]["data"] == expected
-        for datatype in ("INT32", "INT64"):
-            _expect_400(_lookup(narrow, [2**31] + keys[1:], datatype), "'KEYS'", "INT32")
+        assert _lookup(narrow, [2**31] + keys[1:], "INT64").status_code == 200  # unsigned 32 bits
+        for key, datatype in ((2**31, "INT32"), (-1, "INT64"), (2**32, "INT64")):
+            _expect_400(_lookup(narrow, [key] + keys[1:], datatype), "'KEYS'")
         assert _lookup(wide, [], counts=[0]).json()["outputs"][0]["shape"] == [0]
         # the model's own key limit: max_batch_size 64 x 8 keys per sample
         assert _lookup(wide, list(range(512))).status_code == 200
