@@ -145,7 +145,8 @@ def test_save_files_reload_and_wrong_sized_dense_file(data, tmp_path):
     assert names == sorted([
         "small0_sparse_5.model", "small1_sparse_5.model", "small0_opt_sparse_5.model",
         "small1_opt_sparse_5.model", "small_dense_5.model",
-        "small_dense_5.model" + NONTRAINABLE_SUFFIX, "small_opt_dense_5.model"])
+        "small_dense_5.model" + NONTRAINABLE_SUFFIX, "small_opt_dense_5.model",
+        "tierserve.manifest"])
     # dense file: W[16,8], b[8], gamma[8], beta[8], W[8,2], b[2], float32
     sizes = [16 * 8, 8, 8, 8, 8 * 2, 2]
     assert os.path.getsize(f"{prefix}_dense_5.model") == 4 * sum(sizes)
