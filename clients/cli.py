@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     publish.register(commands)
     doctor.register(commands)
     triton_repo.register(commands)
+    from tierserve.trainer.elastic import entry as train_entry
+
+    train_entry.register(commands)
     return parser
 
 

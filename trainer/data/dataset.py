@@ -348,6 +348,19 @@ class Dataset:
         return _GeneratorDataset(generator, output_types, output_shapes, tuple(args or ()))
 
     @staticmethod
+    def from_batches(generator: Callable[[], Iterable[Any]]) -> Dataset:
+        """The rows of the batches ``generator()`` yields (structures of arrays sharing a first
+        dimension), called anew for each iteration; no per-row Python work."""
+        if not callable(generator):
+            raise InvalidInputError("from_batches needs a callable that returns an iterable")
+
+        def blocks() -> Iterator[_Block]:
+            for batch in generator():
+                yield _block_from_slices(batch)
+
+        return _CallableDataset(lambda: _GenIter(blocks()))
+
+    @staticmethod
     def list_files(
         file_pattern: str | os.PathLike | Sequence[str | os.PathLike],
         shuffle: bool | None = None,
@@ -547,6 +560,14 @@ class _SlicesDataset(Dataset):
 
     def _blocks(self) -> _BlockIter:
         return _SliceIter(self.block)
+
+
+class _CallableDataset(Dataset):
+    def __init__(self, make: Callable[[], _BlockIter]) -> None:
+        self.make = make
+
+    def _blocks(self) -> _BlockIter:
+        return self.make()
 
 
 class _GeneratorDataset(Dataset):
