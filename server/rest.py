@@ -23,7 +23,6 @@ every route, infer included.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -45,6 +44,7 @@ from .tensors import (
     DecodedRequest,
     array_from_json,
     decode_rest_request,
+    dump_json,
     encode_rest_response,
     json_values,
     parse_json,
@@ -180,7 +180,7 @@ class InferEndpoint:
 
 def _error_bytes(body: dict[str, str]) -> bytes:
     """An error body as the FastAPI exception handler's JSONResponse renders it."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return dump_json(body)
 
 
 async def _receive_body(receive, limit: int) -> bytes | None:
@@ -370,7 +370,7 @@ def build_router(
         responses=docs.INFER_ERRORS,
         openapi_extra=docs.required_body(docs.PredictRequest),
     )
-    async def predict(request: Request) -> dict[str, Any]:
+    async def predict(request: Request) -> Response:
         """Plain JSON: ``{"model", "version"?, "inputs": {name: nested list}}``."""
         started = time.perf_counter()
         status, label = None, "unknown"
@@ -381,11 +381,13 @@ def build_router(
             meta = plane.model_metadata(name, version)
             decoded = _plain_request(data, {t["name"]: t for t in meta["inputs"]})
             result = await plane.infer(name, version, decoded)
-            return {
+            # encoded here (orjson), not by FastAPI's encoder; the response model documents it
+            answer = {
                 "model": result.model_name,
                 "version": result.model_version,
                 "outputs": {k: json_values(v) for k, v in result.outputs.items()},
             }
+            return Response(dump_json(answer), media_type="application/json")
         except TierserveError as exc:
             status = str(exc.http_status)
             raise

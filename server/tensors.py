@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from tierserve.ps.errors import InvalidInputError
 
@@ -280,13 +281,30 @@ def _json_text(data) -> str | bytes:
 
 def parse_json(body: bytes | memoryview) -> Any:
     """``body`` parsed as JSON; anything that is not (bad UTF-8, nesting too deep, integers
-    of more digits than Python reads) is an :class:`InvalidInputError`."""
+    of more digits than Python reads) is an :class:`InvalidInputError`.
+
+    orjson reads what RFC 8259 allows (integers beyond 64 bits as floats); the rest (NaN and
+    Infinity literals, a byte-order mark, UTF-16/32, lone surrogates, numbers beyond FP64)
+    is read as :mod:`json` reads it, whose message names what is wrong."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
     try:
         return json.loads(_json_text(body))
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise InvalidInputError(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidInputError("the request body is not valid JSON: nested too deep") from None
+
+
+def dump_json(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON (orjson; :mod:`json` for what orjson cannot encode:
+    lone surrogates, integers beyond 64 bits).  NaN is never written: callers put ``null``."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
 def decode_rest_request(body: bytes, header_length: int | None) -> DecodedRequest:
@@ -407,7 +425,7 @@ def encode_rest_response(
     if request_id:
         body["id"] = request_id
     body["outputs"] = tensors
-    header = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    header = dump_json(body)
     if not chunks:
         return header, None
     return header + b"".join(chunks), len(header)
