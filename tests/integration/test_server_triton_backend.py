@@ -65,6 +65,7 @@ class Fixture:
                                                 MH_SLOTS * MH_NNZ)],
                       supportlonglong=False)  # fmt: skip
         self.triton = root / "triton"
+        self.clients: list = []
         generate(self.repo64, self.triton)
         generate(self.repo32, self.triton)
         self.server = server_factory(self.triton, model_control_mode="explicit",
@@ -73,19 +74,26 @@ class Fixture:
     def http(self):
         import tritonclient.http as th
 
-        return th.InferenceServerClient(self.server.http_url)
+        self.clients.append(th.InferenceServerClient(self.server.http_url))
+        return self.clients[-1]
 
     def grpc(self):
         import tritonclient.grpc as tg
 
-        return tg.InferenceServerClient(self.server.grpc_url)
+        self.clients.append(tg.InferenceServerClient(self.server.grpc_url))
+        return self.clients[-1]
+
+    def stop(self) -> None:
+        for client in self.clients:  # open connections would hold tritonserver's exit 5 s
+            client.close()
+        self.server.stop()
 
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory, triton_server_factory):
     fixture = Fixture(tmp_path_factory.mktemp("triton"), triton_server_factory)
     yield fixture
-    fixture.server.stop()
+    fixture.stop()
 
 
 def infer(client, model: str, arrays: dict[str, np.ndarray], binary: bool = True) -> np.ndarray:
@@ -139,7 +147,6 @@ def test_answers_equal_tierserve_over_http_and_grpc(triton, rows):
         np.testing.assert_allclose(got, mh_expected, atol=1e-5)
         got = infer(client, "store", store_request, binary)
         np.testing.assert_allclose(got, store_expected, atol=1e-6)
-    http.close()
 
 
 def test_a_bad_request_fails_alone_with_tierserve_message(triton):
@@ -256,12 +263,12 @@ def test_poll_mode_picks_up_a_new_version(tmp_path, triton, triton_server_factor
     write_ps_json(repo, [entry], supportlonglong=True)
     out = tmp_path / "triton"
     generate(repo, out)
+    import tritonclient.http as th
+
     server = triton_server_factory(out, model_control_mode="poll",
                                    extra_args=["--repository-poll-secs", "1"])  # fmt: skip
+    client = th.InferenceServerClient(server.http_url)
     try:
-        import tritonclient.http as th
-
-        client = th.InferenceServerClient(server.http_url)
         keys = np.arange(1, 9, dtype=np.int64)
         request = {"KEYS": keys, "NUMKEYS": np.array([8], np.int32)}
         first = infer(client, "emb", request)
@@ -279,4 +286,5 @@ def test_poll_mode_picks_up_a_new_version(tmp_path, triton, triton_server_factor
         assert until(lambda: client.is_model_ready("emb", "2"), timeout=60)
         assert until(lambda: np.allclose(infer(client, "emb", request), 2 * first), timeout=30)
     finally:
+        client.close()
         server.stop()
