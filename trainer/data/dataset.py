@@ -72,15 +72,18 @@ _LEAF = _Tree("leaf")
 _NONE = _Tree("none")  # None in a structure (labels of unlabelled data): no arrays
 
 
-def _flatten(structure: Any) -> tuple[list[Any], _Tree]:
+def _flatten(structure: Any, lists_are_values: bool = False) -> tuple[list[Any], _Tree]:
+    """Leaves and shape of a structure; ``lists_are_values``: a list is one value, as
+    ``from_tensor_slices`` takes it (TensorFlow converts lists to tensors there)."""
     if structure is None:
         return [], _NONE
     if isinstance(structure, dict):
         keys = tuple(structure)
-        parts = [_flatten(structure[k]) for k in keys]
+        parts = [_flatten(structure[k], lists_are_values) for k in keys]
         return [x for p in parts for x in p[0]], _Tree("dict", keys, tuple(p[1] for p in parts))
-    if isinstance(structure, (tuple, list)) and not _is_namedtuple(structure):
-        parts = [_flatten(s) for s in structure]
+    sequence = (tuple,) if lists_are_values else (tuple, list)
+    if isinstance(structure, sequence) and not _is_namedtuple(structure):
+        parts = [_flatten(s, lists_are_values) for s in structure]
         kind = "tuple" if isinstance(structure, tuple) else "list"
         return [x for p in parts for x in p[0]], _Tree(kind, (), tuple(p[1] for p in parts))
     return [structure], _LEAF
@@ -193,9 +196,11 @@ def _describe(tree: _Tree) -> str:
     return f"({inner})" if tree.kind == "tuple" else f"[{inner}]"
 
 
-def _block_from_elements(elements: Sequence[Any], prov=None) -> _Block:
+def _block_from_elements(
+    elements: Sequence[Any], prov=None, lists_are_values: bool = False
+) -> _Block:
     """Stack per-element structures into one block."""
-    flats = [_flatten(e) for e in elements]
+    flats = [_flatten(e, lists_are_values) for e in elements]
     tree = flats[0][1]
     for _, t in flats[1:]:
         if t != tree:
@@ -216,7 +221,7 @@ def _block_from_elements(elements: Sequence[Any], prov=None) -> _Block:
 
 
 def _block_from_slices(structure: Any) -> _Block:
-    leaves, tree = _flatten(structure)
+    leaves, tree = _flatten(structure, lists_are_values=True)
     arrays = [_as_array(x) for x in leaves]
     if not arrays:
         raise InvalidInputError("from_tensor_slices needs at least one tensor")
@@ -325,7 +330,7 @@ class Dataset:
     @staticmethod
     def from_tensors(tensors: Any) -> Dataset:
         """A dataset of the single element ``tensors``."""
-        leaves, tree = _flatten(tensors)
+        leaves, tree = _flatten(tensors, lists_are_values=True)
         return _SlicesDataset(_Block(tree, [_as_array(x)[None] for x in leaves]))
 
     @staticmethod
@@ -504,21 +509,23 @@ class Dataset:
 
 class OneShotIterator:
     """One pass over a dataset.  ``get_next()`` is the next element; returned from an
-    ``input_fn``, it stands for the whole rest of the pass (as TF1's ``get_next`` tensors
-    did): ``estimator.inputs.batches`` carries on from it."""
+    ``input_fn``, it stands for the whole rest of the pass, as TF1's ``get_next`` tensors
+    did (``estimator.inputs.batches`` carries on from it)."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
         self._it = iter(dataset)
 
     def get_next(self) -> Any:
-        """The next element; a (features, labels) element comes as a :class:`NextElement`."""
+        """The next element.  Its features dict (a (features, labels) element's first part, or
+        a features-only element) is a :class:`NextFeatures` that remembers this iterator, so
+        ``features, labels = it.get_next(); return features, labels`` keeps the stream."""
         try:
             element = next(self._it)
         except StopIteration:
             raise OutOfRangeError("End of sequence") from None
-        if isinstance(element, tuple) and len(element) == 2:
-            return NextElement(element, self)
+        if isinstance(element, tuple) and len(element) == 2 and isinstance(element[0], dict):
+            return NextFeatures(element[0], self), element[1]
         if isinstance(element, dict):
             return NextFeatures(element, self)
         return element
@@ -530,20 +537,9 @@ class OneShotIterator:
         return next(self._it)
 
 
-class NextElement(tuple):
-    """A (features, labels) element taken from a :class:`OneShotIterator`; ``.iterator``
-    gives the elements after it."""
-
-    iterator: OneShotIterator
-
-    def __new__(cls, element: tuple, iterator: OneShotIterator) -> NextElement:
-        self = super().__new__(cls, element)
-        self.iterator = iterator
-        return self
-
-
 class NextFeatures(dict):
-    """A features-only element taken from a :class:`OneShotIterator` (predict input)."""
+    """A features dict taken by :meth:`OneShotIterator.get_next`; ``.iterator`` gives the
+    elements after it."""
 
     def __init__(self, element: dict, iterator: OneShotIterator) -> None:
         super().__init__(element)
@@ -589,7 +585,7 @@ class _GeneratorDataset(Dataset):
                 chunk = list(itertools.islice(source, _CHUNK))
                 if not chunk:
                     return
-                block = _block_from_elements(chunk)
+                block = _block_from_elements(chunk, lists_are_values=True)
                 yield self._checked(block)
 
         return _GenIter(blocks())
@@ -938,15 +934,16 @@ class _ShuffleDataset(Dataset):
         self.seed, self.reshuffle = seed, reshuffle
         self.seeds = np.random.default_rng(seed)
         self.fixed = int(self.seeds.integers(2**63))
+        self.iterations = 0
         self.lock = threading.Lock()
         self._element_rows = upstream._element_rows
 
     def _blocks(self) -> _BlockIter:
-        if self.reshuffle:
-            with self.lock:
-                seed = int(self.seeds.integers(2**63))
-        else:
+        with self.lock:  # the first iteration uses the first seed drawn, later ones the next
             seed = self.fixed
+            if self.reshuffle and self.iterations:
+                seed = int(self.seeds.integers(2**63))
+            self.iterations += 1
         return _ShuffleIter(self.upstream._blocks(), self.buffer_size, np.random.default_rng(seed))
 
 
@@ -1474,15 +1471,20 @@ def decode_csv(
     )
     array = _as_array(records)
     shape = array.shape
-    flat = [r.decode() if isinstance(r, bytes) else str(r) for r in array.reshape(-1).tolist()]
+    flat = array.reshape(-1).tolist()
+    if flat and not all(isinstance(r, str) for r in (flat[0], flat[-1])):
+        flat = [r.decode() if isinstance(r, bytes) else str(r) for r in flat]
     quoting = csv.QUOTE_MINIMAL if use_quote_delim else csv.QUOTE_NONE
+    reader = csv.reader(flat, delimiter=field_delim, quoting=quoting, strict=True)
     try:
-        rows = list(csv.reader(flat, delimiter=field_delim, quoting=quoting, strict=True))
+        rows = list(reader)
     except csv.Error as exc:
-        raise DecodeCSVError(f"malformed quoting: {exc}", record=None if scalar else 0) from None
+        raise DecodeCSVError(
+            f"malformed quoting: {exc}", record=None if scalar else reader.line_num - 1
+        ) from None
     # csv gives [] for an empty line: one empty field as TensorFlow counts it
-    counts = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    counts[counts == 0] = 1
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    counts = np.maximum(lengths, 1)
     if select_cols is None:
         bad = np.flatnonzero(counts != n_defaults)
         expect = f"{n_defaults} fields"
@@ -1495,11 +1497,9 @@ def decode_csv(
             f"expected {expect}, got {int(counts[i])}: {flat[i]!r}", record=None if scalar else i
         )
     width = max(cols[-1] + 1, 1) if cols else 1
-    padded = (
-        [r if len(r) >= width else r + [""] * (width - len(r)) for r in rows]
-        if (counts < width).any()
-        else rows
-    )
+    padded = rows
+    if (lengths < width).any():  # empty lines of a one-column CSV
+        padded = [r if len(r) >= width else r + [""] * (width - len(r)) for r in rows]
     columns = list(zip(*padded)) if padded else [()] * width
     out = []
     for (dtype, default), c in zip(specs, cols):

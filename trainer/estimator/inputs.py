@@ -23,7 +23,7 @@ import numpy as np
 
 from tierserve.ps.errors import InvalidInputError
 
-from ..data.dataset import Dataset, NextElement, NextFeatures, OneShotIterator
+from ..data.dataset import Dataset, NextFeatures, OneShotIterator
 
 __all__ = ["batches", "numpy_input_fn", "pandas_input_fn"]
 
@@ -219,14 +219,17 @@ def batches(result: Any) -> Iterator[tuple[Any, Any]]:
     """The ``(features, labels)`` batches an ``input_fn``'s return value stands for.
 
     A :class:`~tierserve.trainer.data.Dataset` (or any iterable of batches) gives its
-    elements; a ``get_next()`` value from ``make_one_shot_iterator`` gives itself and the rest
-    of its pass; one ``(features, labels)`` tuple, or features alone (``labels`` None), gives
+    elements; what ``make_one_shot_iterator().get_next()`` gave (the course notes'
+    ``features, label = ...get_next(); return features, label``) gives that batch and the
+    rest of its pass; one ``(features, labels)`` tuple, or features alone (``labels`` None), gives
     that one batch (an Estimator trains on it again at every step, as TensorFlow did with
     constant input tensors).  A Dataset of features only gives ``(features, None)``.
     """
-    if isinstance(result, (NextElement, NextFeatures)):
-        first = tuple(result) if isinstance(result, NextElement) else (dict(result), None)
-        return _chain_rest(first, result.iterator)
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], NextFeatures):
+        first = (dict(result[0]), _to_arrays(result[1]))
+        return _chain_rest(first, result[0].iterator)
+    if isinstance(result, NextFeatures):
+        return _chain_rest((dict(result), None), result.iterator)
     if isinstance(result, OneShotIterator):
         return _as_pairs(result)
     if isinstance(result, Dataset):
