@@ -6,7 +6,8 @@ the model's graph and ``ps.json``, and ``OUT/<model>/<version>/`` holding links 
 version's files and a thin ``model.py`` that runs tierserve's runtime
 (``tierserve.server.triton_model``) in Triton's Python backend.  Run it again after adding a
 version: the new version folder appears whole, so tritonserver's ``--model-control-mode=poll``
-picks it up; config.pbtxt files are rewritten only when they change.
+picks it up, and a version folder it made whose version is gone from DIR is removed;
+config.pbtxt files are rewritten only when they change.
 
 Examples:
   tierserve triton-repo --model-repository models/ --out triton/
@@ -210,14 +211,13 @@ def _write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def _write_version(source: Path, target: Path, staging_root: Path, copy: bool) -> bool:
+def _write_version(source: Path, target: Path, copy: bool) -> bool:
     """Make ``target`` (links to, or copies of, ``source``'s entries plus model.py) appear
-    whole; an existing one is left as it is."""
+    whole; an existing one is left as it is.  It is staged beside it under a name that is not
+    a number, which Triton ignores."""
     if target.exists():
         return False
-    staging = Path(
-        tempfile.mkdtemp(prefix=f".{target.parent.name}-{target.name}-", dir=staging_root)
-    )
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{target.name}-", dir=target.parent))
     try:
         for item in sorted(source.iterdir()):
             if item.name == "model.py":
@@ -235,6 +235,25 @@ def _write_version(source: Path, target: Path, staging_root: Path, copy: bool) -
     return True
 
 
+def _remove_gone_versions(model_dir: Path, versions: list[str]) -> list[str]:
+    """Remove the version folders this generator made whose source version is gone (so
+    Triton's poll mode goes back to the version before); returns them."""
+    removed = []
+    for folder in sorted(model_dir.iterdir()):
+        if not (folder.is_dir() and folder.name.isdigit()) or folder.name in versions:
+            continue
+        try:
+            ours = (folder / "model.py").read_text() == MODEL_PY
+        except OSError:
+            ours = False
+        if ours:
+            doomed = folder.with_name(f".removing-{folder.name}")
+            os.rename(folder, doomed)  # gone for Triton at once, deleted after
+            shutil.rmtree(doomed)
+            removed.append(folder.name)
+    return removed
+
+
 @dataclass
 class Generated:
     """What one run wrote, per model: its signature and the version folders it added."""
@@ -244,6 +263,7 @@ class Generated:
     versions: list[str]
     new_versions: list[str]
     config_changed: bool
+    removed_versions: list[str]
 
 
 def generate(
@@ -314,9 +334,9 @@ def generate(
                             site_packages)  # fmt: skip
         (out / name).mkdir(exist_ok=True)
         changed = _write_if_changed(out / name / "config.pbtxt", text)
-        new = [v for v in versions
-               if _write_version(root / name / v, out / name / v, out.parent, copy)]  # fmt: skip
-        results.append(Generated(name, latest, versions, new, changed))
+        new = [v for v in versions if _write_version(root / name / v, out / name / v, copy)]
+        removed = _remove_gone_versions(out / name, versions)
+        results.append(Generated(name, latest, versions, new, changed, removed))
     return results
 
 
@@ -361,6 +381,8 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     for r in results:
         added = f", added version {', '.join(r.new_versions)}" if r.new_versions else ""
+        if r.removed_versions:
+            added += f", removed version {', '.join(r.removed_versions)} (gone from the repository)"
         print(f"{r.model}: {r.signature.kind} model, versions {', '.join(r.versions)}{added}"
               f"{'' if r.config_changed else ', config.pbtxt unchanged'}")  # fmt: skip
     print(f"tritonserver --model-repository {Path(args.out).resolve()}")

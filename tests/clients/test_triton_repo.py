@@ -106,7 +106,13 @@ def test_a_new_version_appears_whole_and_the_config_stays(repo, tmp_path):
     assert dlrm.new_versions == ["2"] and not dlrm.config_changed
     assert (out / "dlrm" / "config.pbtxt").stat().st_mtime_ns == before
     assert (out / "dlrm" / "2" / "model.py").is_file()
-    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # no staging
+    assert sorted(p.name for p in (out / "dlrm").iterdir()) == ["1", "2", "config.pbtxt"]
+    # Version 2 gone from the repository: its Triton folder goes; one we did not make stays.
+    shutil.rmtree(repo / "dlrm" / "2")
+    (out / "dlrm" / "7").mkdir()
+    [dlrm, _] = generate(repo, out)
+    assert dlrm.removed_versions == ["2"]
+    assert sorted(p.name for p in (out / "dlrm").iterdir()) == ["1", "7", "config.pbtxt"]
 
 
 def test_copy_instead_of_links(repo, tmp_path):
