@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -221,10 +222,31 @@ def interleaved(paths: dict, data: dict, repeats: dict, rounds: int = 20) -> dic
     return out
 
 
+def snapshot(ref: str, where: Path) -> dict[str, str]:
+    """The environment that runs ``tierserve`` as of git ``ref``: its files exported under
+    ``where`` and a ``PYTHONPATH`` folder mapping ``tierserve.<pkg>`` onto them (ahead of the
+    editable install's finder, which only answers what ``sys.path`` does not)."""
+    src, path = where / "src", where / "path" / "tierserve"
+    src.mkdir(parents=True)
+    path.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    for pkg in ("server", "ps", "cache", "trainer", "clients"):
+        (path / pkg).symlink_to(src / pkg)
+    if not (src / "cache" / "cuda").exists():
+        (src / "cache" / "cuda").symlink_to(src / "cuda")
+    return {"PYTHONPATH": str(path.parent)}
+
+
 def start_server(
-    repo: Path, http: int, grpc: int, batching: bool, extra: tuple[str, ...] = ()
+    repo: Path,
+    http: int,
+    grpc: int,
+    batching: bool,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
-    """``tierserve serve`` in a subprocess, once it answers."""
+    """``tierserve serve`` in a subprocess, once it answers (``env``: added to this one's)."""
     import tritonclient.http as th
 
     args = [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository",
@@ -233,7 +255,10 @@ def start_server(
     if not batching:
         args.append("--no-dynamic-batching")
     args.extend(extra)
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})}, cwd="/" if env else None,
+    )  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -345,10 +370,30 @@ def concurrent_throughput(
     return done / elapsed, cpu / max(done, 1)
 
 
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo.extend(int(c) for c in task.read_text().split())
+    return out
+
+
 def server_cpu(proc: subprocess.Popen) -> float:
-    """CPU seconds (user + system) the server process has used so far."""
-    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system) the server process and its worker processes have used so
+    far (what exited workers used is counted once they were waited for)."""
+    total = 0
+    for pid in _descendants(proc.pid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15]) if pid == proc.pid else (
+            int(fields[11]) + int(fields[12])
+        )  # fmt: skip
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def concurrency_runs(servers: dict, data: dict, seconds: float, turns: int = 4) -> dict:
@@ -469,6 +514,16 @@ def main() -> int:
         "and trim thresholds to 1 GiB, as tierserve serve does)",
     )  # fmt: skip
     parser.add_argument(
+        "--baseline", default=None, metavar="GIT_REF",
+        help="run the concurrency load against this checkout's server and the one of GIT_REF "
+        "(both batched, alternating turns) instead of batched against unbatched",
+    )  # fmt: skip
+    parser.add_argument(
+        "--server-args", default="", metavar="ARGS",
+        help="extra arguments for this checkout's server (not the baseline's), e.g. "
+        "'--workers 2'",
+    )  # fmt: skip
+    parser.add_argument(
         "--volatile", choices=["hash_map", "redis_cluster"], default="hash_map",
         help="volatile tier; redis_cluster starts a three-node cluster on loopback with the "
         "test suite's helpers (tests/services)",
@@ -516,7 +571,9 @@ def main() -> int:
             results["malloc_tuning"] = tune_malloc()
         model, predict = predictor(version, volatile)
         http, grpc = free_port(), free_port()
-        proc = start_server(repo, http, grpc, batching=True, extra=extra)
+        proc = start_server(
+            repo, http, grpc, batching=True, extra=extra + tuple(args.server_args.split())
+        )
         try:
             check = client_call("grpc", f"127.0.0.1:{grpc}")(*data[64])
             assert np.abs(check - predict(*data[64])).max() <= 1e-5, "server != predict"
@@ -528,11 +585,14 @@ def main() -> int:
             if not args.concurrency_only:
                 results.update(interleaved(paths, data, repeats))
             u_http, u_grpc = free_port(), free_port()
-            unbatched = start_server(repo, u_http, u_grpc, batching=False, extra=extra)
+            other = "baseline" if args.baseline else "unbatched"
+            env = snapshot(args.baseline, Path(tmp) / "baseline") if args.baseline else None
+            unbatched = start_server(repo, u_http, u_grpc, batching=bool(args.baseline),
+                                     extra=extra, env=env)  # fmt: skip
             try:
                 before = executions(http)
                 both = concurrency_runs(
-                    {"batched": (proc, http, grpc), "unbatched": (unbatched, u_http, u_grpc)},
+                    {"batched": (proc, http, grpc), other: (unbatched, u_http, u_grpc)},
                     data, args.seconds,
                 )  # fmt: skip
                 after = executions(http)
@@ -540,7 +600,7 @@ def main() -> int:
                 unbatched.terminate()
                 unbatched.wait()
             results["concurrent_batched"] = both["batched"]
-            results["concurrent_unbatched"] = both["unbatched"]
+            results[f"concurrent_{other}"] = both[other]
             results["executions"] = {k: after[k] - before[k] for k in after}
             results["floors"] = floor_runs(args.seconds / 2)
             results["predict_ms_per_row_at_64"] = model_share(predict, data[64])
@@ -567,7 +627,23 @@ def main() -> int:
             over = "" if path == "predict" else f"{(r['p50_ms'] - base) / base:>9.0%}"
             print(f"{path:<10}{b:>6}{r['rows_per_s']:>12,.0f}{r['p50_ms']:>9.3f}"
                   f"{r['p99_ms']:>9.3f}{over:>10}")  # fmt: skip
-    for protocol in ("grpc", "http"):
+    if args.baseline:
+        for protocol in ("grpc", "http"):
+            new = results["concurrent_batched"][protocol]
+            old = results["concurrent_baseline"][protocol]
+            ratio = new["rows_s"] / old["rows_s"]
+            results[f"speedup_over_baseline_{protocol}"] = ratio
+            turns = ", ".join(
+                f"{a:,.0f}/{b:,.0f}" for a, b in zip(new["rows_s_turns"], old["rows_s_turns"])
+            )
+            print(
+                f"64 concurrent batch-1 {protocol} clients, batched: {new['rows_s']:,.0f} rows/s "
+                f"here{' (' + args.server_args + ')' if args.server_args else ''}, "
+                f"{old['rows_s']:,.0f} at {args.baseline} ({ratio:.2f}x; turns {turns}); "
+                f"server CPU ms per request {new['server_cpu_ms_per_request']:.3f} here, "
+                f"{old['server_cpu_ms_per_request']:.3f} at {args.baseline}"
+            )
+    for protocol in ("grpc", "http") if not args.baseline else ():
         on = results["concurrent_batched"][protocol]
         off = results["concurrent_unbatched"][protocol]
         ratio = on["rows_s"] / off["rows_s"]
@@ -583,7 +659,7 @@ def main() -> int:
             f"{off['server_cpu_ms_per_request']:.3f} / {off['client_cpu_ms_per_request']:.3f}"
         )
     share = results["predict_ms_per_row_at_64"]
-    for protocol in ("grpc", "http"):
+    for protocol in ("grpc", "http") if not args.baseline else ():
         floor = results["floors"][protocol]["server_cpu_ms_per_request"]
         off = results["concurrent_unbatched"][protocol]["server_cpu_ms_per_request"]
         ceiling = off / (floor + share)
@@ -593,6 +669,15 @@ def main() -> int:
             f"{results['floors'][protocol]['rows_s']:,.0f} requests/s at {floor:.3f} ms server "
             f"CPU per request; with predict's {share:.3f} ms per row at batch 64, the unbatched "
             f"server's {off:.3f} ms bounds what batching can gain: {ceiling:.1f}x"
+        )
+    for protocol in ("grpc", "http"):
+        floor = results["floors"][protocol]
+        on = results["concurrent_batched"][protocol]["rows_s"]
+        results[f"of_floor_{protocol}"] = on / floor["rows_s"]
+        print(
+            f"{protocol}: the batched server's {on:,.0f} rows/s is {on / floor['rows_s']:.2f}x the "
+            f"do-nothing server's {floor['rows_s']:,.0f} requests/s "
+            f"({floor['server_cpu_ms_per_request']:.3f} ms CPU per request)"
         )
     ex = results["executions"]
     if ex["executions"]:
