@@ -207,6 +207,9 @@ def test_explicit_unload_load_and_a_broken_version(triton):
     with pytest.raises(InferenceServerException) as failure:
         client.load_model("dlrm")
     assert not client.is_model_ready("dlrm", "2")
+    # Triton keeps the version that served before the failed reload.
+    assert client.is_model_ready("dlrm", "1")
+    np.testing.assert_allclose(infer(client, "dlrm", dlrm_request(batch, 2)), expected, atol=1e-5)
     log = triton.server.log_path.read_text()
     assert "tierserve: model 'dlrm' version 2 failed to load" in log
     assert triton.dlrm.dense.name in str(failure.value) or "dense" in str(failure.value)
