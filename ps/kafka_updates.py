@@ -59,6 +59,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import update_replay
 from .config import KafkaUpdateSourceConfig
 from .errors import (
     BackendUnavailableError,
@@ -67,8 +68,10 @@ from .errors import (
     NotFoundError,
     require_extra,
 )
+from .kafka_log import KafkaLog
 from .retry import ExponentialBackoff
-from .table_tag import TAG_PREFIX, table_tag
+from .stats import LatencyHistogram
+from .table_tag import TAG_PREFIX, parse_table_tag, table_tag
 from .update_message import decode_update, encode_update
 
 log = logging.getLogger(__name__)
@@ -88,6 +91,12 @@ APPLIED_WAIT_S = 60.0
 _LOG_BYTES = 32
 _process_replica: str | None = None
 _MAX_CONSUME = 100_000  # messages per consume() call (librdkafka takes at most 1,000,000)
+#: Bounds (seconds) of the update freshness histogram: message timestamp to applied.
+FRESHNESS_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+)  # fmt: skip
+_HOUSEKEEPING_S = 1.0  # how often lag is measured and a broker outage probed
+_APPLY, _WAIT, _STALE = "apply", "wait", "stale"  # what the consumer does with a message
 
 
 def _kafka():
@@ -106,11 +115,21 @@ class UpdateProducer:
         if max_batch_size <= 0:
             raise InvalidInputError(f"max_batch_size must be positive, got {max_batch_size}")
         self.max_batch_size = int(max_batch_size)
-        self._producer = _kafka().Producer({"bootstrap.servers": _bootstrap(brokers), **options})
+        self.kafka_log = KafkaLog("kafka updates (producer)")
+        self._producer = _kafka().Producer(
+            {"bootstrap.servers": _bootstrap(brokers), **self.kafka_log.client_config(), **options}
+        )
         self._failed: list[str] = []
 
-    def publish(self, model: str, table: str, keys, embeddings) -> int:
-        """Queue the update of ``keys`` of ``model``'s ``table``; returns the messages queued."""
+    def publish(
+        self, model: str, table: str, keys, embeddings, *, timestamp_ms: int | None = None
+    ) -> int:
+        """Queue the update of ``keys`` of ``model``'s ``table``; returns the messages queued.
+
+        ``timestamp_ms`` (default: now) is the messages' time: when the rows were taken.
+        Consumers skip updates older than the files of the version they serve
+        (:mod:`tierserve.ps.update_replay`).
+        """
         topic = table_tag(model, table)
         keys = np.asarray(keys)
         embeddings = np.asarray(embeddings, dtype=np.float32)
@@ -118,14 +137,15 @@ class UpdateProducer:
         for start in range(0, keys.shape[0], self.max_batch_size):
             end = start + self.max_batch_size
             value = encode_update(keys[start:end], embeddings[start:end])
-            self._produce(topic, value)
+            self._produce(topic, value, timestamp_ms)
             sent += 1
         return sent
 
-    def _produce(self, topic: str, value: bytes) -> None:
+    def _produce(self, topic: str, value: bytes, timestamp_ms: int | None = None) -> None:
+        extra = {} if timestamp_ms is None else {"timestamp": int(timestamp_ms)}
         while True:
             try:
-                self._producer.produce(topic, value=value, on_delivery=self._delivered)
+                self._producer.produce(topic, value=value, on_delivery=self._delivered, **extra)
                 return
             except BufferError:  # the local queue is full: let deliveries drain it
                 self._producer.poll(0.1)
@@ -133,6 +153,8 @@ class UpdateProducer:
     def _delivered(self, error, message) -> None:
         if error is not None:
             self._failed.append(f"{message.topic()}: {error}")
+        elif self.kafka_log.down:
+            self.kafka_log.recovered()
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every queued update is delivered; raise if any failed or timed out."""
@@ -160,7 +182,8 @@ class ConsumerStats:
     messages: int = 0  # applied
     keys: int = 0  # applied
     malformed: int = 0  # bad value: skipped
-    rejected: int = 0  # unknown model or table, wrong dim: skipped
+    rejected: int = 0  # unknown table, wrong dim: skipped
+    stale: int = 0  # older than the served version's files (update_replay): skipped
     retries: int = 0  # tier unreachable: retried after the backoff
     errors: int = 0  # Kafka errors reported by the client, unexpected failures (skipped)
 
@@ -216,6 +239,17 @@ def group_id(level: str, shared: bool, replica: str | None = None) -> str:
     return f"hps.{level}.{replica or replica_id()}"
 
 
+def metadata_settings(config: KafkaUpdateSourceConfig) -> dict:
+    """librdkafka's metadata settings from ``metadata_refresh_interval_ms``: a topic created
+    after a consumer subscribed (a model's first update) is found within that interval."""
+    refresh = int(config.metadata_refresh_interval_ms)
+    return {
+        "topic.metadata.refresh.interval.ms": refresh,
+        # Cached metadata must outlive a refresh or two; librdkafka's default is 15 minutes.
+        "metadata.max.age.ms": max(3 * refresh, 5000),
+    }
+
+
 def _hex_head(value) -> str:
     """The first bytes of a message value in hex, for logs (binary is never logged raw)."""
     if value is None:
@@ -248,6 +282,14 @@ class ConsumerStatus:
     alive: bool  # its loop runs (false while it waits to restart, and once it stopped)
     restarts: int  # times its loop failed and was restarted
     last_error: str | None  # the last failure of its loop, if any
+    #: ``(topic, partition, messages behind the partition's end)`` per assigned partition
+    lag: tuple[tuple[str, int, int], ...] = ()
+    #: message timestamp to applied and visible, in seconds (``LatencyHistogram.cumulative``
+    #: as ``{"count", "sum", "buckets"}``); None for a consumer that applies nothing
+    freshness: dict | None = None
+    #: partitions whose model is not loaded yet: paused, read once it is
+    waiting: int = 0
+    kafka_down: bool = False  # no broker answers (an outage: see tierserve.ps.kafka_log)
 
 
 class UpdateConsumer:
@@ -282,15 +324,24 @@ class UpdateConsumer:
         self.backoff = backoff or ExponentialBackoff(
             max(config.failure_backoff_ms / 1000, 0.05), MAX_RESTART_BACKOFF_S
         )
+        self.kafka_log = KafkaLog(f"kafka updates ({level}, {self.role})")
         self._settings = {
             "bootstrap.servers": _bootstrap(config.brokers),
             "group.id": self.group,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
-            "topic.metadata.refresh.interval.ms": config.metadata_refresh_interval_ms,
+            **metadata_settings(config),
+            **self.kafka_log.client_config(),
             **options,
         }
         self._consumer = _kafka().Consumer(self._settings)
+        self.freshness = LatencyHistogram(FRESHNESS_BUCKETS)
+        self.lag: tuple[tuple[str, int, int], ...] = ()
+        self._assigned: set[tuple[str, int]] = set()
+        self._held: dict[tuple[str, int], int] = {}  # paused until the model loads: offset
+        self._reread: set[tuple[str, int]] = set()  # seeked back during this batch
+        self._synced_to: dict[tuple[str, int], Any] = {}  # the version each is up to date for
+        self._housekept = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._uncommitted = 0  # messages done since the last commit
@@ -307,7 +358,7 @@ class UpdateConsumer:
         return group_id(self.level, tier.shared, self.replica)
 
     def start(self) -> UpdateConsumer:
-        self._consumer.subscribe([self.pattern])
+        self._subscribe()
         self._thread = threading.Thread(
             target=self._supervise, name=f"hps-{self.role}-{self.level}", daemon=True
         )
@@ -332,8 +383,13 @@ class UpdateConsumer:
             and not self._stop.is_set()
         )
         return ConsumerStatus(
-            self.level, self.role, self.group, alive, self.restarts, self.last_error
-        )
+            self.level, self.role, self.group, alive, self.restarts, self.last_error,
+            lag=self.lag, waiting=len(self._held), kafka_down=self.kafka_log.down,
+            freshness=None if self.role != "apply" else {
+                "count": self.freshness.count, "sum": self.freshness.total,
+                "buckets": self.freshness.cumulative(),
+            },
+        )  # fmt: skip
 
     def __enter__(self) -> UpdateConsumer:
         return self.start()
@@ -398,23 +454,57 @@ class UpdateConsumer:
             except Exception as exc:
                 log.warning("kafka updates (%s): closing the failed consumer: %s", self.level, exc)
         self._consumer = _kafka().Consumer(self._settings)
-        self._consumer.subscribe([self.pattern])
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        self._assigned.clear()
+        self._held.clear()
+        self._synced_to.clear()
+        self._consumer.subscribe(
+            [self.pattern], on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
+
+    def _on_assign(self, consumer, partitions) -> None:
+        self._assigned.update((tp.topic, tp.partition) for tp in partitions)
+        self.kafka_log.recovered()
+
+    def _on_revoke(self, consumer, partitions) -> None:
+        # What is done is committed now, so that the next reader does not apply it again.
+        self._commit(asynchronous=False)
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            self._assigned.discard(key)
+            self._held.pop(key, None)
+            self._synced_to.pop(key, None)
 
     def _run(self) -> None:
         timeout = self.config.poll_timeout_ms / 1000
         while not self._stop.is_set():
             try:
+                self._housekeeping()
                 messages = self._receive(timeout)
             except Exception as exc:  # the client itself failed: back off and go on
                 self.stats.errors += 1
                 log.warning("kafka updates (%s): consume failed: %s", self.level, exc)
                 self._stop.wait(self.config.failure_backoff_ms / 1000)
                 continue
+            if messages and self.kafka_log.down:
+                self.kafka_log.recovered()
+            self._reread.clear()
             run: list[_Update] = []  # consecutive updates of one topic and dim: one insert
             run_keys = 0
             for message in messages:
                 if self._stop.is_set():
                     return  # not applied, not committed: read again on the next start
+                verdict = self._admit(message)
+                if verdict == _WAIT:
+                    continue  # read again once its model loads (not done, not committed)
+                if verdict == _STALE:
+                    self._apply(run)  # the messages before it first: offsets stay in order
+                    run, run_keys = [], 0
+                    self.stats.stale += 1
+                    self._applied(message)
+                    continue
                 update = self._take(message)
                 if run and (
                     update is None  # an error or a malformed value (counted): done alone
@@ -433,6 +523,124 @@ class UpdateConsumer:
             if messages:
                 self._progress += 1
             self._commit(asynchronous=True)
+
+    # --- versions, waiting models, lag ------------------------------------------------------
+
+    def _admit(self, message) -> str:
+        """Whether to apply ``message`` now, leave it for when its model loads (its partition
+        paused), or skip it as older than the served version (:mod:`.update_replay`)."""
+        if message.error() is not None:
+            return _APPLY
+        key = (message.topic(), message.partition())
+        if key in self._held or key in self._reread:
+            return _WAIT
+        try:
+            model, _ = parse_table_tag(key[0])
+        except InvalidInputError:
+            return _APPLY  # refused (and counted) by the insert
+        served = self._committed(model)
+        if served is None:
+            self._hold(key, message.offset())
+            return _WAIT
+        if self._synced_to.get(key) is not served and self._sync(key, served):
+            self._reread.add(key)  # seeked back: the rest of this batch comes again
+            return _WAIT
+        kind, ms = message.timestamp()
+        if kind != _kafka().TIMESTAMP_NOT_AVAILABLE and ms < update_replay.version_time_ms(served):
+            return _STALE
+        return _APPLY
+
+    def _committed(self, model: str):
+        try:
+            return self.ps.model(model)
+        except NotFoundError:
+            return None
+
+    def _hold(self, key: tuple[str, int], offset: int) -> None:
+        """Pause ``key`` and rewind it to ``offset``: its model is not loaded yet."""
+        tp = _kafka().TopicPartition(*key, offset)
+        self._consumer.pause([tp])
+        self._consumer.seek(tp)
+        if key not in self._held:
+            log.info("kafka updates (%s): %s partition %s waits until its model is loaded",
+                     self.level, *key)  # fmt: skip
+        self._held[key] = offset
+
+    def _sync(self, key: tuple[str, int], served) -> bool:
+        """Bring ``key`` up to date for version ``served``: rewind it to the first message
+        published since the version's files were written.  True when it seeked."""
+        when = update_replay.version_time_ms(served)
+        if not when or update_replay.synced(served, self.level, key):
+            self._synced_to[key] = served
+            return False
+        kafka = _kafka()
+        tp = kafka.TopicPartition(*key)
+        _, high = self._consumer.get_watermark_offsets(tp, timeout=5)
+        found = self._consumer.offsets_for_times([kafka.TopicPartition(*key, when)], timeout=5)
+        offset = found[0].offset if found and found[0].offset >= 0 else high
+        self._consumer.seek(kafka.TopicPartition(*key, offset))
+        self._synced_to[key] = served
+        update_replay.mark_synced(served, self.level, key)
+        log.info("kafka updates (%s): %s partition %s reads from offset %s, the first update "
+                 "since model %s generation %d was written", self.level, *key, offset,
+                 served.name, served.generation)  # fmt: skip
+        return True
+
+    def _housekeeping(self) -> None:
+        """Between batches: resume the partitions whose model loaded, rewind those whose
+        model has a new version, measure the lag, and probe the broker during an outage."""
+        kafka = _kafka()
+        for key, offset in list(self._held.items()):
+            served = self._committed(parse_table_tag(key[0])[0])
+            if served is None:
+                continue
+            if not self._sync(key, served):
+                self._consumer.seek(kafka.TopicPartition(*key, offset))
+            self._consumer.resume([kafka.TopicPartition(*key)])
+            del self._held[key]
+        for key in list(self._assigned):
+            if key in self._held:
+                continue
+            try:
+                model, _ = parse_table_tag(key[0])
+            except InvalidInputError:
+                continue
+            served = self._committed(model)
+            if served is not None and self._synced_to.get(key) is not served:
+                try:
+                    self._sync(key, served)
+                except kafka.KafkaException as exc:  # not fetching yet: try next time
+                    log.debug("kafka updates (%s): rewinding %s: %s", self.level, key, exc)
+        now = time.monotonic()
+        if now - self._housekept < _HOUSEKEEPING_S:
+            return
+        self._housekept = now
+        if self.kafka_log.down:
+            try:
+                self._consumer.list_topics(timeout=1.0)
+                self.kafka_log.recovered()
+            except kafka.KafkaException:
+                pass
+        self.lag = self._lag()
+
+    def _lag(self) -> tuple[tuple[str, int, int], ...]:
+        kafka = _kafka()
+        out = []
+        parts = [kafka.TopicPartition(*key) for key in sorted(self._assigned)]
+        if not parts:
+            return ()
+        for tp in self._consumer.position(parts):
+            try:
+                _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            except kafka.KafkaException:
+                continue
+            if high < 0:
+                continue
+            position = tp.offset if tp.offset >= 0 else self._held.get((tp.topic, tp.partition))
+            if position is None:
+                continue
+            out.append((tp.topic, tp.partition, max(high - position, 0)))
+        return tuple(out)
 
     def _receive(self, timeout: float) -> list:
         """The messages that arrive within ``timeout`` seconds, or fewer: as soon as they hold
@@ -530,7 +738,11 @@ class UpdateConsumer:
     def _done(self, run: list[_Update], keys: np.ndarray) -> None:
         self.stats.messages += len(run)
         self.stats.keys += int(keys.size)
+        now = time.time()
         for one in run:
+            kind, ms = one.message.timestamp()
+            if kind:  # the insert returned: the rows are in the tier and its caches
+                self.freshness.observe(max(now - ms / 1000, 0.0))
             self._applied(one.message)
 
     def _skip(self, message, counter: str, exc: BaseException) -> None:
@@ -579,6 +791,15 @@ class InvalidationConsumer(UpdateConsumer):
     """
 
     role = "invalidate"
+
+    def _admit(self, message) -> str:
+        return _APPLY  # it writes no tier: the applying consumer decides
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now - self._housekept >= _HOUSEKEEPING_S:
+            self._housekept = now
+            self.lag = self._lag()
 
     def __init__(self, ps, config: KafkaUpdateSourceConfig, level: str,
                  replica: str | None = None, **kwargs) -> None:  # fmt: skip

@@ -190,11 +190,11 @@ def test_a_refused_message_among_good_ones_is_skipped_alone(tmp_path, kafka_brok
     _create_topic(kafka_broker, tag)
     values = [np.full((1, DIM), v, np.float32) for v in (1.5, 2.5, 3.5)]
     keys = [np.array([k], np.int64) for k in (7, -(2**63), 8)]
-    raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
-    for k, v in zip(keys, values):
-        raw.produce(tag, value=encode_update(k, v), partition=0)
-    assert raw.flush(30) == 0
-    with _server(tmp_path, name) as ps:
+    with _server(tmp_path, name) as ps:  # the model's files first: older updates are stale
+        raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+        for k, v in zip(keys, values):
+            raw.produce(tag, value=encode_update(k, v), partition=0)
+        assert raw.flush(30) == 0
         with UpdateConsumer(ps, _config(kafka_broker), "volatile", replica=_name("r")) as c:
             assert until(lambda: c.stats.messages + c.stats.rejected == 3), c.stats
             assert c.stats.messages == 2 and c.stats.rejected == 1 and c.stats.keys == 2
@@ -317,11 +317,11 @@ def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
     _create_topic(kafka_broker, tag)
     poison = encode_update(np.array([1]), np.full((1, DIM), 9.0, np.float32))
     good = np.full((1, DIM), 2.5, np.float32)
-    raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
-    raw.produce(tag, value=poison, partition=0)
-    raw.produce(tag, value=encode_update(np.array([2]), good), partition=0)
-    assert raw.flush(30) == 0
-    with _server(tmp_path, name) as ps:
+    with _server(tmp_path, name) as ps:  # the model's files first: older updates are stale
+        raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+        raw.produce(tag, value=poison, partition=0)
+        raw.produce(tag, value=encode_update(np.array([2]), good), partition=0)
+        assert raw.flush(30) == 0
         consumer = _FaultyConsumer(
             ps, _config(kafka_broker), "volatile", replica=_name("r"),
             fails=lambda value: value == poison, backoff=ExponentialBackoff(0.05, 0.2),

@@ -1,0 +1,69 @@
+"""Which online updates a model version still needs: the rule the Kafka consumers follow.
+
+A version's tables are loaded from files written at some time *T* (its *creation time*,
+:func:`version_time_ms`).  Those files already hold every update published before *T*, and
+none published after.  So, for each committed version of a model and each tier level:
+
+- an update message whose timestamp is older than *T* is skipped (counted as ``stale``): the
+  files hold that row as it was then, or newer;
+- when a consumer first meets a version (a model loaded after its updates were published, a
+  server restarted, a new version swapped in), it reads that model's partitions again from
+  the first message published at or after *T* (Kafka's offsets-for-times), so the tier ends as
+  the files plus every update since: nothing applied before a restart is lost, even in a
+  tier that lives in the process;
+- while no version of the model is committed, its partitions wait (paused, offsets not
+  committed) and are read once one is.
+
+A version's creation time is the oldest modification time of its sparse files' ``emb_vector``
+(the trainer writes them after the rows were taken; copies made with ``cp -p``, ``rsync -t``
+or ``shutil.copy2`` keep it).  A version that attached to tables another process loaded
+(``initialize_after_startup: false``) has no creation time: it is never replayed.
+
+:func:`mark_synced` / :func:`synced` remember, per version and tier level, the partitions a
+consumer of this process already brought up to date, so a consumer restarted in the same
+process resumes from its committed offsets rather than replaying.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from pathlib import Path
+
+_lock = threading.Lock()
+_synced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ServedModel -> set
+_times: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ServedModel -> ms
+
+
+def version_time_ms(served) -> int:
+    """The creation time of version ``served`` in ms since the epoch; 0 when it has none."""
+    with _lock:
+        cached = _times.get(served)
+    if cached is not None:
+        return cached
+    value = 0
+    if not getattr(served, "attached", False):
+        times = []
+        for folder in served.config.sparse_files:
+            path = Path(folder) / "emb_vector"
+            try:
+                times.append(os.stat(path).st_mtime_ns // 1_000_000)
+            except OSError:
+                continue
+        value = min(times) if times else 0
+    with _lock:
+        _times[served] = value
+    return value
+
+
+def synced(served, level: str, partition: tuple[str, int]) -> bool:
+    """Whether a consumer of tier ``level`` already brought ``partition`` of version
+    ``served`` up to date in this process."""
+    with _lock:
+        return (level, *partition) in _synced.get(served, ())
+
+
+def mark_synced(served, level: str, partition: tuple[str, int]) -> None:
+    with _lock:
+        _synced.setdefault(served, set()).add((level, *partition))
