@@ -10,7 +10,8 @@ The conf is a class (DLRover's ``TrainConf``) whose attributes say what to train
   defaults;
 - checkpoints: ``save_steps`` (every N steps), ``keep_checkpoint_max``, ``log_steps``
   (RunConfig's ``log_step_count_steps``); ``max_steps`` ends training (else the data does);
-- evaluation: ``eval_steps``, ``throttle_secs``, ``start_delay_secs`` (EvalSpec);
+- evaluation: ``eval_steps``, ``throttle_secs`` (default 10), ``start_delay_secs`` (5)
+  (EvalSpec, DLRover's defaults); a last evaluation follows the last step;
 - export: ``serving_input_receiver_fn`` adds a ``LatestExporter`` (``exports_to_keep``) to
   the EvalSpec, writing served model versions under ``model_dir/export/latest``;
   ``exporters`` gives the exporters instead.
@@ -117,13 +118,14 @@ class TrainJob:
             receiver = getattr(conf, "serving_input_receiver_fn", None)
             if exporters is None and receiver is not None:
                 keep = getattr(conf, "exports_to_keep", 5)
-                exporters = [est.LatestExporter("latest", receiver, exports_to_keep=keep)]
+                latest = getattr(est, "LatestExporter", None) or est.export.LatestExporter
+                exporters = [latest("latest", receiver, exports_to_keep=keep)]
             self.eval_spec = est.EvalSpec(
                 self.eval_input_fn,
                 steps=getattr(conf, "eval_steps", None),
                 exporters=exporters,
-                start_delay_secs=getattr(conf, "start_delay_secs", 0),
-                throttle_secs=getattr(conf, "throttle_secs", 0),
+                start_delay_secs=getattr(conf, "start_delay_secs", 5),  # DLRover's values
+                throttle_secs=getattr(conf, "throttle_secs", 10),
             )
         elif getattr(conf, "serving_input_receiver_fn", None) is not None:
             raise ConfigError(
