@@ -176,7 +176,7 @@ def report(results: dict) -> None:
     for path in PATHS:
         for b in (1, 64, 1024):
             r, base = results[path][b], results["predict"][b]["p50_ms"]
-            extra = "" if path == "predict" else f"+{r['p50_ms'] - base:.3f} ms"
+            extra = "" if path == "predict" else f"{r['p50_ms'] - base:+.3f} ms"
             print(f"{path:<16}{b:>6}{r['rows_per_s']:>12,.0f}{r['p50_ms']:>9.3f}"
                   f"{r['p99_ms']:>9.3f}{extra:>11}")  # fmt: skip
     overhead = results["triton_http"][1]["p50_ms"] - results["predict"][1]["p50_ms"]
