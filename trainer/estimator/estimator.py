@@ -1,0 +1,756 @@
+"""``Estimator``: train, evaluate, predict and export a ``model_fn``'s model (as
+``tf.estimator.Estimator``), on the trainer's layers, optimizers and embedding tables.
+
+``model_fn(features, labels, mode[, params][, config])`` is called once per mode, on the
+first batch (its arrays give the raw features' shapes), and builds a graph of the trainer's
+layers (:mod:`.graph`); each batch then runs through that graph (:mod:`.program`).
+
+TensorFlow's semantics where they matter: ``train(steps=n)`` adds n steps,
+``train(max_steps=n)`` trains up to global step n (nothing when a checkpoint is already there)
+and either stops early when the input ends; an ``input_fn`` that returns arrays (not a
+dataset) repeats that one batch while training and gives it once to ``evaluate`` and
+``predict``; ``evaluate`` and ``predict`` read the newest checkpoint of ``model_dir``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierserve.ps.errors import ConfigError, InvalidInputError
+
+from . import checkpoint as ckpt
+from .graph import LABEL, FeatureTensor, Graph, LabelTensor, Tensor, building
+from .hooks import (
+    CheckpointSaverHook,
+    SessionRunContext,
+    SessionRunHook,
+    SessionRunValues,
+)
+from .optimizers import TrainOp, group
+from .program import Program, StepResult
+from .run_config import RunConfig
+from .spec import EstimatorSpec, ModeKeys
+from .variables import StructureError, VariableStore
+
+log = logging.getLogger("tierserve.trainer.estimator")
+
+
+class WarmStartSettings:
+    """Initialise variables matching ``vars_to_warm_start`` (a regex) from another model's
+    checkpoint (a model_dir or a checkpoint file) when training starts from scratch."""
+
+    def __init__(self, ckpt_to_initialize_from: str | os.PathLike,
+                 vars_to_warm_start: str = ".*", var_name_to_vocab_info: Any = None,
+                 var_name_to_prev_var_name: dict[str, str] | None = None) -> None:
+        if var_name_to_vocab_info:
+            raise ConfigError("WarmStartSettings: var_name_to_vocab_info is not supported")
+        self.ckpt_to_initialize_from = os.fspath(ckpt_to_initialize_from)
+        self.vars_to_warm_start = vars_to_warm_start
+        self.var_name_to_prev_var_name = dict(var_name_to_prev_var_name or {})
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _label_name(labels: Any) -> tuple[Any, str]:
+    if isinstance(labels, dict):
+        if len(labels) != 1:
+            raise InvalidInputError(f"labels is a dict of {len(labels)} tensors "
+                                    f"({sorted(labels)}); give one label tensor")
+        (name, value), = labels.items()
+        return value, str(name)
+    return labels, "labels"
+
+
+def check_labels(labels: Any) -> tuple[np.ndarray, str]:
+    """Labels as a float32-convertible array, or an error naming the label column."""
+    value, name = _label_name(labels)
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise InvalidInputError(
+            f"label {name!r} has dtype {arr.dtype} ({arr.reshape(-1)[:3].tolist()} ...); labels "
+            "must be numbers (for class names, give the classifier a label_vocabulary)")
+    if arr.dtype.kind == "f" and np.isnan(arr).any():
+        raise InvalidInputError(f"label {name!r} has missing (NaN) values")
+    return arr, name
+
+
+class _Session:
+    """What hooks see as the session: the global step, checkpoints and a stop request."""
+
+    def __init__(self, estimator: Estimator) -> None:
+        self._estimator = estimator
+        self.stop = False
+
+    @property
+    def global_step(self) -> int:
+        return self._estimator._store.global_step
+
+    def save_checkpoint(self, directory: str | None = None, basename: str = "model.ckpt"
+                        ) -> Path:
+        return self._estimator._save(directory, basename)
+
+    def request_stop(self) -> None:
+        self.stop = True
+
+
+class Estimator:
+    """See the module docstring.  ``model_dir`` None: a temporary directory."""
+
+    def __init__(self, model_fn: Callable | None = None,
+                 model_dir: str | os.PathLike | None = None, config: RunConfig | None = None,
+                 params: dict | None = None, warm_start_from: Any = None) -> None:
+        if model_fn is None and type(self).model_fn is not Estimator.model_fn:
+            model_fn = self.model_fn  # a subclass's model_fn method (adaptors)
+        if model_fn is None or not callable(model_fn):
+            raise ConfigError("Estimator: model_fn must be a function "
+                              "model_fn(features, labels, mode[, params][, config])")
+        config = config if config is not None else RunConfig()
+        if not isinstance(config, RunConfig):
+            raise ConfigError(f"Estimator: config must be a RunConfig, got {type(config)}")
+        if model_dir is not None and config.model_dir is not None and os.path.abspath(
+                os.fspath(model_dir)) != os.path.abspath(config.model_dir):
+            raise ConfigError(f"Estimator: model_dir {os.fspath(model_dir)!r} differs from "
+                              f"config.model_dir {config.model_dir!r}")
+        model_dir = model_dir if model_dir is not None else config.model_dir
+        if model_dir is None:
+            model_dir = tempfile.mkdtemp(prefix="tierserve-estimator-")
+            log.warning("Using temporary folder as model directory: %s", model_dir)
+        self._model_dir = os.fspath(model_dir)
+        self._config = config.replace(model_dir=self._model_dir)
+        self._model_fn_impl = model_fn
+        self._params = dict(params or {})
+        self._store = VariableStore(self._config.tf_random_seed or 0)
+        self._programs: dict[Any, Program] = {}
+        self._loaded: str | None = None
+        self._loaded_signature: dict[str, Any] = {}
+        self._warm_start = warm_start_from
+        self._warm_started = False
+        self._last_saved_step: int | None = None
+        self._summary: dict[str, Any] = {}
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def model_dir(self) -> str:
+        return self._model_dir
+
+    @property
+    def config(self) -> RunConfig:
+        return self._config
+
+    run_config = config
+
+    @property
+    def params(self) -> dict:
+        return dict(self._params)
+
+    @property
+    def model_fn(self) -> Callable:
+        return self._model_fn_impl
+
+    # -- graph building --------------------------------------------------------------------
+
+    def _call_model_fn(self, features, labels, mode) -> EstimatorSpec:
+        fn = self._model_fn_impl
+        kwargs: dict[str, Any] = {}
+        if _accepts(fn, "mode"):
+            kwargs["mode"] = mode
+        if _accepts(fn, "params"):
+            kwargs["params"] = self._params
+        elif self._params:
+            raise ConfigError("Estimator: params were given but model_fn takes no params")
+        if _accepts(fn, "config"):
+            kwargs["config"] = self._config
+        spec = fn(features, labels, **kwargs)
+        if not isinstance(spec, EstimatorSpec):
+            raise ConfigError(f"model_fn must return an EstimatorSpec, got {type(spec).__name__}")
+        return spec
+
+    def _program(self, mode: str, features: dict, labels: Any) -> Program:
+        key = (mode, tuple(sorted(map(str, features))), labels is not None)
+        prog = self._programs.get(key)
+        if prog is not None:
+            return prog
+        graph = Graph(mode)
+        graph.features = {k: FeatureTensor(k, np.asarray(v) if not isinstance(v, np.ndarray)
+                                           else v) for k, v in features.items()}
+        label_tensor = None
+        label_dim = None
+        if labels is not None:
+            arr = np.asarray(labels)
+            label_dim = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
+            graph.shapes[LABEL] = (label_dim,)
+            label_tensor = LabelTensor(graph, LABEL, (label_dim,))
+            graph.label = label_tensor
+        with building(graph):
+            spec = self._call_model_fn(graph.features, label_tensor, mode)
+        if spec.mode != mode:
+            raise ConfigError(f"model_fn returned an EstimatorSpec for mode {spec.mode!r} when "
+                              f"called with {mode!r}")
+        train_ops: list[TrainOp] = group(spec.train_op) if mode == ModeKeys.TRAIN else []
+        loss = spec.loss if labels is not None else None
+        try:
+            prog = Program(graph, self._store, train_ops, loss, label_dim)
+            if self._loaded is not None:
+                self._check_checkpoint_structure(prog, mode)
+        except StructureError as exc:
+            if "model_dir" in str(exc):
+                raise
+            raise StructureError(
+                f"model_dir {self._model_dir!r} holds checkpoints of a model with a different "
+                f"structure ({exc}). Pick a new model_dir (or delete this one) to train the "
+                "changed model.") from None
+        prog.spec = spec  # type: ignore[attr-defined]
+        self._programs[key] = prog
+        if not self._warm_started and self._loaded is None and self._warm_start is not None:
+            self._apply_warm_start()
+        return prog
+
+    def _check_checkpoint_structure(self, prog: Program, mode: str) -> None:
+        sig = self._loaded_signature
+        saved_dense = sig.get("dense", {})
+        for names, arrays in zip(prog.param_names, prog.params):
+            for n, a in zip(names, arrays):
+                if n not in saved_dense:
+                    raise StructureError(f"variable {n} of this model is not in the checkpoint")
+                if list(a.shape) != saved_dense[n]:
+                    raise StructureError(f"variable {n} has shape {saved_dense[n]} in the "
+                                         f"checkpoint, {list(a.shape)} in this model")
+        if mode == ModeKeys.TRAIN:
+            used = {n for names in prog.param_names for n in names}
+            extra = sorted(set(saved_dense) - used)
+            if extra:
+                raise StructureError(f"the checkpoint has variables this model lacks: "
+                                     f"{', '.join(extra[:5])}")
+        saved_tables = sig.get("tables", {})
+        for group_, _table, _op in prog.tables:
+            info = self._store.table_info[group_.table]
+            saved = saved_tables.get(group_.table)
+            if saved is None or saved["dim"] != info.dim or saved["columns"] != info.columns:
+                raise StructureError(f"embedding table {group_.table} ({info.columns}, "
+                                     f"dimension {info.dim}) differs from the checkpoint's "
+                                     f"{saved}")
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def latest_checkpoint(self) -> str | None:
+        path = ckpt.latest_checkpoint(self._model_dir)
+        return None if path is None else str(path)
+
+    def _restore(self, checkpoint_path: str | os.PathLike | None = None) -> None:
+        path = Path(checkpoint_path) if checkpoint_path else ckpt.latest_checkpoint(
+            self._model_dir)
+        if path is None:
+            return
+        if self._loaded == str(path) and self._store.global_step == ckpt.step_of(path):
+            return
+        data = ckpt.load(path)
+        import json
+
+        meta = json.loads(bytes(np.asarray(data["meta"], dtype=np.uint8)).decode())
+        self._store.load_arrays(data, f"model_dir {self._model_dir!r} (checkpoint "
+                                      f"{path.name})")
+        self._loaded = str(path)
+        self._loaded_signature = meta["signature"]
+        for prog in self._programs.values():  # tables were rebuilt: rebind
+            prog._bind_tables()
+
+    def _save(self, directory: str | None = None, basename: str = "model.ckpt") -> Path:
+        directory = directory or self._model_dir
+        path = ckpt.save(directory, self._store.arrays(), self._store.global_step,
+                         self._config.keep_checkpoint_max, basename)
+        if os.path.abspath(directory) == os.path.abspath(self._model_dir):
+            self._loaded = str(path)
+            self._loaded_signature = self._store.signature()
+            self._last_saved_step = self._store.global_step
+        log.info("Saving checkpoints for %d into %s.", self._store.global_step, path)
+        return path
+
+    def _apply_warm_start(self) -> None:
+        self._warm_started = True
+        ws = self._warm_start
+        if isinstance(ws, (str, os.PathLike)):
+            ws = WarmStartSettings(ws)
+        if not isinstance(ws, WarmStartSettings):
+            raise ConfigError(f"warm_start_from must be a path or WarmStartSettings, got {ws!r}")
+        source = Path(ws.ckpt_to_initialize_from)
+        path = ckpt.latest_checkpoint(source) if source.is_dir() else source
+        if path is None or not Path(path).exists():
+            raise ConfigError(f"warm_start_from: no checkpoint at {source}")
+        data = ckpt.load(path)
+        pattern = re.compile(ws.vars_to_warm_start)
+        rename = {v: k for k, v in ws.var_name_to_prev_var_name.items()}
+        warmed = 0
+        for key, value in data.items():
+            kind, _, name = key.partition("/")
+            name = rename.get(name, name)
+            pool = {"dense": self._store.dense, "state": self._store.state}.get(kind)
+            if pool is None or not pattern.match(name) or name not in pool:
+                continue
+            if pool[name].shape == value.shape:
+                pool[name][...] = value
+                warmed += 1
+        tables: dict[str, dict[str, np.ndarray]] = {}
+        for key, value in data.items():
+            if key.startswith("table/"):
+                _, tname, rest = key.split("/", 2)
+                if not rest.startswith("opt/"):
+                    tables.setdefault(tname, {})[rest] = value
+        for tname, arrays in tables.items():
+            table = self._store.tables.get(tname)
+            if table is not None and pattern.match(tname) and arrays["values"].shape[1:] == (
+                    table.dim,):
+                self._store._load_table(table, arrays)
+                warmed += 1
+        log.info("Warm-started %d variables from %s", warmed, path)
+
+    # -- input -----------------------------------------------------------------------------
+
+    def _call_input_fn(self, input_fn: Any, mode: str) -> Any:
+        if not callable(input_fn):
+            return input_fn
+        kwargs: dict[str, Any] = {}
+        if _accepts(input_fn, "params"):
+            kwargs["params"] = self._params
+        if _accepts(input_fn, "config"):
+            kwargs["config"] = self._config
+        if _accepts(input_fn, "mode"):
+            kwargs["mode"] = mode
+        return input_fn(**kwargs)
+
+    def _batches(self, input_fn: Any, mode: str, repeat_single: bool
+                 ) -> Iterator[tuple[dict, Any]]:
+        result = self._call_input_fn(input_fn, mode)
+        single = _as_batch(result)
+        from ..data.dataset import NextFeatures
+
+        if single is not None and not isinstance(single[0], NextFeatures):
+            while True:  # arrays, not a dataset: TensorFlow's constant tensors
+                yield single
+                if not repeat_single:
+                    return
+        from .inputs import batches
+
+        for item in batches(result):
+            batch = _as_batch(item)
+            if batch is None:
+                raise InvalidInputError(
+                    "each element of the input_fn's dataset must be (features dict, labels) or "
+                    f"a features dict; got {type(item).__name__}")
+            yield batch
+
+    def _labels_for(self, labels: Any) -> Any:
+        if labels is None:
+            return None
+        return check_labels(self._prepare_labels(labels))[0]
+
+    def _prepare_labels(self, labels: Any) -> Any:
+        """Labels as the model's loss takes them (pre-made heads map and check them)."""
+        return labels
+
+    # -- train -----------------------------------------------------------------------------
+
+    def train(self, input_fn: Any, hooks: list[SessionRunHook] | None = None,
+              steps: int | None = None, max_steps: int | None = None,
+              saving_listeners: list | None = None) -> Estimator:
+        """Train on ``input_fn``'s batches: ``steps`` more steps, or up to global step
+        ``max_steps``, or (neither) until the input ends."""
+        if steps is not None and max_steps is not None:
+            raise ConfigError("train: give steps or max_steps, not both")
+        for name, v in (("steps", steps), ("max_steps", max_steps)):
+            if v is not None and int(v) <= 0:
+                raise ConfigError(f"train: {name} must be positive, got {v}")
+        self._restore()
+        store = self._store
+        if max_steps is not None and store.global_step >= int(max_steps):
+            log.info("Skipping training since max_steps has already saved.")
+            return self
+        last = (store.global_step + int(steps)) if steps is not None else (
+            int(max_steps) if max_steps is not None else None)
+        session = _Session(self)
+        hooks = list(hooks or [])
+        for h in hooks:
+            if not isinstance(h, SessionRunHook):
+                raise ConfigError(f"train: hooks must be SessionRunHooks, got {h!r}")
+        start_step = store.global_step
+        prog = None
+        progress = _progress(None if last is None else last - start_step)
+        writer = None
+        rate_t, rate_step = time.perf_counter(), store.global_step
+        try:
+            for features, labels in self._batches(input_fn, ModeKeys.TRAIN, True):
+                labels = self._labels_for(labels)
+                if labels is None:
+                    raise InvalidInputError("train: the input_fn gave no labels")
+                if prog is None:
+                    prog = self._program(ModeKeys.TRAIN, features, labels)
+                    hooks = hooks + list(prog.spec.training_chief_hooks) + list(
+                        prog.spec.training_hooks)
+                    hooks.append(self._saver_hook(saving_listeners))
+                    for h in hooks:
+                        h.begin()
+                    for h in hooks:
+                        h.after_create_session(session, None)
+                    writer = self._writer("train")
+                    self._check_head_labels(prog, labels)
+                else:
+                    prog = self._program(ModeKeys.TRAIN, features, labels)
+                ctx = SessionRunContext(session=session)
+                requests = [h.before_run(ctx) for h in hooks]
+                result = prog.run(features, labels, training=True)
+                store.global_step += 1
+                step = store.global_step
+                for h, req in zip(hooks, requests):
+                    values = None if req is None else _fetch(req.fetches, result, step)
+                    h.after_run(ctx, SessionRunValues(values))
+                progress.update(1)
+                every = self._config.log_step_count_steps
+                if every and (step % every == 0):
+                    now = time.perf_counter()
+                    rate = (step - rate_step) / max(now - rate_t, 1e-9)
+                    log.info("loss = %.6g, step = %d (%.1f global_step/sec)", result.loss,
+                             step, rate)
+                    progress.set_postfix(loss=f"{result.loss:.5f}")
+                    if writer is not None:
+                        writer.scalars({"global_step/sec": rate}, step)
+                    rate_t, rate_step = now, step
+                sumsteps = self._config.save_summary_steps
+                if writer is not None and sumsteps and step % sumsteps == 0:
+                    writer.scalars({"loss": result.loss, **prog.learning_rates()}, step)
+                if ctx.stop_requested or session.stop or (last is not None and step >= last):
+                    break
+        finally:
+            progress.close()
+            if prog is not None:
+                for h in hooks:
+                    h.end(session)
+                if writer is not None:
+                    writer.flush()
+        return self
+
+    def _saver_hook(self, listeners) -> SessionRunHook:
+        c = self._config
+        if c.save_checkpoints_steps is None and c.save_checkpoints_secs is None:
+            hook = CheckpointSaverHook(self._model_dir, save_secs=10 ** 12,
+                                       listeners=listeners)
+        elif c.save_checkpoints_steps is not None:
+            hook = CheckpointSaverHook(self._model_dir, save_steps=c.save_checkpoints_steps,
+                                       listeners=listeners)
+        else:
+            hook = CheckpointSaverHook(self._model_dir, save_secs=c.save_checkpoints_secs,
+                                       listeners=listeners)
+        return hook
+
+    def _writer(self, name: str):
+        if not self._config.save_summary_steps:
+            return None
+        from ..summary import SummaryWriter
+
+        logdir = self._model_dir if name == "train" else os.path.join(self._model_dir, name)
+        writer = self._summary.get(logdir)
+        if writer is None:
+            writer = self._summary[logdir] = SummaryWriter(logdir)
+        return writer
+
+    def _check_head_labels(self, prog: Program, labels: Any) -> None:
+        check = getattr(prog.spec, "label_check", None)
+        if check is not None:
+            check(labels)
+
+    # -- evaluate --------------------------------------------------------------------------
+
+    def evaluate(self, input_fn: Any, steps: int | None = None,
+                 hooks: list[SessionRunHook] | None = None,
+                 checkpoint_path: str | None = None, name: str | None = None
+                 ) -> dict[str, Any]:
+        """Metrics over ``input_fn``'s batches (``steps`` of them at most): ``loss`` (mean of
+        the batch losses), ``average_loss`` (per example), ``global_step`` and the model's
+        ``eval_metric_ops``."""
+        if steps is not None and int(steps) <= 0:
+            raise ConfigError(f"evaluate: steps must be positive, got {steps}")
+        self._restore(checkpoint_path)
+        if self.latest_checkpoint() is None and self._store.global_step == 0:
+            log.warning("evaluate: no checkpoint in %s; evaluating the initial model",
+                        self._model_dir)
+        session = _Session(self)
+        hooks = list(hooks or [])
+        prog = None
+        n_batches = 0
+        loss_sum = 0.0
+        weighted_sum = 0.0
+        examples = 0
+        ops: dict[str, Any] = {}
+        try:
+            for features, labels in self._batches(input_fn, ModeKeys.EVAL, steps is not None):
+                labels = self._labels_for(labels)
+                if labels is None:
+                    raise InvalidInputError("evaluate: the input_fn gave no labels")
+                p = self._program(ModeKeys.EVAL, features, labels)
+                if prog is None:
+                    prog = p
+                    ops = dict(prog.spec.eval_metric_ops or {})
+                    for op in ops.values():
+                        op.reset()
+                    hooks = hooks + list(prog.spec.evaluation_hooks)
+                    for h in hooks:
+                        h.begin()
+                    for h in hooks:
+                        h.after_create_session(session, None)
+                    self._check_head_labels(prog, labels)
+                ctx = SessionRunContext(session=session)
+                requests = [h.before_run(ctx) for h in hooks]
+                result = p.run(features, labels, training=False)
+                for op in ops.values():
+                    op.update([_value(t, result) for t in op.tensors])
+                loss_sum += result.loss
+                weighted_sum += result.loss * result.batch_size
+                examples += result.batch_size
+                n_batches += 1
+                for h, req in zip(hooks, requests):
+                    values = None if req is None else _fetch(req.fetches, result,
+                                                              self._store.global_step)
+                    h.after_run(ctx, SessionRunValues(values))
+                if ctx.stop_requested or (steps is not None and n_batches >= int(steps)):
+                    break
+        finally:
+            if prog is not None:
+                for h in hooks:
+                    h.end(session)
+        if n_batches == 0:
+            raise InvalidInputError("evaluate: the input_fn gave no batches")
+        metrics: dict[str, Any] = {k: op.result() for k, op in ops.items()}
+        metrics["loss"] = loss_sum / n_batches
+        metrics["average_loss"] = weighted_sum / max(examples, 1)
+        metrics["global_step"] = self._store.global_step
+        writer = self._writer("eval" if name is None else f"eval_{name}")
+        if writer is not None:
+            writer.scalars({k: v for k, v in metrics.items() if k != "global_step"},
+                           self._store.global_step)
+            writer.flush()
+        log.info("Saving dict for global step %d: %s", self._store.global_step,
+                 ", ".join(f"{k} = {v:.6g}" for k, v in sorted(metrics.items())))
+        return metrics
+
+    # -- predict ---------------------------------------------------------------------------
+
+    def predict(self, input_fn: Any, predict_keys: str | list[str] | None = None,
+                hooks: list[SessionRunHook] | None = None,
+                checkpoint_path: str | None = None, yield_single_examples: bool = True
+                ) -> Iterator[Any]:
+        """Predictions for ``input_fn``'s features: a dict per example (a value when the
+        model_fn's predictions is one tensor), only ``predict_keys`` when given."""
+        self._restore(checkpoint_path)
+        if isinstance(predict_keys, str):
+            predict_keys = [predict_keys]
+        session = _Session(self)
+        hooks = list(hooks or [])
+        started = False
+        try:
+            for features, _labels in self._batches(input_fn, ModeKeys.PREDICT, False):
+                prog = self._program(ModeKeys.PREDICT, features, None)
+                if not started:
+                    started = True
+                    hooks = hooks + list(prog.spec.prediction_hooks)
+                    for h in hooks:
+                        h.begin()
+                    for h in hooks:
+                        h.after_create_session(session, None)
+                ctx = SessionRunContext(session=session)
+                requests = [h.before_run(ctx) for h in hooks]
+                result = prog.run(features, None, training=False)
+                values = self._prediction_values(prog, result, predict_keys)
+                for h, req in zip(hooks, requests):
+                    fetched = None if req is None else _fetch(req.fetches, result,
+                                                               self._store.global_step)
+                    h.after_run(ctx, SessionRunValues(fetched))
+                if not yield_single_examples:
+                    yield values
+                elif isinstance(values, dict):
+                    for i in range(result.batch_size):
+                        yield {k: v[i] for k, v in values.items()}
+                else:
+                    yield from values
+                if ctx.stop_requested:
+                    break
+        finally:
+            if started:
+                for h in hooks:
+                    h.end(session)
+
+    def _prediction_values(self, prog: Program, result: StepResult, keys) -> Any:
+        preds = prog.spec.predictions
+        if isinstance(preds, dict):
+            values = {k: _value(t, result) for k, t in preds.items()}
+            for k, fn in prog.spec.derived_predictions.items():
+                values[k] = fn(values)
+            if keys is not None:
+                unknown = [k for k in keys if k not in values]
+                if unknown:
+                    raise InvalidInputError(f"predict_keys {unknown} are not predictions of "
+                                            f"this model ({', '.join(values)})")
+                values = {k: values[k] for k in keys}
+            return values
+        if keys is not None:
+            raise InvalidInputError("predict_keys: the model's predictions is one tensor, "
+                                    "not a dict")
+        return _value(preds, result)
+
+    # -- variables -------------------------------------------------------------------------
+
+    def get_variable_names(self) -> list[str]:
+        """Every variable's name (dense, non-trainable, each column's embedding weights,
+        ``global_step``), from the newest checkpoint."""
+        self._restore()
+        names = set(self._store.dense) | set(self._store.state) | {"global_step"}
+        for info in self._store.table_info.values():
+            names.update(info.display)
+        return sorted(names)
+
+    def get_variable_value(self, name: str) -> np.ndarray:
+        """A variable's value; a column's embedding weights as the full
+        ``[num_buckets, dimension]`` matrix (ids never trained: their initial vectors)."""
+        self._restore()
+        if name == "global_step":
+            return np.asarray(self._store.global_step, dtype=np.int64)
+        for pool in (self._store.dense, self._store.state):
+            if name in pool:
+                return np.array(pool[name])
+        for tname, info in self._store.table_info.items():
+            if name in info.display:
+                return self._column_weights(tname, info, info.display.index(name))
+        raise InvalidInputError(f"no variable named {name!r} (see get_variable_names())")
+
+    def _column_weights(self, tname: str, info, slot: int) -> np.ndarray:
+        from ..embedding import key_uniform
+
+        off, n = info.offsets[slot], info.buckets[slot]
+        keys = np.arange(off, off + n, dtype=np.int64)
+        table = self._store.tables.get(tname)
+        if table is None:  # checkpointed, not built in this process yet
+            data = self._store._pending[tname]
+            stored = dict(zip(data["keys"].tolist(), range(len(data["keys"]))))
+            out = np.zeros((n, info.dim), np.float32)
+            for i, k in enumerate(keys.tolist()):
+                if k in stored:
+                    out[i] = data["values"][stored[k]]
+            return out
+        from ..device import to_numpy
+
+        rows = to_numpy(table._index.lookup(table.xp.asarray(keys)))
+        values = to_numpy(table.values)
+        out = key_uniform(keys, table.seed, info.dim) * np.float32(table._bound)
+        hit = rows >= 0
+        out[hit] = values[rows[hit]]
+        return out
+
+    # -- HybridBackend ---------------------------------------------------------------------
+
+    def train_and_evaluate(self, train_spec: Any, eval_spec: Any,
+                           eval_every_n_iter: int | None = None) -> tuple[dict, list]:
+        """HybridBackend's ``Estimator.train_and_evaluate``: train to ``train_spec.max_steps``
+        evaluating every ``eval_every_n_iter`` steps (else as ``eval_spec`` throttles)."""
+        from .training import train_and_evaluate
+
+        return train_and_evaluate(self, train_spec, eval_spec,
+                                  eval_every_n_iter=eval_every_n_iter)
+
+    # -- export ----------------------------------------------------------------------------
+
+    def export_saved_model(self, export_dir_base: str | os.PathLike,
+                           serving_input_receiver_fn: Callable, assets_extra: Any = None,
+                           as_text: bool = False, checkpoint_path: str | None = None,
+                           experimental_mode: str = ModeKeys.PREDICT,
+                           model_name: str | None = None) -> bytes:
+        """Write the model as a new numbered version of a tierserve model repository
+        (``export_dir_base/<model_name>/<n>/`` and ``export_dir_base/ps.json``), which
+        ``tierserve serve --model-repository export_dir_base`` serves; returns the version
+        folder's path (bytes, as TensorFlow)."""
+        from .export import export_model
+
+        return export_model(self, export_dir_base, serving_input_receiver_fn,
+                            checkpoint_path=checkpoint_path, model_name=model_name,
+                            assets_extra=assets_extra)
+
+    export_savedmodel = export_saved_model
+
+
+def _as_batch(item: Any) -> tuple[dict, Any] | None:
+    if isinstance(item, dict):
+        return item, None
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], dict):
+        return item[0], item[1]
+    return None
+
+
+def _value(t: Any, result: StepResult) -> Any:
+    if isinstance(t, Tensor):
+        if t.name not in result.tensors:
+            raise InvalidInputError(f"tensor {t.name!r} was not computed in this mode")
+        return np.asarray(result.tensors[t.name])
+    if callable(t):
+        return t(result)
+    raise InvalidInputError(f"not a tensor of the model: {t!r}")
+
+
+def _fetch(fetches: Any, result: StepResult, step: int) -> Any:
+    if fetches is None:
+        return None
+    if isinstance(fetches, dict):
+        return {k: _fetch(v, result, step) for k, v in fetches.items()}
+    if isinstance(fetches, (list, tuple)):
+        return type(fetches)(_fetch(v, result, step) for v in fetches)
+    if isinstance(fetches, str):
+        if fetches in ("global_step", "global_step:0"):
+            return step
+        if fetches in ("loss", "loss:0"):
+            return result.loss
+        if fetches in result.tensors:
+            return result.tensors[fetches]
+        raise InvalidInputError(f"hook fetch {fetches!r} names no tensor of the model")
+    if isinstance(fetches, Tensor):
+        from .losses import Loss
+
+        if isinstance(fetches, Loss):
+            return result.loss
+        return _value(fetches, result)
+    from .optimizers import GLOBAL_STEP
+
+    if fetches is GLOBAL_STEP:
+        return step
+    raise InvalidInputError(f"hook fetch {fetches!r} is not a tensor or a tensor name")
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int | None):
+    if os.environ.get("TIERSERVE_NO_PROGRESS") == "1" or not sys.stderr.isatty():
+        return _NoProgress()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="step", mininterval=1.0)

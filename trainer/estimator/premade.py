@@ -1,0 +1,460 @@
+"""Pre-made estimators (as ``tf.estimator``'s canned ones, and DeepCTR's DeepFM), each an
+:class:`~.estimator.Estimator` whose ``model_fn`` is built from the functional layer API.
+
+Heads: a regressor predicts ``predictions`` (mean squared error); a binary classifier
+``logits``, ``logistic``, ``probabilities``, ``class_ids``, ``classes`` (sigmoid cross
+entropy; metrics accuracy, auc, precision, recall, label/mean, prediction/mean); a
+multi-class one ``logits``, ``probabilities``, ``class_ids``, ``classes`` (softmax cross
+entropy; accuracy).  ``weight_column`` weights each example's loss (training and evaluation;
+serving does not read it).  Default optimizers as TensorFlow's: linear parts Ftrl with
+learning rate ``min(0.2, 1/sqrt(#columns))``, DNN parts Adagrad 0.05.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tierserve.ps.errors import ConfigError, InvalidInputError
+
+from .. import feature_column as fc
+from ..compat import warn_once
+from . import layers as L
+from . import losses, metrics
+from .estimator import Estimator, check_labels
+from .graph import Tensor, current_graph
+from .optimizers import get_optimizer, group
+from .spec import EstimatorSpec, ModeKeys
+
+
+def _activation(fn: Any) -> Callable:
+    if fn is None:
+        return L.relu
+    if isinstance(fn, str):
+        if fn not in L.ACTIVATIONS:
+            raise ConfigError(f"activation_fn {fn!r}: one of {sorted(L.ACTIVATIONS)}")
+        return L.ACTIVATIONS[fn]
+    name = getattr(fn, "__name__", "")
+    if fn in L.ACTIVATIONS.values():
+        return fn
+    if name in L.ACTIVATIONS:  # tf.nn.relu and friends, by name
+        return L.ACTIVATIONS[name]
+    raise ConfigError(f"activation_fn {fn!r}: use one of {sorted(L.ACTIVATIONS)} (or "
+                      "the functions of tierserve.trainer.estimator.layers)")
+
+
+class Head:
+    """Loss, predictions and metrics of a pre-made estimator (see the module docstring)."""
+
+    def __init__(self, kind: str, n_classes: int = 2, label_dimension: int = 1,
+                 weight_column: Any = None, label_vocabulary: Sequence[str] | None = None
+                 ) -> None:
+        self.kind = kind
+        self.n_classes = int(n_classes)
+        if kind == "classification" and self.n_classes < 2:
+            raise ConfigError(f"n_classes must be >= 2, got {n_classes}")
+        self.label_dimension = int(label_dimension)
+        if isinstance(weight_column, str):
+            weight_column = fc.numeric_column(weight_column)
+        self.weight_column = weight_column
+        if label_vocabulary is not None:
+            if kind != "classification":
+                raise ConfigError("label_vocabulary is for classifiers")
+            if len(label_vocabulary) != self.n_classes:
+                raise ConfigError(f"label_vocabulary has {len(label_vocabulary)} entries for "
+                                  f"n_classes={self.n_classes}")
+        self.label_vocabulary = None if label_vocabulary is None else list(label_vocabulary)
+
+    @property
+    def logits_dimension(self) -> int:
+        if self.kind == "regression":
+            return self.label_dimension
+        return 1 if self.n_classes == 2 else self.n_classes
+
+    def prepare_labels(self, labels: Any) -> Any:
+        """Raw labels as numbers the loss takes (class ids for a label_vocabulary), checked;
+        errors name the label column."""
+        value, name = labels, "labels"
+        if isinstance(labels, dict) and len(labels) == 1:
+            (name, value), = labels.items()
+        if self.label_vocabulary is not None:
+            arr = np.asarray(value).astype(str).reshape(-1)
+            vocab = np.asarray(self.label_vocabulary)
+            order = np.argsort(vocab)
+            pos = np.clip(np.searchsorted(vocab[order], arr), 0, len(vocab) - 1)
+            ok = vocab[order][pos] == arr
+            if not ok.all():
+                raise InvalidInputError(f"label {name!r}: {arr[~ok][0]!r} is not in the "
+                                        f"label_vocabulary {self.label_vocabulary}")
+            return order[pos].astype(np.float32).reshape(np.shape(value))
+        arr, name = check_labels({name: value})
+        if self.kind == "classification":
+            flat = arr.reshape(-1)
+            bad = (flat < 0) | (flat >= self.n_classes) | (flat != np.round(flat))
+            if bad.any():
+                raise InvalidInputError(
+                    f"label {name!r}: {flat[bad][0]!r} is not a class id in [0, "
+                    f"{self.n_classes}) (n_classes={self.n_classes})")
+        return arr
+
+    def _weights(self, features: dict, mode: str) -> Tensor | None:
+        if self.weight_column is None or mode == ModeKeys.PREDICT:
+            return None
+        return fc.input_layer(features, [self.weight_column])
+
+    def spec(self, features: dict, labels: Any, mode: str, logits: Tensor,
+             train_op_fn: Callable[[Any], Any]) -> EstimatorSpec:
+        g = current_graph("head")
+        preds: dict[str, Any] = {}
+        derived: dict[str, Callable] = {}
+        vocab = self.label_vocabulary
+        if self.kind == "regression":
+            preds["predictions"] = logits
+            served = logits
+        elif self.n_classes == 2:
+            p = L.sigmoid(logits, name="head/predictions/logistic")
+            preds.update(logits=logits, logistic=p)
+            derived["probabilities"] = lambda v: np.concatenate(
+                [1 - v["logistic"], v["logistic"]], axis=1)
+            derived["class_ids"] = lambda v: (v["logistic"] > 0.5).astype(np.int64)
+            served = p
+        else:
+            p = L.softmax(logits, name="head/predictions/probabilities")
+            preds.update(logits=logits, probabilities=p)
+            derived["class_ids"] = lambda v: v["probabilities"].argmax(axis=1)[:, None]
+            served = p
+        if self.kind == "classification":
+            if vocab is not None:
+                derived["classes"] = lambda v: np.asarray(vocab, dtype=object)[
+                    derived["class_ids"](v)]
+            else:
+                derived["classes"] = lambda v: np.char.encode(
+                    derived["class_ids"](v).astype(str), "ascii")
+        from .export import PredictOutput
+
+        if mode == ModeKeys.PREDICT:
+            spec = EstimatorSpec(mode, predictions=preds,
+                                 export_outputs={"serving_default": PredictOutput(served)})
+            spec.derived_predictions = derived
+            return spec
+        weights = self._weights(features, mode)
+        if self.kind == "regression":
+            loss = losses.mean_squared_error(labels, logits, weights=weights)
+        elif self.n_classes == 2:
+            loss = losses.sigmoid_cross_entropy(labels, logits, weights=weights)
+        else:
+            loss = losses.sparse_softmax_cross_entropy(labels, logits, weights=weights)
+        ops: dict[str, Any] = {"label/mean": metrics.mean(labels),
+                               "prediction/mean": metrics.mean(served)}
+        if self.kind == "classification":
+            ops["accuracy"] = metrics.accuracy(labels, served)
+        if self.kind == "classification" and self.n_classes == 2:
+            ops.update(auc=metrics.auc(labels, served),
+                       precision=metrics.precision(labels, served),
+                       recall=metrics.recall(labels, served))
+        train_op = train_op_fn(loss) if mode == ModeKeys.TRAIN else None
+        spec = EstimatorSpec(mode, predictions=preds, loss=loss, train_op=train_op,
+                             eval_metric_ops=ops,
+                             export_outputs={"serving_default": PredictOutput(served)})
+        spec.derived_predictions = derived
+        g.head = self  # type: ignore[attr-defined]
+        return spec
+
+
+def _dnn_logits(features, columns, hidden_units, units, activation_fn, dropout, batch_norm,
+                mode) -> Tensor:
+    g = current_graph("dnn")
+    act = _activation(activation_fn)
+    if not hidden_units:
+        raise ConfigError("hidden_units must list at least one layer size")
+    with g.scope("dnn"):
+        with g.scope("input_from_feature_columns"):
+            net = fc.input_layer(features, columns)
+        for i, n in enumerate(hidden_units):
+            net = L.dense(net, int(n), name=f"hiddenlayer_{i}")
+            if batch_norm:
+                net = L.batch_normalization(net, momentum=0.999,
+                                            name=f"hiddenlayer_{i}/batchnorm_{i}")
+            net = act(net)
+            if dropout:
+                net = L.dropout(net, rate=float(dropout), training=mode == ModeKeys.TRAIN)
+        return L.dense(net, units, name="logits")
+
+
+def _linear_logits(features, columns, units, sparse_combiner) -> Tensor:
+    g = current_graph("linear")
+    with g.scope("linear"):
+        return fc.linear_model(features, columns, units=units, sparse_combiner=sparse_combiner)
+
+
+def _columns(cols: Any, what: str) -> list:
+    if cols is None:
+        return []
+    return list(cols)
+
+
+def _dnn_positional(args: tuple, kwargs: dict) -> tuple:
+    """Positional arguments in TensorFlow's order (hidden_units, feature_columns, model_dir),
+    except that a first positional list of feature columns with hidden_units given by
+    keyword (the course notes' ``DNNRegressor(featcols, hidden_units=[3, 2])``) is the
+    feature_columns."""
+    args = list(args)
+    if args and "hidden_units" in kwargs and any(
+            isinstance(c, fc.FeatureColumn) for c in args[0]):
+        kwargs["feature_columns"] = args.pop(0)
+        return tuple(args)
+    return tuple(args)
+
+
+def _dnn_args(hidden_units: Any, feature_columns: Any) -> tuple[Any, Any]:
+    """TensorFlow's order is (hidden_units, feature_columns); code that passes the columns
+    first with hidden_units by keyword (the course notes do) works too."""
+    if feature_columns is None and hidden_units is not None and any(
+            isinstance(c, fc.FeatureColumn) for c in hidden_units):
+        raise ConfigError("DNN estimator: hidden_units is missing")
+    if hidden_units is None or feature_columns is None:
+        raise ConfigError("DNN estimator: give hidden_units and feature_columns")
+    if any(isinstance(c, fc.FeatureColumn) for c in hidden_units):
+        hidden_units, feature_columns = feature_columns, hidden_units
+    return hidden_units, feature_columns
+
+
+def _linear_lr(columns: list) -> float:
+    return min(0.2, 1.0 / math.sqrt(max(len(columns), 1)))
+
+
+class _Canned(Estimator):
+    head: Head
+
+    def _prepare_labels(self, labels: Any) -> Any:
+        return self.head.prepare_labels(labels)
+
+
+class LinearRegressor(_Canned):
+    def __init__(self, feature_columns, model_dir=None, label_dimension: int = 1,
+                 weight_column=None, optimizer: Any = "Ftrl", config=None,
+                 warm_start_from=None, loss_reduction: Any = None,
+                 sparse_combiner: str = "sum") -> None:
+        self.head = Head("regression", label_dimension=label_dimension,
+                         weight_column=weight_column)
+        cols = _columns(feature_columns, "feature_columns")
+        opt = get_optimizer(optimizer, _linear_lr(cols), "LinearRegressor optimizer")
+
+        def model_fn(features, labels, mode, config):
+            logits = _linear_logits(features, cols, self.head.logits_dimension, sparse_combiner)
+            return self.head.spec(features, labels, mode, logits,
+                                  lambda loss: opt.minimize(loss, var_list=["linear/"]))
+
+        super().__init__(model_fn, model_dir, config, warm_start_from=warm_start_from)
+
+
+class LinearClassifier(_Canned):
+    def __init__(self, feature_columns, model_dir=None, n_classes: int = 2, weight_column=None,
+                 label_vocabulary=None, optimizer: Any = "Ftrl", config=None,
+                 warm_start_from=None, loss_reduction: Any = None,
+                 sparse_combiner: str = "sum") -> None:
+        self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
+                         label_vocabulary=label_vocabulary)
+        cols = _columns(feature_columns, "feature_columns")
+        opt = get_optimizer(optimizer, _linear_lr(cols), "LinearClassifier optimizer")
+
+        def model_fn(features, labels, mode, config):
+            logits = _linear_logits(features, cols, self.head.logits_dimension, sparse_combiner)
+            return self.head.spec(features, labels, mode, logits,
+                                  lambda loss: opt.minimize(loss, var_list=["linear/"]))
+
+        super().__init__(model_fn, model_dir, config, warm_start_from=warm_start_from)
+
+
+class DNNRegressor(_Canned):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._setup(*_dnn_positional(args, kwargs), **kwargs)
+
+    def _setup(self, hidden_units=None, feature_columns=None, model_dir=None, label_dimension: int = 1,
+                 weight_column=None, optimizer: Any = "Adagrad", activation_fn: Any = None,
+                 dropout: float | None = None, config=None, warm_start_from=None,
+                 loss_reduction: Any = None, batch_norm: bool = False) -> None:
+        self.head = Head("regression", label_dimension=label_dimension,
+                         weight_column=weight_column)
+        hidden_units, feature_columns = _dnn_args(hidden_units, feature_columns)
+        cols = _columns(feature_columns, "feature_columns")
+        opt = get_optimizer(optimizer, 0.05, "DNNRegressor optimizer")
+        hidden = list(hidden_units)
+
+        def model_fn(features, labels, mode, config):
+            logits = _dnn_logits(features, cols, hidden, self.head.logits_dimension,
+                                 activation_fn, dropout, batch_norm, mode)
+            return self.head.spec(features, labels, mode, logits,
+                                  lambda loss: opt.minimize(loss, var_list=["dnn/"]))
+
+        super().__init__(model_fn, model_dir, config, warm_start_from=warm_start_from)
+
+
+class DNNClassifier(_Canned):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._setup(*_dnn_positional(args, kwargs), **kwargs)
+
+    def _setup(self, hidden_units=None, feature_columns=None, model_dir=None, n_classes: int = 2,
+                 weight_column=None, label_vocabulary=None, optimizer: Any = "Adagrad",
+                 activation_fn: Any = None, dropout: float | None = None, config=None,
+                 warm_start_from=None, loss_reduction: Any = None,
+                 batch_norm: bool = False) -> None:
+        self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
+                         label_vocabulary=label_vocabulary)
+        hidden_units, feature_columns = _dnn_args(hidden_units, feature_columns)
+        cols = _columns(feature_columns, "feature_columns")
+        opt = get_optimizer(optimizer, 0.05, "DNNClassifier optimizer")
+        hidden = list(hidden_units)
+
+        def model_fn(features, labels, mode, config):
+            logits = _dnn_logits(features, cols, hidden, self.head.logits_dimension,
+                                 activation_fn, dropout, batch_norm, mode)
+            return self.head.spec(features, labels, mode, logits,
+                                  lambda loss: opt.minimize(loss, var_list=["dnn/"]))
+
+        super().__init__(model_fn, model_dir, config, warm_start_from=warm_start_from)
+
+
+def _combined_fn(head: Head, linear_cols, dnn_cols, hidden, linear_opt, dnn_opt, activation_fn,
+                 dropout, batch_norm, sparse_combiner):
+    if not linear_cols and not dnn_cols:
+        raise ConfigError("linear_feature_columns and dnn_feature_columns are both empty")
+
+    def model_fn(features, labels, mode, config):
+        parts, ops = [], []
+        units = head.logits_dimension
+        if dnn_cols:
+            parts.append(_dnn_logits(features, dnn_cols, hidden, units, activation_fn,
+                                     dropout, batch_norm, mode))
+        if linear_cols:
+            parts.append(_linear_logits(features, linear_cols, units, sparse_combiner))
+        logits = parts[0] if len(parts) == 1 else L.add(parts, name="add_logits")
+
+        def train_op_fn(loss):
+            if dnn_cols:
+                ops.append(dnn_opt.minimize(loss, var_list=["dnn/"]))
+            if linear_cols:
+                ops.append(linear_opt.minimize(loss, var_list=["linear/"]))
+            return group(*ops)
+
+        return head.spec(features, labels, mode, logits, train_op_fn)
+
+    return model_fn
+
+
+class DNNLinearCombinedRegressor(_Canned):
+    def __init__(self, model_dir=None, linear_feature_columns=None,
+                 linear_optimizer: Any = "Ftrl", dnn_feature_columns=None,
+                 dnn_optimizer: Any = "Adagrad", dnn_hidden_units=None,
+                 dnn_activation_fn: Any = None, dnn_dropout: float | None = None,
+                 label_dimension: int = 1, weight_column=None, config=None,
+                 warm_start_from=None, loss_reduction: Any = None, batch_norm: bool = False,
+                 linear_sparse_combiner: str = "sum") -> None:
+        self.head = Head("regression", label_dimension=label_dimension,
+                         weight_column=weight_column)
+        lin, dnn = _columns(linear_feature_columns, "l"), _columns(dnn_feature_columns, "d")
+        if dnn and not dnn_hidden_units:
+            raise ConfigError("dnn_hidden_units must be given with dnn_feature_columns")
+        fn = _combined_fn(self.head, lin, dnn, list(dnn_hidden_units or []),
+                          get_optimizer(linear_optimizer, _linear_lr(lin), "linear_optimizer"),
+                          get_optimizer(dnn_optimizer, 0.05, "dnn_optimizer"),
+                          dnn_activation_fn, dnn_dropout, batch_norm, linear_sparse_combiner)
+        super().__init__(fn, model_dir, config, warm_start_from=warm_start_from)
+
+
+class DNNLinearCombinedClassifier(_Canned):
+    def __init__(self, model_dir=None, linear_feature_columns=None,
+                 linear_optimizer: Any = "Ftrl", dnn_feature_columns=None,
+                 dnn_optimizer: Any = "Adagrad", dnn_hidden_units=None,
+                 dnn_activation_fn: Any = None, dnn_dropout: float | None = None,
+                 n_classes: int = 2, weight_column=None, label_vocabulary=None, config=None,
+                 warm_start_from=None, loss_reduction: Any = None, batch_norm: bool = False,
+                 linear_sparse_combiner: str = "sum") -> None:
+        self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
+                         label_vocabulary=label_vocabulary)
+        lin, dnn = _columns(linear_feature_columns, "l"), _columns(dnn_feature_columns, "d")
+        if dnn and not dnn_hidden_units:
+            raise ConfigError("dnn_hidden_units must be given with dnn_feature_columns")
+        fn = _combined_fn(self.head, lin, dnn, list(dnn_hidden_units or []),
+                          get_optimizer(linear_optimizer, _linear_lr(lin), "linear_optimizer"),
+                          get_optimizer(dnn_optimizer, 0.05, "dnn_optimizer"),
+                          dnn_activation_fn, dnn_dropout, batch_norm, linear_sparse_combiner)
+        super().__init__(fn, model_dir, config, warm_start_from=warm_start_from)
+
+
+class DeepFMEstimator(_Canned):
+    """DeepCTR's ``DeepFMEstimator``: linear part + second-order FM over the embedding
+    columns of ``dnn_feature_columns`` (all of one dimension) + a DNN, summed into one
+    logit; ``task`` ``'binary'`` or ``'regression'``.  ``_model_fn(features, labels, mode,
+    config)`` is the model function (DLRover's adaptor pattern calls it).  The L2
+    regularisation settings are not applied (warned once when non-zero)."""
+
+    def __init__(self, linear_feature_columns, dnn_feature_columns,
+                 dnn_hidden_units=(256, 128, 64), l2_reg_linear: float = 1e-5,
+                 l2_reg_embedding: float = 1e-5, l2_reg_dnn: float = 0, seed: int = 1024,
+                 dnn_dropout: float = 0, dnn_activation: Any = "relu",
+                 dnn_use_bn: bool = False, task: str = "binary", model_dir=None, config=None,
+                 linear_optimizer: Any = "Ftrl", dnn_optimizer: Any = "Adagrad",
+                 training_chief_hooks: Any = None) -> None:
+        if task not in ("binary", "regression"):
+            raise ConfigError(f"DeepFMEstimator: task must be 'binary' or 'regression', "
+                              f"got {task!r}")
+        for name, value in (("l2_reg_linear", l2_reg_linear),
+                            ("l2_reg_embedding", l2_reg_embedding), ("l2_reg_dnn", l2_reg_dnn)):
+            if value:
+                warn_once(f"DeepFMEstimator.{name}", "L2 regularisation is not applied")
+        self.head = Head("classification" if task == "binary" else "regression")
+        lin = list(linear_feature_columns)
+        dnn = list(dnn_feature_columns)
+        linear_opt = get_optimizer(linear_optimizer, _linear_lr(lin), "linear_optimizer")
+        dnn_opt = get_optimizer(dnn_optimizer, 0.05, "dnn_optimizer")
+        hidden = list(dnn_hidden_units)
+
+        def model_fn(features, labels, mode, config=None):
+            g = current_graph("DeepFM")
+            cols = [c for c in dnn if not isinstance(c, fc.EmbeddingColumn)]
+            embs = [c for c in dnn if isinstance(c, fc.EmbeddingColumn)]
+            parts = []
+            if lin:
+                parts.append(_linear_logits(features, lin, 1, "sum"))
+            with g.scope("dnn"):
+                if embs:
+                    dims = {c.dimension for c in embs}
+                    if len(dims) != 1:
+                        raise ConfigError(f"DeepFM: the embedding columns must share one "
+                                          f"dimension, got {sorted(dims)}")
+                    dim = dims.pop()
+                    with g.scope("fm"):
+                        emb = fc.input_layer(features, embs)
+                    fm = L._unary("FmOrder2", emb, "fm", {"out_dim": dim})
+                    g.shapes[fm.name] = (dim,)
+                    fm = Tensor(g, fm.name, (dim,))
+                    parts.append(L.reduce_sum(fm, axis=1, name="fm_sum"))
+            dnn_in = [*cols, *embs]
+            if dnn_in:
+                parts.append(_dnn_logits(features, dnn_in, hidden, 1, dnn_activation,
+                                         dnn_dropout, dnn_use_bn, mode))
+            logits = parts[0] if len(parts) == 1 else L.add(parts, name="deepfm_logits")
+
+            def train_op_fn(loss):
+                ops = [dnn_opt.minimize(loss, var_list=["dnn/"])]
+                if lin:
+                    ops.append(linear_opt.minimize(loss, var_list=["linear/"]))
+                return group(*ops)
+
+            return self.head.spec(features, labels, mode, logits, train_op_fn)
+
+        self._model_fn = model_fn
+        cfg = config
+        if cfg is not None and not hasattr(cfg, "replace"):
+            cfg = None  # DLRover passes its run config positionally to _model_fn instead
+        super().__init__(model_fn, model_dir, cfg)
+
+
+__all__ = [
+    "DNNClassifier", "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor",
+    "DNNRegressor", "DeepFMEstimator", "Head", "LinearClassifier", "LinearRegressor",
+]
