@@ -14,7 +14,9 @@ from tierserve.ps.config import (
     UpdateSourceType_t,
 )
 
-from . import data, tools
+# estimator: the Estimator API (tf.estimator / tf.feature_column names); importing it also
+# registers its layer types (Tanh, MeanSquaredErrorLoss, ...) that exported graphs use.
+from . import data, estimator, feature_column, tools
 from .adapters import ReaderHandle as DataReader32
 from .data.generator import DataGenerator, DataGeneratorParams, Distribution_t, PowerLaw_t
 from .data.params import (
@@ -123,6 +125,8 @@ __all__ = [
     "Update_t",
     "UpdateSourceType_t",
     "data",
+    "estimator",
+    "feature_column",
     "get_learning_rate_scheduler",
     "solver_parser_helper",
     "tools",
