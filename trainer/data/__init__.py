@@ -2,17 +2,8 @@
 streaming datasets (``Dataset``, ``TextLineDataset``, ``decode_csv``)."""
 
 from .batch import Batch, SparseInput
-from .dataset import (
-    AUTOTUNE,
-    CSVRecordError,
-    Dataset,
-    DecodeCSVError,
-    NormDataset,
-    ParquetDataset,
-    RawDataset,
-    TextLineDataset,
-    decode_csv,
-)
+from .csv_decode import CSVRecordError, DecodeCSVError, decode_csv
+from .dataset import AUTOTUNE, Dataset
 from .errors import DataFileError
 from .filelist import read_file_list, write_file_list
 from .generator import (
@@ -32,8 +23,10 @@ from .params import (
 )
 from .planted import auc_score
 from .reader import DataReader, create_data_reader
+from .reader_datasets import NormDataset, ParquetDataset, RawDataset
 from .records import Records
 from .source import DataSource, DataSourceParams
+from .text_lines import TextLineDataset
 
 __all__ = [
     "AUTOTUNE",

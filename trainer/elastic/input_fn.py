@@ -17,7 +17,8 @@ import numpy as np
 
 from tierserve.ps.errors import ConfigError, InvalidInputError
 
-from ..data.dataset import Dataset, DecodeCSVError, decode_csv
+from ..data.csv_decode import DecodeCSVError, decode_csv
+from ..data.dataset import Dataset
 from .column import Column
 from .readers import ElasticReader
 

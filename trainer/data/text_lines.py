@@ -1,0 +1,180 @@
+"""Text files as datasets: ``Dataset.list_files`` and ``TextLineDataset``."""
+
+from __future__ import annotations
+
+import glob as globlib
+import gzip
+import io
+import itertools
+import os
+import threading
+import zlib
+from typing import Any
+
+import numpy as np
+
+from tierserve.ps.errors import InvalidInputError
+
+from .dataset import Dataset, _FlatMapIter
+from .dataset_blocks import _LEAF, _as_array, _Block, _BlockIter, _SliceIter
+from .errors import DataFileError
+
+
+class ListFilesDataset(Dataset):
+    """The files matching a glob pattern (see :meth:`Dataset.list_files`)."""
+
+    def __init__(self, pattern, shuffle: bool, seed: int | None) -> None:
+        patterns = [pattern] if isinstance(pattern, (str, os.PathLike)) else list(pattern)
+        files: set[str] = set()
+        for p in patterns:
+            files.update(globlib.glob(os.fspath(p)))
+        if not files:
+            raise InvalidInputError(
+                f"list_files: no files matched pattern {patterns if len(patterns) > 1 else os.fspath(patterns[0])!r}"
+            )
+        self.files = np.array(sorted(files))
+        self.shuffle = shuffle
+        self.rng = np.random.default_rng(seed)
+        self.lock = threading.Lock()
+
+    def _blocks(self) -> _BlockIter:
+        files = self.files
+        if self.shuffle:
+            with self.lock:
+                files = files[self.rng.permutation(len(files))]
+        return _SliceIter(_Block(_LEAF, [files]))
+
+
+class TextLineDataset(Dataset):
+    """The lines of text files (``tf.data.TextLineDataset``), as str without the newline.
+
+    ``filenames``: a path, a list of paths, or a dataset of paths; files are read one after
+    the other.  ``compression_type``: ``""``/None, ``"GZIP"`` or ``"ZLIB"``; ``buffer_size``:
+    read buffer in bytes.  ``num_parallel_reads`` above 1 is refused (files are read in turn).
+    """
+
+    def __init__(
+        self,
+        filenames: Any,
+        compression_type: str | None = None,
+        buffer_size: int | None = None,
+        num_parallel_reads: int | None = None,
+    ) -> None:
+        if compression_type not in (None, "", "GZIP", "ZLIB"):
+            raise InvalidInputError(
+                f"TextLineDataset: compression_type must be '', 'GZIP' or 'ZLIB', got {compression_type!r}"
+            )
+        if num_parallel_reads not in (None, 1):
+            raise InvalidInputError(
+                "TextLineDataset: num_parallel_reads is not supported (files are read one after "
+                "the other); use prefetch() to read ahead"
+            )
+        if buffer_size is not None and int(buffer_size) < 1:
+            raise InvalidInputError(f"TextLineDataset: buffer_size must be >= 1, got {buffer_size}")
+        self.compression = compression_type or ""
+        self.buffer_size = None if buffer_size is None else int(buffer_size)
+        if isinstance(filenames, Dataset):
+            self.names: Dataset | list[str] = filenames
+        else:
+            array = _as_array(filenames)
+            self.names = [os.fspath(str(x)) for x in array.reshape(-1)]
+
+    def _open(self, path: str):
+        buffering = self.buffer_size or io.DEFAULT_BUFFER_SIZE
+        try:
+            if self.compression == "GZIP":
+                raw = io.BufferedReader(gzip.GzipFile(path, "rb"), buffering)
+            elif self.compression == "ZLIB":
+                raw = io.BufferedReader(_ZlibReader(open(path, "rb")), buffering)  # noqa: SIM115
+            else:
+                raw = open(path, "rb", buffering=buffering)  # noqa: SIM115 - closed by the iterator
+        except OSError as exc:
+            raise DataFileError(path, f"cannot open: {exc.strerror or exc}") from None
+        return io.TextIOWrapper(raw, encoding="utf-8", newline=None)
+
+    def _file_blocks(self, path: str) -> _BlockIter:
+        return _TextFileIter(self, path)
+
+    def _blocks(self) -> _BlockIter:
+        names = self.names
+        if isinstance(names, Dataset):
+            return _FlatMapIter(names._blocks(), lambda name: _OneFile(self, str(name)))
+        return _FlatMapIter(
+            _SliceIter(_Block(_LEAF, [np.array(names, dtype=object)])),
+            lambda name: _OneFile(self, str(name)),
+        )
+
+
+class _OneFile(Dataset):
+    def __init__(self, owner: TextLineDataset, path: str) -> None:
+        self.owner, self.path = owner, path
+
+    def _blocks(self) -> _BlockIter:
+        return _TextFileIter(self.owner, self.path)
+
+
+class _TextFileIter(_BlockIter):
+    """Reads exactly as many lines as are pulled."""
+
+    def __init__(self, owner: TextLineDataset, path: str) -> None:
+        self.owner, self.path = owner, path
+        self.file = None
+        self.line = 0  # lines read so far
+        self.done = False
+
+    def pull(self, max_rows: int) -> _Block | None:
+        if self.done:
+            return None
+        if self.file is None:
+            self.file = self.owner._open(self.path)
+        try:
+            lines = list(itertools.islice(self.file, max_rows))
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+            raise DataFileError(self.path, f"line {self.line + 1}: cannot read: {exc}") from None
+        if not lines:
+            self.close()
+            return None
+        text = "".join(lines)
+        parts = text.split("\n")
+        if text.endswith("\n"):
+            parts.pop()
+        values = np.empty(len(parts), dtype=object)
+        values[:] = parts
+        lines_no = np.arange(self.line + 1, self.line + 1 + len(parts), dtype=np.int64)
+        self.line += len(parts)
+        files = np.empty(len(parts), dtype=object)
+        files[:] = self.path
+        return _Block(_LEAF, [values], (files, lines_no))
+
+    def close(self) -> None:
+        self.done = True
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class _ZlibReader(io.RawIOBase):
+    """A readable raw stream of a zlib-compressed file."""
+
+    def __init__(self, file) -> None:
+        self.file, self.z, self.buf = file, zlib.decompressobj(), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self.buf:
+            data = self.file.read(65536)
+            if not data:
+                self.buf = self.z.flush()
+                if not self.buf:
+                    return 0
+                break
+            self.buf = self.z.decompress(data)
+        n = min(len(b), len(self.buf))
+        b[:n], self.buf = self.buf[:n], self.buf[n:]
+        return n
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
