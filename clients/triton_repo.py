@@ -76,12 +76,10 @@ class Tensor:
     name: str
     datatype: str  # TYPE_FP32, ...
     dims: tuple[int, ...]
-    optional: bool = False
 
     def pbtxt(self) -> str:
         dims = ", ".join(str(d) for d in self.dims)
-        extra = " optional: true" if self.optional else ""
-        return f'  {{ name: "{self.name}" data_type: {self.datatype} dims: [ {dims} ]{extra} }}'
+        return f'  {{ name: "{self.name}" data_type: {self.datatype} dims: [ {dims} ] }}'
 
 
 @dataclass(frozen=True)
@@ -101,6 +99,12 @@ def graph_signature(graph, max_batch_size: int, i64_keys: bool) -> Signature:
     data = graph.data_layer
     dense_dim = int((data.get("dense") or {}).get("dense_dim", 0))
     label_dim = sum(label_layout(data)[1])
+    if dense_dim < 1:
+        raise ConfigError(
+            "the graph's Data layer has dense_dim 0: Triton's config cannot declare the "
+            "zero-width DES input tierserve takes (dims must be >= 1 or -1); serve this model "
+            "with tierserve serve"
+        )
     sparse = data.get("sparse") or []
     slots = [int(s["slot_num"]) for s in sparse]
     hotness = [max(int(s.get("max_feature_num_per_sample") or 0), n) for s, n in zip(sparse, slots)]
@@ -140,7 +144,11 @@ def version_signature(entry, folder: Path, i64_keys: bool) -> Signature:
     config = version_files(entry, folder)
     if not config.network_file:
         return STORE_SIGNATURE
-    return graph_signature(load_graph_json(config.network_file), entry.max_batch_size, i64_keys)
+    graph = load_graph_json(config.network_file)
+    try:
+        return graph_signature(graph, entry.max_batch_size, i64_keys)
+    except ConfigError as exc:
+        raise ConfigError(f"model {entry.model!r} version {folder.name}: {exc}") from None
 
 
 def config_pbtxt(

@@ -151,6 +151,13 @@ def test_versions_of_different_shapes_are_refused(repo, tmp_path):
     (repo / "dlrm" / "1" / manifest.MANIFEST).unlink()  # it would refuse the edit
     with pytest.raises(ConfigError, match="version 1's inputs differ from version 2's"):
         generate(repo, tmp_path / "t", models=["dlrm"])
+    data["layers"][0]["dense"]["dense_dim"] = 0  # Triton has no zero-width dimension
+    graph.write_text(json.dumps(data))
+    shutil.rmtree(repo / "dlrm" / "2")
+    with pytest.raises(
+        ConfigError, match="model .dlrm. version 1: the graph.s Data layer has dense_dim 0"
+    ):
+        generate(repo, tmp_path / "t", models=["dlrm"])
 
 
 def test_cli(repo, tmp_path, capsys):
