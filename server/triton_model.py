@@ -111,7 +111,7 @@ class TritonRuntime:
                 owners.append(i)
             except Exception as exc:  # noqa: BLE001 - one bad request fails alone
                 results[i] = _error(exc)
-        for group in self._groups(units, owners):
+        for group in self._groups(units):
             try:
                 outputs = self._execute([units[g] for g in group])
             except Exception as exc:  # noqa: BLE001 - reported to every request of the group
@@ -123,7 +123,7 @@ class TritonRuntime:
                 results[owners[g]] = out
         return results
 
-    def _groups(self, units: list, owners: list[int]) -> list[list[int]]:
+    def _groups(self, units: list) -> list[list[int]]:
         """Indices of ``units`` run together: consecutive units up to max_batch_size rows."""
         limit = self.servable.max_batch_size
         if limit <= 0:
