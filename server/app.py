@@ -213,9 +213,25 @@ def check_ports(settings: Settings) -> None:
                 ) from None
 
 
-def uvicorn_config(app: FastAPI, settings: Settings, log_level: str) -> uvicorn.Config:
+def event_loop(settings: Settings) -> str:
+    """uvicorn's ``loop`` setting for ``settings.event_loop`` (grpc.aio runs on the same loop);
+    ``uvloop`` when it is not installed is a :class:`ConfigError` naming the setting."""
+    if settings.event_loop == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if settings.event_loop == "uvloop":
+            raise ConfigError(
+                "event_loop uvloop: uvloop is not installed (pip install uvloop)"
+            ) from None
+        return "asyncio"
+    return "uvloop"
+
+
+def uvicorn_config(app: FastAPI, settings: Settings, log_level: str, **extra) -> uvicorn.Config:
     """How uvicorn serves ``app``: infer requests by :class:`~.rest.InferFastPath`, on the
-    asyncio loop that grpc.aio shares, over :func:`http_protocol`."""
+    event loop that grpc.aio shares (:func:`event_loop`), over :func:`http_protocol`."""
     return uvicorn.Config(
         InferFastPath(app),
         host=settings.host,
@@ -223,8 +239,11 @@ def uvicorn_config(app: FastAPI, settings: Settings, log_level: str) -> uvicorn.
         log_level=log_level,
         lifespan="on",
         access_log=False,
-        loop="asyncio",  # grpc.aio shares this loop
+        proxy_headers=False,  # nothing reads the client address: no X-Forwarded-For parsing
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        loop=event_loop(settings),
         http=http_protocol(settings),
+        **extra,
     )
 
 

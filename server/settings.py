@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -66,6 +66,14 @@ class Settings(BaseModel):
         60.0,
         description="an HTTP request whose body is not all in within this many seconds of its "
         "headers is closed",
+    )
+    keep_alive_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        5.0, description="an HTTP connection idle this many seconds between requests is closed"
+    )
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        "auto",
+        description="the event loop HTTP and gRPC share; auto: uvloop when installed (about "
+        "15% less CPU per request), else asyncio",
     )
     dynamic_batching: bool = True
     max_batch_delay_ms: Annotated[float, Field(ge=0)] = 1.0

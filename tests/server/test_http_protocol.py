@@ -45,3 +45,53 @@ def test_one_write_per_loop_step_and_close_flushes():
         assert raw.writes[-1] == b"last" and len(raw.writes) == 4
 
     asyncio.run(main())
+
+
+def test_deadlines_close_idle_and_stalled_connections_and_spare_busy_ones(tiny_repository):
+    """Keep-alive, header and body deadlines (one sweep per loop, no timer per request)."""
+    import socket
+    import time
+
+    from polling import until
+
+    from tierserve.server.app import BackgroundServer
+    from tierserve.server.settings import Settings
+
+    def closed(s: socket.socket) -> bool:
+        s.settimeout(0.01)
+        try:
+            return s.recv(1024) == b""
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+
+    settings = Settings.build(
+        model_repository=tiny_repository(), http_port=0, grpc_port=None, poll_interval_s=0,
+        header_timeout_s=0.6, body_timeout_s=0.6, keep_alive_timeout_s=0.4,
+    )  # fmt: skip
+    live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    with BackgroundServer(settings) as server:
+        address = server.http_url.split(":")[0], int(server.http_url.split(":")[1])
+        with (
+            socket.create_connection(address, timeout=5) as idle,
+            socket.create_connection(address, timeout=5) as busy,
+            socket.create_connection(address, timeout=5) as body,
+        ):
+            started = time.perf_counter()
+            for s in (idle, busy):
+                s.sendall(live)
+                assert s.recv(1024).startswith(b"HTTP/1.1 200")
+            body.sendall(
+                b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{"
+            )
+            # a connection that keeps asking stays open past every timeout
+            while time.perf_counter() - started < 1.2:
+                busy.sendall(live)
+                assert busy.recv(1024).startswith(b"HTTP/1.1 200")
+                time.sleep(0.1)
+            assert until(lambda: closed(idle), timeout=3)
+            assert until(lambda: closed(body), timeout=3)
+            assert not closed(busy)
+            busy.sendall(live)
+            assert busy.recv(1024).startswith(b"HTTP/1.1 200")

@@ -104,3 +104,35 @@ def test_response_binary_and_json():
     np.testing.assert_array_equal(np.frombuffer(body[n:], np.float32), [0.25, 0.5])
     body, n = encode_rest_response("m", "1", "", out, {"OUTPUT0": False})
     assert n is None and json.loads(body)["outputs"][0]["data"] == [0.25, 0.5]
+
+
+def test_json_codec_reads_and_writes_what_the_stdlib_did():
+    """orjson parses; what it refuses and json read (NaN literals, a byte-order mark, UTF-16,
+    lone surrogates, numbers beyond FP64) is still read, and answers still encode."""
+    from tierserve.server.tensors import dump_json, parse_json
+
+    assert parse_json(b'{"a": [1, 2.5, -3]}') == {"a": [1, 2.5, -3]}
+    assert parse_json(memoryview(b"[1]")) == [1]
+    nan = parse_json(b"[NaN, Infinity, 1e400]")
+    assert np.isnan(nan[0]) and nan[1] == nan[2] == float("inf")
+    assert parse_json("\ufeff[1]".encode()) == [1]
+    assert parse_json('{"id": "x"}'.encode("utf-16")) == {"id": "x"}
+    assert parse_json(b'"\\ud800"') == "\ud800"
+    with pytest.raises(InvalidInputError, match="not valid JSON"):
+        parse_json(b"[1,")
+    with pytest.raises(InvalidInputError, match="nested too deep"):
+        parse_json(b"[" * 100_000)
+    # answers: the same values as json writes them, and ids orjson cannot encode
+    out = {"OUTPUT0": np.array([0.1, 1e-7, 3e38], np.float32)}
+    body, _ = encode_rest_response("m", "1", "\ud800x", out, {})
+    decoded = json.loads(body)
+    assert decoded["id"] == "\ud800x"
+    assert decoded["outputs"][0]["data"] == out["OUTPUT0"].tolist()
+    assert json.loads(dump_json({"a": 2**70})) == {"a": 2**70}
+
+
+def test_integers_beyond_64_bits_are_refused_for_integer_inputs():
+    body = json.dumps({"inputs": [{"name": "K", "datatype": "INT64", "shape": [2],
+                                   "data": [1, 2**70]}]}).encode()  # fmt: skip
+    with pytest.raises(InvalidInputError, match="'K'.*not INT64 integers"):
+        decode_rest_request(body, None)
