@@ -156,6 +156,15 @@ class UpdateProducer:
         elif self.kafka_log.down:
             self.kafka_log.recovered()
 
+    def poll(self, timeout: float = 0.0) -> None:
+        """Serve delivery reports and log lines, waiting at most ``timeout`` seconds."""
+        self._producer.poll(timeout)
+
+    def take_failures(self) -> list[str]:
+        """The delivery failures reported since the last call (``topic: error``)."""
+        failed, self._failed = self._failed, []
+        return failed
+
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every queued update is delivered; raise if any failed or timed out."""
         left = self._producer.flush(timeout)

@@ -417,15 +417,32 @@ class Model:
 
     def fit(self, num_epochs: int = 0, max_iter: int = 2000, display: int = 200,
             eval_interval: int = 1000, snapshot: int = 10000, snapshot_prefix: str = "",
-            data_source_params: Any = None) -> None:
+            data_source_params: Any = None, *, update_source: Any = None,
+            publish_interval: int = 0, repository: str | None = None, export_interval: int = 0,
+            model_name: str | None = None) -> None:
         """Train for ``max_iter`` iterations (``repeat_dataset=True``) or ``num_epochs``
         epochs (``repeat_dataset=False``), showing a progress bar, printing the loss every
         ``display`` and the metrics every ``eval_interval`` iterations, and saving model files
         every ``snapshot`` iterations under ``snapshot_prefix``.  Stops early when an AUC
-        threshold of ``metrics_spec`` is reached."""
+        threshold of ``metrics_spec`` is reached.
+
+        Online learning (:mod:`tierserve.trainer.online`): with ``update_source`` (Kafka
+        brokers or ``UpdateSourceParams``) the rows changed are published every
+        ``publish_interval`` iterations, beside training; with ``repository`` a new version
+        of the model is written there every ``export_interval`` iterations.  Both also happen
+        at the end.  ``model_name`` is the served model's (default: the solver's)."""
         self._require_compiled("fit")
         check_data_source(data_source_params, "fit")
         from tqdm.auto import tqdm
+
+        from .online import OnlineLoop
+
+        online = None
+        if update_source is not None or repository is not None or publish_interval \
+                or export_interval:  # fmt: skip
+            online = OnlineLoop(self, update_source=update_source,
+                                publish_interval=publish_interval, repository=repository,
+                                export_interval=export_interval, model_name=model_name)
 
         epoch_mode = not self.solver.repeat_dataset
         if epoch_mode and num_epochs < 1:
@@ -475,8 +492,20 @@ class Model:
                     written = self.save_params_to_files(snapshot_prefix, it)
                     if data_source_params is not None:  # with use_hdfs: to hdfs_model_home
                         data_source_params.upload(written)
+                if online is not None:
+                    online.step(it)
         finally:
             bar.close()
+        if online is not None:
+            online.close(it)
+
+    def publish_updates(self, producer: Any, model_name: str | None = None) -> int:
+        """Send the rows changed since the last call to Kafka through ``producer`` (an
+        ``UpdateProducer`` or :class:`~tierserve.trainer.online.UpdatePublisher`), as the
+        served model ``model_name`` (default: the solver's); returns the rows sent."""
+        from .online import publish_updates
+
+        return publish_updates(self, producer, model_name)
 
     # -- summary -------------------------------------------------------------------------------
 
