@@ -139,10 +139,11 @@ def decode_csv(
             )
     else:
         cols = list(range(n_defaults))
-    specs = [_record_default(d, c) for d, c in zip(record_defaults, cols)]
-    scalar = isinstance(records, (str, bytes, np.str_, np.bytes_)) or (
-        isinstance(records, np.ndarray) and records.ndim == 0
-    )
+    specs = _specs(record_defaults, cols)
+    if isinstance(records, (str, bytes)):  # one record (np.str_ is a str): no arrays
+        record = records.decode() if isinstance(records, bytes) else records
+        return _decode_one(record, specs, cols, field_delim, use_quote_delim, na_value, select_cols)
+    scalar = isinstance(records, np.ndarray) and records.ndim == 0
     array = _as_array(records)
     shape = array.shape
     flat = array.reshape(-1).tolist()
@@ -217,6 +218,73 @@ def decode_csv(
                 values[empty] = default
         values = values.reshape(shape)
         out.append(values[()] if scalar else values)
+    return out
+
+
+_SPEC_CACHE: dict[str, list[tuple[np.dtype, Any]]] = {}
+
+
+def _specs(record_defaults: Sequence[Any], cols: list[int]) -> list[tuple[np.dtype, Any]]:
+    """Parsed record defaults, remembered: a map calls decode_csv once per record."""
+    try:
+        key = repr((record_defaults, cols))
+    except Exception:  # an object without a usable repr: parse every time
+        key = None
+    specs = _SPEC_CACHE.get(key) if key is not None else None
+    if specs is None:
+        specs = [_record_default(d, c) for d, c in zip(record_defaults, cols)]
+        if key is not None and len(_SPEC_CACHE) < 256:
+            _SPEC_CACHE[key] = specs
+    return specs
+
+
+_PARSE = {"i": int, "f": float}
+
+
+def _decode_one(record, specs, cols, delim, use_quote_delim, na_value, select_cols) -> list[Any]:
+    """:func:`decode_csv` of one str record, with Python's own parsing (no arrays)."""
+    if use_quote_delim and '"' in record:
+        quoting = csv.QUOTE_MINIMAL
+        try:
+            fields = next(csv.reader([record], delimiter=delim, quoting=quoting, strict=True), [])
+        except csv.Error as exc:
+            raise DecodeCSVError(f"malformed quoting: {exc}") from None
+    else:
+        fields = record.split(delim)
+    n = max(len(fields), 1)
+    if select_cols is None and n != len(specs):
+        raise DecodeCSVError(f"expected {len(specs)} fields, got {n}: {record!r}")
+    if select_cols is not None and n <= cols[-1]:
+        raise DecodeCSVError(
+            f"expected at least {cols[-1] + 1} fields (select_cols {cols}), got {n}: {record!r}"
+        )
+    out = []
+    for (dtype, default), c in zip(specs, cols):
+        field = fields[c] if c < len(fields) else ""
+        if field == "" or (na_value and field == na_value):
+            if default is None:
+                raise DecodeCSVError(
+                    "the field is empty and the column has no default (required)", column=c
+                )
+            out.append(np.str_(default) if dtype.kind == "U" else dtype.type(default))
+            continue
+        kind = dtype.kind
+        if kind == "U":
+            out.append(np.str_(field))
+            continue
+        try:
+            value = _PARSE[kind](field)
+        except ValueError:
+            raise DecodeCSVError(
+                f"field {field!r} is not a valid {dtype.name} (the column's record default "
+                f"is {dtype.name})",
+                column=c,
+            ) from None
+        if kind == "i":
+            info = np.iinfo(dtype)
+            if not info.min <= value <= info.max:
+                raise DecodeCSVError(f"field {field!r} is out of range for {dtype.name}", column=c)
+        out.append(dtype.type(value))
     return out
 
 

@@ -122,6 +122,8 @@ class _Block:
         return self._rebuild([a[index] for a in self._arrays()])
 
     def element(self, i: int) -> Any:
+        if self.tree.kind == "leaf":
+            return self.leaves[0][i]
         return _unflatten(self.tree, [leaf[i] for leaf in self.leaves])
 
     def element_prov(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -172,25 +174,66 @@ def _describe(tree: Tree) -> str:
 def _block_from_elements(
     elements: Sequence[Any], prov=None, lists_are_values: bool = False
 ) -> _Block:
-    """Stack per-element structures into one block."""
-    flats = [_flatten(e, lists_are_values) for e in elements]
-    tree = flats[0][1]
-    for _, t in flats[1:]:
-        if t != tree:
+    """Stack per-element structures into one block (level by level, not element by element)."""
+    tree = _flatten(elements[0], lists_are_values)[1]
+    columns: list[list[Any]] = []
+    _gather(tree, list(elements), columns, lists_are_values)
+    leaves = []
+    for j, values in enumerate(columns):
+        try:
+            array = np.asarray(values)
+        except ValueError:  # ragged
+            array = None
+        if array is None or (array.dtype == object and len({np.shape(v) for v in values}) > 1):
+            shapes = sorted({np.shape(v) for v in values})
+            raise InvalidInputError(
+                f"dataset elements have different shapes {shapes} in component {j}"
+            )
+        if array.dtype.kind == "S":
+            array = np.char.decode(array, "utf-8")
+        leaves.append(array)
+    return _Block(tree, leaves, prov)
+
+
+def _gather(tree: Tree, items: list[Any], out: list[list[Any]], lists_are_values: bool) -> None:
+    """Append to ``out`` one list per leaf of ``tree``: that leaf of every item."""
+    kind = tree.kind
+    if kind == "leaf":
+        if not lists_are_values and any(type(it) in (dict, tuple, list) for it in items):
+            _mismatch(tree, items)
+        out.append(items)
+        return
+    if kind == "none":
+        if any(it is not None for it in items):
+            _mismatch(tree, items)
+        return
+    if kind == "dict":
+        keys = tree.keys
+        if not all(isinstance(it, dict) and len(it) == len(keys) for it in items):
+            _mismatch(tree, items)
+        try:
+            for k, child in zip(keys, tree.children):
+                _gather(child, [it[k] for it in items], out, lists_are_values)
+        except KeyError:
+            _mismatch(tree, items)
+        return
+    want = tuple if kind == "tuple" else list
+    n = len(tree.children)
+    if not all(isinstance(it, want) and len(it) == n for it in items):
+        _mismatch(tree, items)
+    for i, child in enumerate(tree.children):
+        _gather(child, [it[i] for it in items], out, lists_are_values)
+
+
+def _mismatch(tree: Tree, items: list[Any]) -> None:
+    for it in items:
+        other = _flatten(it)[1]
+        if other != tree:
             raise InvalidInputError(
                 "dataset elements do not all have the same structure "
-                f"({_describe(tree)} and {_describe(t)})"
+                f"({_describe(tree)} and {_describe(other)})"
             )
-    leaves = []
-    for j in range(len(flats[0][0])):
-        values = [_as_array(f[0][j]) for f in flats]
-        shapes = {v.shape for v in values}
-        if len(shapes) > 1:
-            raise InvalidInputError(
-                f"dataset elements have different shapes {sorted(shapes)} in component {j}"
-            )
-        leaves.append(np.stack(values) if values else np.empty((0,)))
-    return _Block(tree, leaves, prov)
+    raise InvalidInputError(f"dataset elements do not all have the structure {_describe(tree)}")
 
 
 def _block_from_slices(structure: Any) -> _Block:

@@ -384,3 +384,28 @@ def test_norm_dataset_gives_what_was_written(tmp_path, make_records):
     counts = multi.counts()
     np.testing.assert_array_equal((keys >= 0).sum(axis=2), counts)
     np.testing.assert_array_equal(keys[keys >= 0], multi.keys)
+
+
+def test_one_record_decodes_as_in_a_batch():
+    """decode_csv of one str (Python parsing) equals the same record decoded in an array."""
+    records = [
+        "1,2.5,x,7",
+        ",,,",
+        '3,"4.5","y,z",-2',
+        "7,1e3,,2147483647",
+        " 8 , -0.25 ,a b,NA",
+        "9,inf,\u00e9,0",
+    ]
+    defaults = [[5], [0.0], ["d"], np.array([1], dtype=np.int64)]
+    batch = decode_csv(np.array(records), defaults, na_value="NA")
+    for i, record in enumerate(records):
+        one = decode_csv(record, defaults, na_value="NA")
+        for col, value in zip(batch, one):
+            assert type(value) is type(col[i]) and value == col[i], (record, value, col[i])
+    for bad in ["1,2,x", "1,x,y,2", "99999999999,1,a,1", '1,"2,a,1']:
+        with pytest.raises(DecodeCSVError) as one:
+            decode_csv(bad, defaults)
+        with pytest.raises(DecodeCSVError) as many:
+            decode_csv(np.array(["1,1,a,1", bad]), defaults)
+        assert many.value.record == 1 and one.value.column == many.value.column
+        assert one.value.problem.split(":")[0] == many.value.problem.split(":")[0]
