@@ -442,7 +442,7 @@ class Estimator:
                 for h in hooks:
                     h.end(session)
                 if writer is not None:
-                    writer.flush()
+                    self._close_writer(writer)
         return self
 
     def _saver_hook(self, listeners) -> SessionRunHook:
@@ -468,6 +468,12 @@ class Estimator:
         if writer is None:
             writer = self._summary[logdir] = SummaryWriter(logdir)
         return writer
+
+    def _close_writer(self, writer) -> None:
+        """Close (so every event is on disk when train or evaluate returns); the next call
+        opens a new event file in the same folder, which TensorBoard reads as one run."""
+        writer.close()
+        self._summary = {k: w for k, w in self._summary.items() if w is not writer}
 
     def _check_head_labels(self, prog: Program, labels: Any) -> None:
         check = getattr(prog.spec, "label_check", None)
@@ -543,7 +549,7 @@ class Estimator:
         if writer is not None:
             writer.scalars({k: v for k, v in metrics.items() if k != "global_step"},
                            self._store.global_step)
-            writer.flush()
+            self._close_writer(writer)
         log.info("Saving dict for global step %d: %s", self._store.global_step,
                  ", ".join(f"{k} = {v:.6g}" for k, v in sorted(metrics.items())))
         return metrics

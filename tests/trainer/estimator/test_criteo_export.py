@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from shared_data import CRITEO_SAMPLE, require
 
-from tierserve.trainer import estimator, feature_column as fc
+from tierserve.trainer import estimator
+from tierserve.trainer import feature_column as fc
 from tierserve.trainer.estimator import export as tf_export
 
 INTS = [f"I{i}" for i in range(1, 14)]
