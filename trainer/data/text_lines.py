@@ -92,9 +92,6 @@ class TextLineDataset(Dataset):
             raise DataFileError(path, f"cannot open: {exc.strerror or exc}") from None
         return io.TextIOWrapper(raw, encoding="utf-8", newline=None)
 
-    def _file_blocks(self, path: str) -> _BlockIter:
-        return _TextFileIter(self, path)
-
     def _blocks(self) -> _BlockIter:
         names = self.names
         if isinstance(names, Dataset):

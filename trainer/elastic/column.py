@@ -76,6 +76,7 @@ class Column:
 
     @property
     def keys(self) -> list[str]:
+        """The settings DLRover's ``Column`` prints (``str(column)``)."""
         return ["dtype", "name", "is_label"]
 
     def __repr__(self) -> str:

@@ -53,6 +53,7 @@ class ElasticReader(abc.ABC):
 
     @property
     def name(self) -> str:
+        """The reader's path, or its class name: how errors and shards name it."""
         return str(self.path) if self.path is not None else type(self).__name__
 
     def build_sharding_client(self) -> None:
