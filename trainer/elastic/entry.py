@@ -187,6 +187,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="train an Estimator from a DLRover-style conf (module.TrainConf)",
         description=__doc__.split("\n\n")[0],
     )
+    _arguments(p)
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", required=True, help="the conf class, as module.TrainConf")
     p.add_argument("--model-dir", default=None, help="checkpoint folder (default: the conf's)")
     p.add_argument(
@@ -205,3 +209,22 @@ def _cli_run(args: argparse.Namespace) -> int:
     if result is not None:
         print(result)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tierserve.trainer.elastic.entry --conf module.TrainConf`` (DLRover's
+    ``python -m dlrover.trainer.entry.local_entry`` form); exit status 2 on a bad conf."""
+    from tierserve.ps.errors import TierserveError
+
+    parser = argparse.ArgumentParser(prog="python -m tierserve.trainer.elastic.entry")
+    _arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except TierserveError as exc:
+        print(f"train: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

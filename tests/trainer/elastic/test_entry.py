@@ -148,3 +148,8 @@ def test_a_conf_that_does_not_import_is_named(conf_module, capsys):
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
     assert main(["train", "--conf", "TrainConf"]) == 2
     assert "module.Name" in capsys.readouterr().err
+    # DLRover's form: python -m tierserve.trainer.elastic.entry --conf=...
+    from tierserve.trainer.elastic import entry
+
+    assert entry.main(["--conf=no_such_module.TrainConf", "--platform=local"]) == 2
+    assert "cannot import 'no_such_module'" in capsys.readouterr().err
