@@ -315,8 +315,10 @@ class Estimator:
                     tables.setdefault(tname, {})[rest] = value
         for tname, arrays in tables.items():
             table = self._store.tables.get(tname)
-            if table is not None and pattern.match(tname) and arrays["values"].shape[1:] == (
-                    table.dim,):
+            info = self._store.table_info.get(tname)
+            names = [tname, *(info.display if info else [])]
+            if table is not None and any(pattern.match(n) for n in names) and arrays[
+                    "values"].shape[1:] == (table.dim,):
                 self._store._load_table(table, arrays)
                 warmed += 1
         log.info("Warm-started %d variables from %s", warmed, path)

@@ -40,8 +40,8 @@ class ColumnTable(EmbeddingTable):
         offsets = xp.asarray(np.asarray(sparse.row_offsets, dtype=np.int64))
         rows = self._index.lookup(keys)  # the base class's key index (read only)
         hit = rows >= 0
-        emb = xp.take(self._values, xp.where(hit, rows, 0), axis=0)
-        emb *= hit[:, None]
+        emb = xp.zeros((keys.shape[0], self.dim), dtype=xp.float32)
+        emb[hit] = xp.take(self._values, rows[hit], axis=0)
         return combine(emb, offsets, int(sparse.slot_num), combiner or self.combiner)
 
     def renorm(self, max_norm: float) -> None:
