@@ -183,3 +183,56 @@ def test_batches_of_every_input_fn_form(tmp_path):
     sq = np.concatenate([f["sq_footage"] for f, _ in got])
     assert (np.concatenate([lab for _, lab in got]) == sq * 2).all()
     assert sorted(sq.tolist()) == sorted(list(range(10)) * 15)
+
+
+@pytest.mark.timeout(120)  # an input_fn read as one batch repeated would train forever
+def test_an_estimator_trains_until_the_input_ends(tmp_path):
+    """The course notes' input_fns drive Estimator.train: one step per batch, to the end."""
+    estimator = pytest.importorskip("tierserve.trainer.estimator")
+    if not hasattr(estimator, "LinearRegressor"):
+        pytest.skip("the Estimator is not there yet")
+    from tierserve.trainer import feature_column
+
+    for k in range(2):
+        (tmp_path / f"train.csv-{k}").write_text(
+            "".join(f"{1000 + 100 * i},{'house' if i % 2 else 'apt'},{500 + i}\n" for i in range(5))
+        )
+
+    def decode_line(row):
+        cols = data.decode_csv(row, record_defaults=[[0.0], ["house"], [0.0]])
+        return {"sq_footage": cols[0], "type": cols[1]}, cols[2]
+
+    dataset = (
+        data.Dataset.list_files(str(tmp_path / "train.csv-*"))
+        .flat_map(data.TextLineDataset)
+        .map(decode_line)
+    )
+    dataset = dataset.shuffle(1000).repeat(15).batch(32)  # 150 rows: 5 batches
+
+    def input_fn():
+        features, label = dataset.make_one_shot_iterator().get_next()
+        return features, label
+
+    featcols = [
+        feature_column.numeric_column("sq_footage"),
+        feature_column.categorical_column_with_vocabulary_list("type", ["house", "apt"]),
+    ]
+    model = estimator.LinearRegressor(featcols, str(tmp_path / "model"))
+    model.train(input_fn)
+    assert model.get_variable_value("global_step") == 5
+
+    sqft = np.array([1000, 2000, 3000, 1000, 2000, 3000], dtype=np.float32)
+    kind = np.array(["house", "house", "house", "apt", "apt", "apt"])
+    price = np.array([500, 1000, 1500, 700, 1300, 1900], dtype=np.float32)
+    df = pd.DataFrame({"sq_footage": sqft, "type": kind, "price": price})
+    model.train(
+        inputs.pandas_input_fn(x=df, y=df["price"], batch_size=16, num_epochs=10, shuffle=True)
+    )  # 60 rows: 4 more steps
+    assert model.get_variable_value("global_step") == 9
+    model.train(
+        inputs.numpy_input_fn(
+            {"sq_footage": sqft, "type": kind}, price, batch_size=128, num_epochs=None, shuffle=True
+        ),
+        steps=3,
+    )
+    assert model.get_variable_value("global_step") == 12
