@@ -189,8 +189,7 @@ class Estimator:
         if prog is not None:
             return prog
         graph = Graph(mode)
-        graph.features = {k: FeatureTensor(k, np.asarray(v) if not isinstance(v, np.ndarray)
-                                           else v) for k, v in features.items()}
+        graph.features = {k: FeatureTensor(k, _sample(v)) for k, v in features.items()}
         label_tensor = None
         label_dim = None
         if labels is not None:
@@ -697,6 +696,18 @@ class Estimator:
                             assets_extra=assets_extra)
 
     export_savedmodel = export_saved_model
+
+
+def _sample(value: Any) -> np.ndarray:
+    """A raw feature's batch as an array (ragged lists as an object array of rows)."""
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except ValueError:
+        out = np.empty(len(value), dtype=object)
+        out[:] = list(value)
+        return out
 
 
 def _as_batch(item: Any) -> tuple[dict, Any] | None:

@@ -22,8 +22,8 @@ from tierserve.ps.errors import ConfigError
 _local = threading.local()
 
 #: Graph tensors every program has: the label and the dense features (DES at serving time).
-LABEL = "label"
-DENSE = "dense"
+LABEL = "input:label"
+DENSE = "input:dense"
 
 
 class Tensor:

@@ -96,7 +96,7 @@ class Head:
             bad = (flat < 0) | (flat >= self.n_classes) | (flat != np.round(flat))
             if bad.any():
                 raise InvalidInputError(
-                    f"label {name!r}: {flat[bad][0]!r} is not a class id in [0, "
+                    f"label {name!r}: {flat[bad][0].item()!r} is not a class id in [0, "
                     f"{self.n_classes}) (n_classes={self.n_classes})")
         return arr
 
