@@ -152,6 +152,34 @@ class Dataset:
         """The elements of the dataset ``map_func(element)`` returns, for each element in turn."""
         return _FlatMapDataset(self, map_func)
 
+    def interleave(
+        self,
+        map_func: Callable[..., Dataset],
+        cycle_length: int | None = None,
+        block_length: int | None = None,
+        num_parallel_calls: int | None = None,
+        deterministic: bool | None = None,
+    ) -> Dataset:
+        """The datasets ``map_func(element)`` returns, ``cycle_length`` of them open at once,
+        ``block_length`` elements from each in turn (TensorFlow's order).
+
+        ``cycle_length`` None or ``AUTOTUNE``: the number of CPUs.  ``num_parallel_calls``
+        (an int or ``AUTOTUNE``) reads each open dataset ahead in its own thread, a block at a
+        time; the order stays TensorFlow's deterministic one whatever ``deterministic`` says.
+        """
+        cycle = os.cpu_count() or 1 if cycle_length in (None, AUTOTUNE) else int(cycle_length)
+        block = 1 if block_length is None else int(block_length)
+        if cycle < 1:
+            raise InvalidInputError(f"interleave: cycle_length must be >= 1, got {cycle_length}")
+        if block < 1:
+            raise InvalidInputError(f"interleave: block_length must be >= 1, got {block_length}")
+        if num_parallel_calls not in (None, AUTOTUNE) and int(num_parallel_calls) < 1:
+            raise InvalidInputError(
+                f"interleave: num_parallel_calls must be >= 1 or AUTOTUNE, got {num_parallel_calls}"
+            )
+        parallel = num_parallel_calls is not None and num_parallel_calls != 1
+        return _InterleaveDataset(self, map_func, cycle, block, parallel)
+
     def filter(self, predicate: Callable[..., Any]) -> Dataset:
         """The elements for which ``predicate(element)`` is true."""
         return _FilterDataset(self, predicate)
@@ -504,6 +532,121 @@ class _FlatMapIter(_BlockIter):
         self.outer.close()
 
 
+class _InterleaveDataset(Dataset):
+    def __init__(self, upstream: Dataset, fn, cycle: int, block: int, parallel: bool) -> None:
+        self.upstream, self.fn = upstream, fn
+        self.cycle, self.block, self.parallel = cycle, block, parallel
+
+    def _blocks(self) -> _BlockIter:
+        return _InterleaveIter(
+            self.upstream._blocks(), self.fn, self.cycle, self.block, self.parallel
+        )
+
+
+class _InterleaveIter(_BlockIter):
+    """TensorFlow's interleave: slots opened as the cycle reaches them, ``block`` rows from
+    the current slot, then the next slot; an exhausted slot is left, and refilled from the
+    input when the cycle comes back to it.  While every slot is open and has whole rounds
+    of rows, several rounds are cut at once with one reshape."""
+
+    def __init__(self, outer: _BlockIter, fn, cycle: int, block: int, parallel: bool) -> None:
+        self.outer, self.fn, self.cycle, self.block, self.parallel = (
+            outer,
+            fn,
+            cycle,
+            block,
+            parallel,
+        )
+        self.slots: list[_Exact | None] = [None] * cycle
+        self.index = 0  # the current slot
+        self.taken = 0  # rows taken from it in this turn
+        self.input_done = False
+
+    def _open(self, i: int) -> bool:
+        block = self.outer.pull(1)
+        if block is None:
+            self.input_done = True
+            return False
+        ds = _call(self.fn, block.element(0))
+        if not isinstance(ds, Dataset):
+            raise InvalidInputError(
+                f"interleave: the function must return a Dataset, got {type(ds).__name__}"
+            )
+        inner = ds._blocks()
+        if self.parallel:
+            inner = _PrefetchIter(inner, ds._demand(), 1)
+        self.slots[i] = _Exact(inner)
+        return True
+
+    def _advance(self) -> None:
+        self.index, self.taken = (self.index + 1) % self.cycle, 0
+
+    def pull(self, max_rows: int) -> _Block | None:
+        parts, need = [], max_rows
+        while need > 0:
+            if self.taken == 0 and self.index == 0 and need >= self.cycle * self.block:
+                rounds = self._rounds(need // (self.cycle * self.block))
+                if rounds is not None:
+                    parts.append(rounds)
+                    need -= len(rounds)
+                    continue
+            slot = self.slots[self.index]
+            if slot is None:
+                if self.input_done or not self._open(self.index):
+                    if all(s is None for s in self.slots):
+                        break
+                    self._advance()
+                continue
+            rows = slot.pull(min(self.block - self.taken, need))
+            if rows is None:  # this dataset ended: leave the slot, go on
+                slot.close()
+                self.slots[self.index] = None
+                self._advance()
+                continue
+            parts.append(rows)
+            need -= len(rows)
+            self.taken += len(rows)
+            if self.taken == self.block:
+                self._advance()
+        return _Block.concat(parts) if parts else None
+
+    def _rounds(self, k: int) -> _Block | None:
+        """``k`` whole rounds at once, or None (rows pulled go back) when a slot is not open
+        or has fewer rows."""
+        if any(s is None for s in self.slots):
+            return None
+        got = []
+        for slot in self.slots:
+            rows = slot.pull(k * self.block)
+            got.append(rows)
+            if rows is None or len(rows) < k * self.block:
+                break
+        else:
+            first = got[0]
+            if all(g.tree == first.tree for g in got):
+                arrays = []
+                for parts in zip(*(g._arrays() for g in got)):
+                    if len({p.shape[1:] for p in parts}) > 1:
+                        break
+                    stacked = np.stack(parts).reshape(
+                        (self.cycle, k, self.block) + parts[0].shape[1:]
+                    )
+                    arrays.append(stacked.swapaxes(0, 1).reshape((-1,) + parts[0].shape[1:]))
+                else:
+                    if all((g.prov is None) == (first.prov is None) for g in got):
+                        return first._rebuild(arrays)
+        for slot, rows in zip(self.slots, got):  # give back what was pulled
+            if rows is not None:
+                slot.pending = rows if slot.pending is None else _Block.concat([rows, slot.pending])
+        return None
+
+    def close(self) -> None:
+        for slot in self.slots:
+            if slot is not None:
+                slot.close()
+        self.outer.close()
+
+
 class _FlatMapDataset(Dataset):
     def __init__(self, upstream: Dataset, fn) -> None:
         self.upstream, self.fn = upstream, fn
@@ -544,11 +687,14 @@ class _ShuffleIter(_BlockIter):
         self.buf: _Block | None = None
         self.draining: _Block | None = None
         self.pos = 0
+        self.done = False
 
     def pull(self, max_rows: int) -> _Block | None:
-        if self.draining is not None:
+        if self.done:
+            return None
+        if self.draining is not None:  # the input ended: the buffer in a random order
             if self.pos >= len(self.draining):
-                self.draining = None
+                self.done, self.draining = True, None
                 return None
             out = self.draining.slice(self.pos, self.pos + max_rows)
             self.pos += len(out)
@@ -556,12 +702,13 @@ class _ShuffleIter(_BlockIter):
         if self.buf is None:  # fill the buffer first
             self.buf = self.upstream.pull(self.size)
             if self.buf is None:
+                self.done = True
                 return None
             self.buf = self.buf.take(np.arange(len(self.buf)))  # own copy, writable
         incoming = None if len(self.buf) < self.size else self.upstream.pull(max_rows)
         if incoming is None:
             self.draining = self.buf.take(self.rng.permutation(len(self.buf)))
-            self.buf, self.pos = _Block(self.buf.tree, []), 0
+            self.pos = 0
             return self.pull(max_rows)
         return self._exchange(incoming)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from tierserve.ps.errors import InvalidInputError
 
-from .dataset import Dataset, _FlatMapIter
+from .dataset import AUTOTUNE, Dataset, _FlatMapIter
 from .dataset_blocks import _LEAF, _as_array, _Block, _BlockIter, _SliceIter
 from .errors import DataFileError
 
@@ -49,8 +49,10 @@ class TextLineDataset(Dataset):
     """The lines of text files (``tf.data.TextLineDataset``), as str without the newline.
 
     ``filenames``: a path, a list of paths, or a dataset of paths; files are read one after
-    the other.  ``compression_type``: ``""``/None, ``"GZIP"`` or ``"ZLIB"``; ``buffer_size``:
-    read buffer in bytes.  ``num_parallel_reads`` above 1 is refused (files are read in turn).
+    the other, or with ``num_parallel_reads`` N > 1 (or ``AUTOTUNE``) N at a time, each in
+    its own thread, their lines interleaved one by one (``interleave(cycle_length=N)``).
+    ``compression_type``: ``""``/None, ``"GZIP"`` or ``"ZLIB"``; ``buffer_size``: read
+    buffer in bytes.
     """
 
     def __init__(
@@ -64,11 +66,14 @@ class TextLineDataset(Dataset):
             raise InvalidInputError(
                 f"TextLineDataset: compression_type must be '', 'GZIP' or 'ZLIB', got {compression_type!r}"
             )
-        if num_parallel_reads not in (None, 1):
+        if num_parallel_reads == AUTOTUNE:
+            num_parallel_reads = os.cpu_count() or 1
+        if num_parallel_reads is not None and int(num_parallel_reads) < 1:
             raise InvalidInputError(
-                "TextLineDataset: num_parallel_reads is not supported (files are read one after "
-                "the other); use prefetch() to read ahead"
+                "TextLineDataset: num_parallel_reads must be >= 1 or AUTOTUNE, got "
+                f"{num_parallel_reads}"
             )
+        self.parallel_reads = 1 if num_parallel_reads is None else int(num_parallel_reads)
         if buffer_size is not None and int(buffer_size) < 1:
             raise InvalidInputError(f"TextLineDataset: buffer_size must be >= 1, got {buffer_size}")
         self.compression = compression_type or ""
@@ -94,12 +99,14 @@ class TextLineDataset(Dataset):
 
     def _blocks(self) -> _BlockIter:
         names = self.names
-        if isinstance(names, Dataset):
-            return _FlatMapIter(names._blocks(), lambda name: _OneFile(self, str(name)))
-        return _FlatMapIter(
-            _SliceIter(_Block(_LEAF, [np.array(names, dtype=object)])),
-            lambda name: _OneFile(self, str(name)),
-        )
+        if not isinstance(names, Dataset):
+            names = Dataset.from_tensor_slices(np.array(names, dtype=object))
+        if self.parallel_reads > 1:
+            n = self.parallel_reads
+            return names.interleave(
+                lambda name: _OneFile(self, str(name)), n, 1, num_parallel_calls=n
+            )._blocks()
+        return _FlatMapIter(names._blocks(), lambda name: _OneFile(self, str(name)))
 
 
 class _OneFile(Dataset):

@@ -280,8 +280,6 @@ def test_compressed_text_and_missing_file(tmp_path):
     assert list(TextLineDataset(str(tmp_path / "t.txt"))) == want
     with pytest.raises(data.DataFileError, match="cannot open"):
         list(TextLineDataset(str(tmp_path / "missing.txt")))
-    with pytest.raises(InvalidInputError, match="num_parallel_reads"):
-        TextLineDataset(str(tmp_path / "t.txt"), num_parallel_reads=4)
     with pytest.raises(InvalidInputError, match="compression_type"):
         TextLineDataset(str(tmp_path / "t.txt"), compression_type="BZ2")
 
@@ -305,6 +303,74 @@ def test_transformations_match_python():
     assert [int(v) for v in Dataset.range(7).batch(3).unbatch()] == list(range(7))
     assert [int(v) for v in Dataset.range(10).filter(lambda v: v % 4 == 1)] == [1, 5, 9]
     assert [int(v) for v in Dataset.range(3).concatenate(Dataset.range(2))] == [0, 1, 2, 0, 1]
+
+
+def tf_interleave_reference(inputs, cycle, block):
+    """TensorFlow's InterleaveDataset (interleave_dataset_op.cc), one element at a time."""
+    inputs, slots = iter(inputs), [None] * cycle
+    index = taken = 0
+    end_of_input, out = False, []
+    while not end_of_input or any(s is not None for s in slots):
+        if slots[index] is not None:
+            value = next(slots[index], None)
+            if value is not None:
+                out.append(value)
+                taken += 1
+                if taken == block:
+                    index, taken = (index + 1) % cycle, 0
+                continue
+            slots[index] = None
+            index, taken = (index + 1) % cycle, 0
+        elif not end_of_input:
+            nxt = next(inputs, None)
+            if nxt is None:
+                end_of_input = True
+            else:
+                slots[index] = iter(nxt)
+        else:
+            index, taken = (index + 1) % cycle, 0
+    return out
+
+
+@pytest.mark.parametrize("parallel", [None, 2])
+@pytest.mark.parametrize("cycle,block", [(1, 1), (3, 1), (2, 4), (4, 3), (8, 2)])
+def test_interleave_is_tensorflows_order(cycle, block, parallel):
+    lengths = [3000, 0, 17, 2500, 1, 64, 999, 5, 2048, 0, 300]
+    inner = [list(range(1000 * 100 * k, 1000 * 100 * k + n)) for k, n in enumerate(lengths)]
+    want = tf_interleave_reference(inner, cycle, block)
+    ds = Dataset.range(len(lengths)).interleave(
+        lambda k: Dataset.from_tensor_slices(np.array(inner[int(k)], dtype=np.int64)),
+        cycle_length=cycle,
+        block_length=block,
+        num_parallel_calls=parallel,
+    )
+    assert [int(v) for v in ds] == want
+    batched = np.concatenate(list(ds.batch(100))).tolist()
+    assert batched == want
+
+
+def test_parallel_reads_interleave_lines(tmp_path):
+    paths = []
+    for k, n in enumerate([500, 20, 700, 0, 90]):
+        path = tmp_path / f"part-{k}.txt"
+        path.write_text("".join(f"{k}:{i}\n" for i in range(n)))
+        paths.append(str(path))
+    lines = [[f"{k}:{i}" for i in range(n)] for k, n in enumerate([500, 20, 700, 0, 90])]
+    got = list(TextLineDataset(paths, num_parallel_reads=3))
+    assert got == tf_interleave_reference(lines, 3, 1)
+    assert list(TextLineDataset(paths, num_parallel_reads=AUTOTUNE).batch(64).unbatch()) != []
+    good = tmp_path / "good.csv"
+    good.write_text("".join(f"{i},{i}\n" for i in range(100)))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("1,2\n3\n")
+    ds = TextLineDataset([str(good), str(bad)], num_parallel_reads=2).map(
+        lambda r: decode_csv(r, [[0], [0]])
+    )
+    with pytest.raises(CSVRecordError) as info:
+        list(ds)
+    assert (info.value.file, info.value.line) == (str(bad), 2)
+    with pytest.raises(InvalidInputError, match="num_parallel_reads"):
+        TextLineDataset(paths, num_parallel_reads=0)
 
 
 def test_nested_batches_and_structures():
