@@ -691,9 +691,14 @@ class UpdateConsumer:
         """The update a message carries, or None (counted) for an error or a malformed value."""
         error = message.error()
         if error is not None:
-            if error.code() != _kafka().KafkaError._PARTITION_EOF:
+            codes = _kafka().KafkaError
+            if error.code() == codes.UNKNOWN_TOPIC_OR_PART:
+                # No topic matches the subscription yet (no update was ever published): the
+                # metadata refresh finds the first one when it appears.
+                log.debug("kafka updates (%s): %s", self.level, error)
+            elif error.code() != codes._PARTITION_EOF:
                 self.stats.errors += 1
-                log.warning("kafka updates (%s): %s", self.level, error)
+                self.kafka_log.error(error)
             return None
         value = message.value()
         try:

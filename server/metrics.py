@@ -1,5 +1,10 @@
 """Prometheus metrics of one server, in a registry of its own (so tests can build many apps).
 
+Under worker processes (``PROMETHEUS_MULTIPROC_DIR`` set, :mod:`.workers`) the request,
+error, latency and batch metrics are written to that folder by every worker and a scrape
+sums them over the workers (prometheus-client's multiprocess mode); the collected statistics
+below are the answering worker's.
+
 Requests, errors and latency by model and protocol; batch sizes by model; the embedding
 cache hit rate per model and table (:meth:`ServerMetrics.add_source`) and per-tier latency,
 hits, misses, errors and online updates of the parameter server, and the state of its Kafka
@@ -8,10 +13,11 @@ consumers (:meth:`ServerMetrics.add_tier_source`), read at scrape time.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -81,6 +87,28 @@ class _TierCollector(Collector):
             "Times a Kafka update consumer's loop failed and was restarted",
             labels=["tier", "role"],
         )
+        lag = GaugeMetricFamily(
+            "tierserve_update_consumer_lag",
+            "Update messages published but not yet read, per storage tier, consumer role and "
+            "topic partition",
+            labels=["tier", "role", "topic", "partition"],
+        )
+        waiting = GaugeMetricFamily(
+            "tierserve_update_partitions_waiting",
+            "Topic partitions whose model is not loaded yet: their updates wait (unread, "
+            "uncommitted) until it is",
+            labels=["tier"],
+        )
+        kafka_down = GaugeMetricFamily(
+            "tierserve_update_kafka_down",
+            "1 while the Kafka update consumers of a storage tier reach no broker",
+            labels=["tier"],
+        )
+        freshness = HistogramMetricFamily(
+            "tierserve_update_freshness_seconds",
+            "Online update message timestamp to applied in the tier and visible to predictions",
+            labels=["tier"],
+        )
         for source in list(self.tier_sources):
             for level, snap in source().items():
                 tier = f"{level}:{snap.get('tier', '')}"
@@ -94,6 +122,7 @@ class _TierCollector(Collector):
                 for role, (n_alive, n_restarts) in by_role.items():
                     alive.add_metric([tier, role], n_alive)
                     restarts.add_metric([tier, role], n_restarts)
+                self._consumer_metrics(snap, tier, lag, waiting, kafka_down, freshness)
                 errors.add_metric([tier], snap.get("errors", 0))
                 hits.add_metric([tier], snap.get("hits", 0))
                 misses.add_metric([tier], snap.get("misses", 0))
@@ -107,11 +136,31 @@ class _TierCollector(Collector):
         yield updates
         yield alive
         yield restarts
+        yield lag
+        yield waiting
+        yield kafka_down
+        yield freshness
         yield errors
         yield hits
         yield misses
         yield skipped
         yield latency
+
+    @staticmethod
+    def _consumer_metrics(snap, tier, lag, waiting, kafka_down, freshness) -> None:
+        consumers = snap.get("consumers", ())
+        if not consumers:
+            return
+        for consumer in consumers:
+            for topic, partition, behind in consumer.get("lag", ()):
+                lag.add_metric([tier, consumer["role"], topic, str(partition)], behind)
+        applying = [c for c in consumers if c.get("freshness") is not None]
+        waiting.add_metric([tier], sum(c.get("waiting", 0) for c in applying))
+        kafka_down.add_metric([tier], float(any(c.get("kafka_down") for c in consumers)))
+        for consumer in applying:
+            h = consumer["freshness"]
+            buckets = [("+Inf" if b == float("inf") else str(b), n) for b, n in h["buckets"]]
+            freshness.add_metric([tier], buckets=buckets, sum_value=h["sum"])
 
 
 class ServerMetrics:
@@ -187,5 +236,12 @@ class ServerMetrics:
             self.errors.labels(model, protocol, status).inc()
 
     def render(self) -> bytes:
-        """The text exposition format."""
-        return generate_latest(self.registry)
+        """The text exposition format (summed over worker processes, see the module
+        docstring)."""
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not folder:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=folder)
+        registry.register(self._tiers)
+        return generate_latest(registry)

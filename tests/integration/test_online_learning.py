@@ -5,6 +5,7 @@ server restart and a broker restart in the middle of the stream."""
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import numpy as np
 import pytest
@@ -131,6 +132,27 @@ def test_a_model_trained_while_served_is_served_as_the_trainer_has_it(tmp_path, 
         assert all(c.stats.messages >= 1 for c in applied)
         fresh = applied[0].status().freshness
         assert fresh["count"] >= 1 and fresh["buckets"][-1][1] == fresh["count"]
+        assert until(lambda: _update_metrics_hold(server.http_url), timeout=10)
+
+
+def _update_metrics_hold(url) -> bool:
+    """/metrics has the update freshness, no waiting partition, no outage and no lag, for the
+    applying consumers of both tiers (lag is measured once a second)."""
+    metrics = urllib.request.urlopen(f"http://{url}/metrics").read().decode()
+    series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+              for line in metrics.splitlines() if line and not line.startswith("#")}  # fmt: skip
+    for tier in ("volatile:hash_map", "persistent:rocks_db"):
+        lags = [v for k, v in series.items() if k.startswith("tierserve_update_consumer_lag{")
+                and f'tier="{tier}"' in k and 'role="apply"' in k]  # fmt: skip
+        if not (
+            series[f'tierserve_update_freshness_seconds_count{{tier="{tier}"}}'] >= 1
+            and series[f'tierserve_update_partitions_waiting{{tier="{tier}"}}'] == 0
+            and series[f'tierserve_update_kafka_down{{tier="{tier}"}}'] == 0
+            and lags
+            and max(lags) == 0
+        ):
+            return False
+    return True
 
 
 def test_updates_survive_a_server_restart(tmp_path, kafka_broker):
