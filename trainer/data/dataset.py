@@ -8,9 +8,10 @@ arrays have the batch as first dimension, which is what an Estimator ``input_fn`
 Inside, rows travel in blocks (one array per leaf of the structure, first dimension = rows)
 and every stage is pulled for at most as many rows as the stage after it needs, so a pipeline
 holds at most what its buffers hold: ``shuffle(B).batch(b)`` over a file of any size keeps at
-most ``B + b`` rows, ``prefetch(n)`` adds ``n`` elements.  Shuffling, batching, sharding and
-slicing are numpy operations on blocks; :meth:`Dataset.map` calls its function once per
-element as ``tf.data`` does (batch first, then map, to call it once per batch).
+most ``B + b`` rows; ``prefetch(n)`` adds up to ``n + 1`` elements (its queue and the one
+waiting to go in).  Shuffling, batching, sharding and slicing are numpy operations on
+blocks; :meth:`Dataset.map` calls its function once per element as ``tf.data`` does (batch
+first, then map, to call it once per batch).
 
 Text lines remember their file and line number, so :func:`decode_csv` errors raised inside a
 ``map`` name the file and line of the bad record.
