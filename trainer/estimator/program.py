@@ -24,11 +24,20 @@ from .optimizers import GradientDescentOptimizer, TrainOp
 from .variables import TableInfo, VariableStore
 
 
+def _rows(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return int(value.shape[0]) if value.ndim else 1
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    return int(np.shape(value)[0]) if np.ndim(value) else 1
+
+
 def batch_size_of(features: dict, labels: Any) -> int:
+    """Examples in a batch: the labels' rows, else the first feature's."""
     if labels is not None:
-        return int(np.shape(labels)[0]) if np.ndim(labels) else 1
+        return _rows(labels)
     for v in features.values():
-        return int(np.shape(v)[0]) if np.ndim(v) else 1
+        return _rows(v)
     raise InvalidInputError("the input_fn gave no features")
 
 
@@ -151,7 +160,7 @@ class Program:
             if not weighted and "gpu" in group.device.lower():
                 xp = _gpu_xp(group.device)
             table = store.table(name, info, opt.params(for_table=True), trains, scale,
-                                None if weighted else group.init, xp)
+                                getattr(group, "init", None), xp)
             if not trains:
                 table.freeze()
             elif table.frozen:

@@ -153,6 +153,7 @@ def _weighted_input(g: Graph, col: EmbeddingColumn, dim: int, combiner: str, opt
     w = WeightedInput(name=name, table=name, column=col.categorical_column, dim=dim,
                       combiner=combiner)
     w.zero_init = zero_init  # type: ignore[attr-defined]
+    w.init = col.initializer  # type: ignore[attr-defined]
     w.display_name = g.scoped(f"input_layer/{col.name}/embedding_weights")  # type: ignore
     g.weighted.append(w)
     g.shapes[name] = (dim,)
