@@ -107,7 +107,32 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=2.0,
         help="seconds between repository scans for new versions (0: never)",
     )
-    parser.add_argument("--workers", type=int, default=4, help="inference threads (default 4)")
+    parser.add_argument(
+        "--workers", type=int, default=None, metavar="N",
+        help="worker processes, all serving the same ports (default: one per core, at most "
+        "--max-workers; one when ps.json's tiers cannot be shared: a writable RocksDB, Redis). "
+        "Until this release --workers counted inference threads: that is now --threads",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-workers", type=int, default=8, metavar="N",
+        help="the most worker processes the default starts (default 8)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, default=4, help="inference threads per worker (default 4)"
+    )
+    parser.add_argument(
+        "--shutdown-grace", type=float, default=30.0, metavar="S",
+        help="on SIGTERM, seconds requests in flight get to finish before workers are killed "
+        "(default 30)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keep-alive-timeout", type=float, default=5.0, metavar="S",
+        help="close an HTTP connection idle this long between requests (default 5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--event-loop", choices=["auto", "asyncio", "uvloop"], default="auto",
+        help="event loop of HTTP and gRPC (default auto: uvloop when installed)",
+    )  # fmt: skip
     parser.add_argument(
         "--blas-threads", type=int, default=None,
         help="BLAS threads per inference thread (default 1, unless OPENBLAS_NUM_THREADS or "
@@ -152,7 +177,12 @@ def settings_from_args(args: argparse.Namespace):
         dynamic_batching=not args.no_dynamic_batching,
         max_batch_delay_ms=args.max_batch_delay_ms,
         poll_interval_s=args.poll_interval,
-        worker_threads=args.workers,
+        threads=args.threads,
+        workers=args.workers,
+        max_workers=args.max_workers,
+        shutdown_grace_s=args.shutdown_grace,
+        keep_alive_timeout_s=args.keep_alive_timeout,
+        event_loop=args.event_loop,
         malloc_tuning=not args.no_malloc_tuning,
         log_level=args.log_level,
     )
@@ -173,7 +203,7 @@ def limit_blas_threads(threads: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     limit_blas_threads(args.blas_threads)
-    from tierserve.server.app import serve
+    from tierserve.server.workers import run_server
 
     settings = settings_from_args(args)
     if args.replica_id is not None:
@@ -189,5 +219,5 @@ def run(args: argparse.Namespace) -> int:
             "unload models (set --admin-token or TIERSERVE_ADMIN_TOKEN)",
             settings.host,
         )
-    serve(settings)
+    run_server(settings)
     return 0

@@ -34,6 +34,7 @@ from .repository import Loader, ModelRepository
 from .rest import InferFastPath, build_router, install_error_handler
 from .servables import RequestLimits
 from .settings import Settings
+from .workers import PoolState, reuse_port_socket
 
 log = logging.getLogger("tierserve.server")
 
@@ -52,14 +53,17 @@ def _stats_source(plane: DataPlane):
     return collect
 
 
-def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
-    """The server app for ``settings``; ``loader`` builds servables (default: InferenceModel)."""
+def create_app(
+    settings: Settings, loader: Loader | None = None, pool: PoolState | None = None
+) -> FastAPI:
+    """The server app for ``settings``; ``loader`` builds servables (default: InferenceModel);
+    ``pool``: this server is one worker of a pool (:mod:`.workers`)."""
     if loader is None:
         from .loader import RepositoryLoader
 
         loader = RepositoryLoader()
     check_sources(settings)
-    executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="tierserve-infer")
+    executor = ThreadPoolExecutor(settings.threads, thread_name_prefix="tierserve-infer")
     loads = ThreadPoolExecutor(1, thread_name_prefix="tierserve-load")
     repository = ModelRepository(
         loader, root=settings.model_repository, config_path=settings.config
@@ -80,6 +84,10 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
     metrics.add_source(_stats_source(plane))
     if hasattr(loader, "tier_stats"):
         metrics.add_tier_source(loader.tier_stats)
+    if pool is not None:
+        # Readiness is the pool's: this worker reports its own, and answers for all of them.
+        own_ready = plane.ready
+        plane.ready = lambda: own_ready() and pool.all_ready()  # type: ignore[method-assign]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -94,6 +102,7 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
                 f"{settings.host}:{settings.grpc_port}",
                 settings.admin_token,
                 settings.max_request_bytes,
+                reuse_port=pool is not None,
             )
             await grpc_server.start()
             app.state.grpc_port = port
@@ -107,15 +116,24 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
                 except Exception:
                     log.exception("repository poll failed")
 
+        async def report():
+            while True:
+                pool.report(own_ready())
+                await asyncio.sleep(0.1)
+
         # Polls new versions (repository mode) and retries failed loads (both modes).
         poller = loop.create_task(poll()) if settings.poll_interval_s > 0 else None
+        reporter = loop.create_task(report()) if pool is not None else None
         try:
             yield
         finally:
             if poller is not None:
                 poller.cancel()
+            if reporter is not None:
+                reporter.cancel()
+                pool.report(False)
             if grpc_server is not None:
-                await grpc_server.stop(grace=1.0)
+                await grpc_server.stop(grace=settings.shutdown_grace_s)
             await plane.close()
             repository.close()
             if hasattr(loader, "close"):
@@ -176,8 +194,10 @@ def http_protocol(settings: Settings | None = None) -> Any:
     )
 
 
-def serve(settings: Settings, loader: Loader | None = None) -> None:
-    """Run the server in the foreground until interrupted."""
+def serve(settings: Settings, loader: Loader | None = None, pool: PoolState | None = None) -> None:
+    """Run the server in the foreground until interrupted (SIGTERM and SIGINT drain: requests
+    in flight get ``shutdown_grace_s`` to finish); ``pool``: as one worker of a pool, on a
+    port the other workers share."""
     # The event loop shares the GIL with the inference and gRPC threads; a shorter switch
     # interval (default 5 ms) keeps a request from waiting that long for it.
     sys.setswitchinterval(0.0005)
@@ -186,9 +206,14 @@ def serve(settings: Settings, loader: Loader | None = None) -> None:
 
         tune_malloc()
     check_sources(settings)
-    check_ports(settings)
-    app = create_app(settings, loader)
-    uvicorn.Server(uvicorn_config(app, settings, settings.log_level)).run()
+    if pool is None:
+        check_ports(settings)
+    app = create_app(settings, loader, pool)
+    server = uvicorn.Server(uvicorn_config(app, settings, settings.log_level))
+    if pool is None:
+        server.run()
+    else:
+        server.run(sockets=[reuse_port_socket(settings.host, settings.http_port)])
 
 
 def check_ports(settings: Settings) -> None:
@@ -240,6 +265,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, log_level: str, **extra) ->
         lifespan="on",
         access_log=False,
         proxy_headers=False,  # nothing reads the client address: no X-Forwarded-For parsing
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
         timeout_keep_alive=settings.keep_alive_timeout_s,
         loop=event_loop(settings),
         http=http_protocol(settings),

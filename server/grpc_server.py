@@ -262,12 +262,14 @@ def create_grpc_server(
     address: str,
     admin_token: str | None = None,
     max_message_bytes: int = 64 * 1024 * 1024,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, int]:
-    """An unstarted ``grpc.aio`` server bound to ``address`` (``host:port``), and its port."""
+    """An unstarted ``grpc.aio`` server bound to ``address`` (``host:port``), and its port;
+    ``reuse_port``: other processes may bind the port too (worker processes)."""
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
     ]
     server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((service_handler(InferenceServicer(plane, admin_token)),))

@@ -8,6 +8,7 @@ load and unload with a bearer token when ``admin_token`` is set (also read from 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -80,13 +81,44 @@ class Settings(BaseModel):
     poll_interval_s: Annotated[float, Field(ge=0)] = Field(
         2.0, description="how often the repository is rescanned for new versions; 0: never"
     )
-    worker_threads: Annotated[int, Field(gt=0)] = 4
+    threads: Annotated[int, Field(gt=0)] = Field(
+        4, description="inference threads of each worker process"
+    )
+    workers: Annotated[int, Field(gt=0)] | None = Field(
+        None,
+        description="worker processes serving the same ports (SO_REUSEPORT); None: one per "
+        "core, at most max_workers, and one when the tiers cannot be shared (see "
+        "server/workers.py)",
+    )
+    max_workers: Annotated[int, Field(gt=0)] = Field(
+        8, description="the most worker processes the default (one per core) starts"
+    )
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = Field(
+        30.0,
+        description="on SIGTERM, how long requests in flight may take to finish before the "
+        "workers are killed",
+    )
     malloc_tuning: bool = Field(
         True,
         description="serve() raises glibc's mmap and trim thresholds to 1 GiB (see "
         "server/allocator.py): large batches stop page-faulting their buffers in again",
     )
     log_level: str = "info"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "worker_threads" in values:
+            warnings.warn(
+                "the server setting worker_threads is now threads (workers counts worker "
+                "processes); worker_threads goes in the next release",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+            values = dict(values)
+            threads = values.pop("worker_threads")
+            values.setdefault("threads", threads)
+        return values
 
     @model_validator(mode="after")
     def _one_source(self) -> Settings:

@@ -1,0 +1,278 @@
+"""Worker processes: ``tierserve serve --workers N`` runs N servers on the same ports.
+
+Each worker is a whole server (its own event loop, batcher, inference threads and models) in
+a process of its own, so N workers use N cores where one process is held to about one by the
+GIL.  All of them listen on the same HTTP and gRPC ports (``SO_REUSEPORT``: the kernel spreads
+new connections over the workers).  The parent process loads nothing: it starts the workers,
+starts a new one with a log line when one exits, and on SIGTERM or SIGINT asks every worker
+to drain (requests in flight finish, within ``shutdown_grace_s``), then kills what is left.
+
+Readiness is the pool's: each worker writes whether it is ready into a shared array, the
+parent clears the slot of a worker that exited, and every worker's ``/v2/health/ready`` (and
+gRPC ``ServerReady``) answers ready only while every worker is.  ``/metrics`` sums requests,
+errors, latency and batch sizes over the workers (prometheus-client's multiprocess mode, in a
+folder the parent creates and removes); cache hit rates and tier statistics are the answering
+worker's own.
+
+Tables: each worker loads its own copy of in-process tiers (``hash_map``,
+``parallel_hash_map``) and polls the repository on its own, so after a new version appears
+the workers switch to it one by one, each within its poll interval and load time; every
+answer is still wholly one version's.  Tiers that the workers would share and write cannot be
+served by several workers yet: a writable RocksDB opens in one process only, and a Redis tier
+would be loaded and its replaced tables dropped by each worker on its own, under the same
+names.  With such a ``ps.json`` the default is one worker, and ``--workers`` above one is
+refused with a message naming the tier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from tierserve.ps.errors import ConfigError
+
+from .settings import Settings
+
+log = logging.getLogger("tierserve.server.workers")
+
+#: A worker that exits within this many seconds of starting is restarted after a backoff.
+QUICK_EXIT_S = 10.0
+RESTART_CAP_S = 30.0
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def unshareable(settings: Settings) -> str | None:
+    """Why the tiers of ``settings``' ``ps.json`` cannot be served by several workers (None:
+    they can)."""
+    from tierserve.ps.config import load_ps_config
+
+    path = settings.config or (
+        settings.model_repository / "ps.json" if settings.model_repository else None
+    )
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        config = load_ps_config(path)
+    except Exception:  # the workers report a broken ps.json as they do today
+        return None
+    volatile = _type_name(config.volatile_db)
+    if volatile in ("redis", "redis_cluster"):
+        return (
+            f"volatile_db {volatile}: every worker would load its tables and drop replaced "
+            "ones in the shared Redis on its own"
+        )
+    persistent = config.persistent_db
+    if _type_name(persistent) == "rocks_db" and not persistent.read_only:
+        return (
+            f"persistent_db rocks_db at {persistent.path} opens for writing in one process only "
+            '(set "read_only": true in ps.json to share it)'
+        )
+    return None
+
+
+def _type_name(tier_config) -> str | None:
+    kind = getattr(tier_config, "type", None)
+    return getattr(kind, "name", kind)  # DatabaseType_t members, or plain strings
+
+
+def worker_count(settings: Settings) -> int:
+    """How many workers ``settings`` asks for; :class:`ConfigError` when its tiers cannot be
+    shared by that many (see the module docstring)."""
+    why = unshareable(settings)
+    if settings.workers is not None:
+        if settings.workers > 1 and why is not None:
+            raise ConfigError(f"--workers {settings.workers}: {why}; use --workers 1")
+        return settings.workers
+    wanted = min(cores(), settings.max_workers)
+    if wanted > 1 and why is not None:
+        log.info("one worker process: %s", why)
+        return 1
+    return wanted
+
+
+def run_server(settings: Settings) -> None:
+    """Serve ``settings`` in the foreground: in this process for one worker, else with a
+    pool of worker processes (see the module docstring)."""
+    from .app import check_ports, check_sources, serve
+
+    check_sources(settings)
+    check_ports(settings)
+    count = worker_count(settings)
+    if count == 1:
+        serve(settings)
+        return
+    WorkerPool(settings, count).run()
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` that other processes may bind too (SO_REUSEPORT)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    return sock
+
+
+class PoolState:
+    """What a worker knows of its pool: its index and the pool's readiness slots."""
+
+    def __init__(self, index: int, ready) -> None:
+        self.index = index
+        self.ready = ready  # one byte per worker: 1 while it reports ready
+
+    def report(self, ready: bool) -> None:
+        self.ready[self.index] = 1 if ready else 0
+
+    def all_ready(self) -> bool:
+        return all(self.ready)
+
+
+class WorkerPool:
+    """The parent of ``count`` worker processes serving ``settings``."""
+
+    def __init__(self, settings: Settings, count: int) -> None:
+        from .app import free_port
+
+        updates = {}
+        if settings.http_port == 0:
+            updates["http_port"] = free_port(settings.host)
+        if settings.grpc_port == 0:
+            updates["grpc_port"] = free_port(settings.host)
+        self.settings = settings.model_copy(update=updates)
+        self.count = count
+        self._ctx = multiprocessing.get_context("spawn")  # no fork after grpc or threads
+        self.ready = self._ctx.RawArray("b", count)
+        self.procs: list = [None] * count
+        self.started_at = [0.0] * count
+        self.quick_exits = [0] * count
+        self.due = [0.0] * count  # when a worker that exited is started again
+        self._stopping = False
+        self.metrics_dir = Path(tempfile.mkdtemp(prefix="tierserve-metrics-"))
+
+    def _start(self, index: int) -> None:
+        proc = self._ctx.Process(
+            target=_worker_main,
+            args=(self.settings.model_dump_json(), index, self.ready, str(self.metrics_dir)),
+            name=f"tierserve-worker-{index}",
+            daemon=False,
+        )
+        proc.start()
+        self.procs[index] = proc
+        self.started_at[index] = time.monotonic()
+        log.info("worker %d started (pid %d)", index, proc.pid)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stopping = True
+
+    def run(self) -> None:
+        """Start the workers and keep them running until SIGTERM or SIGINT."""
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            for i in range(self.count):
+                self._start(i)
+            log.info(
+                "%d workers serving HTTP on %s:%d%s", self.count, self.settings.host,
+                self.settings.http_port,
+                f" and gRPC on :{self.settings.grpc_port}" if self.settings.grpc_port else "",
+            )  # fmt: skip
+            while not self._stopping:
+                self._watch()
+        finally:
+            self.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+
+    def _watch(self) -> None:
+        live = {p.sentinel: i for i, p in enumerate(self.procs) if p is not None}
+        for sentinel in wait(list(live), timeout=0.2):
+            i = live[sentinel]
+            proc = self.procs[i]
+            proc.join()
+            self.procs[i] = None
+            self.ready[i] = 0
+            if self._stopping:
+                continue
+            quick = time.monotonic() - self.started_at[i] < QUICK_EXIT_S
+            self.quick_exits[i] = self.quick_exits[i] + 1 if quick else 0
+            delay = min(RESTART_CAP_S, 2 ** (self.quick_exits[i] - 1)) if quick else 0.0
+            self.due[i] = time.monotonic() + delay
+            log.warning(
+                "worker %d (pid %d) exited with code %s; starting another%s", i, proc.pid,
+                proc.exitcode, f" in {delay:.0f} s" if delay else "",
+            )  # fmt: skip
+        now = time.monotonic()
+        for i, proc in enumerate(self.procs):
+            if proc is None and not self._stopping and now >= self.due[i]:
+                self._start(i)
+
+    def stop(self) -> None:
+        """Ask every worker to drain and exit; kill those still running after the grace
+        period (plus a few seconds to close)."""
+        self._stopping = True
+        procs = [p for p in self.procs if p is not None]
+        for proc in procs:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.shutdown_grace_s + 5.0
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                log.warning("worker pid %d did not stop within the grace period; killed", proc.pid)
+                proc.kill()
+                proc.join()
+        self.procs = [None] * self.count
+
+
+def _die_with_parent() -> None:
+    """Have the kernel send this process SIGTERM when its parent dies (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+#: The environment variable naming this replica in Kafka consumer groups (ps.kafka_updates).
+REPLICA_ENV = "TIERSERVE_REPLICA_ID"
+
+
+def _worker_main(settings_json: str, index: int, ready, metrics_dir: str) -> None:
+    _die_with_parent()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    if os.environ.get(REPLICA_ENV):
+        # each worker's in-process tables need every update: a consumer group of its own
+        os.environ[REPLICA_ENV] = f"{os.environ[REPLICA_ENV][:190]}-w{index}"
+    settings = Settings.model_validate_json(settings_json)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s %(name)s [worker {index}]: %(message)s",
+    )
+    from .app import serve
+
+    with contextlib.suppress(KeyboardInterrupt):
+        serve(settings, pool=PoolState(index, ready))
+    sys.exit(0)

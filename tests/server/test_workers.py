@@ -1,0 +1,201 @@
+"""``tierserve serve --workers N``: worker processes on shared ports (server/workers.py).
+
+Real processes throughout: the CLI starts the pool, requests go over real sockets, workers are
+killed with real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from polling import until
+
+from tierserve.ps.errors import ConfigError
+from tierserve.server.app import free_port
+from tierserve.server.settings import Settings
+from tierserve.server.workers import worker_count
+
+REQUEST = {
+    "inputs": [
+        {"name": "DES", "datatype": "FP32", "shape": [4, 13],
+         "data": np.linspace(0, 1, 52).round(3).tolist()},
+        {"name": "CATCOLUMN", "datatype": "INT64", "shape": [4, 8], "data": list(range(1, 33))},
+    ]
+}  # fmt: skip
+
+
+def _hash_map_only(repo: Path) -> Path:
+    """The repository with its tables in a hash map alone (no RocksDB: shareable by workers)."""
+    config = json.loads((repo / "ps.json").read_text())
+    config.pop("persistent_db", None)
+    config["volatile_db"] = {"type": "hash_map"}
+    (repo / "ps.json").write_text(json.dumps(config))
+    return repo
+
+
+class Pool:
+    """``tierserve serve --workers N`` in a subprocess, with its log."""
+
+    def __init__(self, repo: Path, workers: int, *extra: str) -> None:
+        self.http, self.grpc = free_port(), free_port()
+        self.log = repo.parent / f"pool-{self.http}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository",
+             str(repo), "--workers", str(workers), "--http-port", str(self.http),
+             "--grpc-port", str(self.grpc), "--poll-interval", "0", "--threads", "1", *extra],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.url = f"http://127.0.0.1:{self.http}"
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/v2/health/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def workers(self) -> list[int]:
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        pids = []
+        for pid in map(int, children.split()):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline:
+                pids.append(pid)
+        return pids
+
+    def infer(self) -> np.ndarray:
+        # a new connection each time, so the kernel spreads them over the workers
+        with httpx.Client(timeout=10) as client:
+            r = client.post(f"{self.url}/v2/models/dlrm/infer", json=REQUEST)
+        assert r.status_code == 200, r.text
+        return np.asarray(r.json()["outputs"][0]["data"])
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def pool_repo(tiny_repository):
+    return _hash_map_only(tiny_repository())
+
+
+def _reference(repo: Path) -> np.ndarray:
+    from tierserve.server.app import BackgroundServer
+
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=None,
+                              poll_interval_s=0)  # fmt: skip
+    with BackgroundServer(settings) as server:
+        r = httpx.post(f"http://{server.http_url}/v2/models/dlrm/infer", json=REQUEST, timeout=10)
+    return np.asarray(r.json()["outputs"][0]["data"])
+
+
+def test_two_workers_answer_alike_a_killed_one_is_replaced_and_sigterm_drains(pool_repo):
+    expected = _reference(pool_repo)
+    pool = Pool(pool_repo, 2, "--shutdown-grace", "10")
+    try:
+        assert until(pool.ready, timeout=90), pool.text()
+        first = pool.workers()
+        assert len(first) == 2
+        # both workers answer (connections spread over them), and alike
+        cpu_before = {pid: _cpu(pid) for pid in first}
+        for _ in range(40):
+            np.testing.assert_allclose(pool.infer(), expected, rtol=1e-6)
+        assert all(_cpu(pid) > cpu_before[pid] for pid in first)
+        # /metrics sums the workers' counters
+        assert _requests_total(pool.url) == 40
+        # a killed worker: the other keeps answering, the parent starts another and says so
+        victim, survivor = first
+        os.kill(victim, signal.SIGKILL)
+        assert until(lambda: "exited with code -9; starting another" in pool.text(), timeout=10)
+        answered = 0
+        while victim in pool.workers() or len(pool.workers()) < 2 or not pool.ready():
+            np.testing.assert_allclose(pool.infer(), expected, rtol=1e-6)
+            answered += 1
+            assert answered < 2000, pool.text()
+        assert survivor in pool.workers() and victim not in pool.workers()
+        np.testing.assert_allclose(pool.infer(), expected, rtol=1e-6)
+        # SIGTERM drains: a request whose body is still coming in finishes, then all exit
+        body = json.dumps(REQUEST).encode()
+        with socket.create_connection(("127.0.0.1", pool.http), timeout=10) as s:
+            s.sendall(b"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: " + str(len(body)).encode()
+                      + b"\r\n\r\n" + body[:10])  # fmt: skip
+            time.sleep(0.3)  # the request reached a worker
+            pool.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            s.sendall(body[10:])
+            reply = s.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+        assert pool.proc.wait(timeout=30) == 0
+        assert not [pid for pid in first if Path(f"/proc/{pid}").exists()]
+    finally:
+        pool.stop()
+
+
+def _cpu(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _requests_total(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("tierserve_requests_total{") and 'protocol="http"' in line
+    )
+
+
+def test_workers_that_cannot_share_the_tiers_are_refused_naming_them(tiny_repository):
+    repo = tiny_repository()  # a hash map in front of a writable RocksDB
+    with pytest.raises(ConfigError, match="--workers 2: persistent_db rocks_db .*read_only"):
+        worker_count(Settings.build(model_repository=repo, workers=2))
+    assert worker_count(Settings.build(model_repository=repo)) == 1  # the default falls back
+    assert worker_count(Settings.build(model_repository=repo, workers=1)) == 1
+    config = json.loads((repo / "ps.json").read_text())
+    config["persistent_db"]["read_only"] = True
+    config["volatile_db"] = {"type": "redis_cluster", "address": "127.0.0.1:1"}
+    (repo / "ps.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="volatile_db redis_cluster"):
+        worker_count(Settings.build(model_repository=repo, workers=3))
+    shareable = _hash_map_only(repo)
+    cores = len(os.sched_getaffinity(0))
+    assert worker_count(Settings.build(model_repository=shareable)) == min(cores, 8)
+    assert worker_count(Settings.build(model_repository=shareable, max_workers=1)) == 1
+    assert worker_count(Settings.build(model_repository=shareable, workers=3)) == 3
+
+
+def test_the_cli_spells_workers_and_threads_and_the_old_setting_warns():
+    from tierserve.clients.cli import build_parser
+    from tierserve.clients.serve import settings_from_args
+
+    args = build_parser().parse_args(
+        ["serve", "--model-repository", "r", "--workers", "3", "--threads", "2",
+         "--shutdown-grace", "7", "--max-workers", "5"]
+    )  # fmt: skip
+    settings = settings_from_args(args)
+    assert (settings.workers, settings.threads, settings.max_workers) == (3, 2, 5)
+    assert settings.shutdown_grace_s == 7.0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert Settings.build(config="ps.json", worker_threads=6).threads == 6
+    assert any("worker_threads is now threads" in str(w.message) for w in caught)
