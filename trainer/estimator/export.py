@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.ps.errors import ConfigError, InvalidInputError
 
 from .. import manifest
 from ..compat import warn_once
@@ -211,7 +211,12 @@ def export_model(estimator: Any, export_dir_base: str | os.PathLike,
                           f"{type(receiver).__name__}")
     samples = {k: v.sample() if isinstance(v, Placeholder) else np.asarray(v)[:1]
                for k, v in receiver.features.items()}
-    prog = estimator._program(ModeKeys.PREDICT, samples, None)
+    try:
+        prog = estimator._program(ModeKeys.PREDICT, samples, None)
+    except InvalidInputError as exc:
+        raise ConfigError("export: " + str(exc).replace(
+            "which the input_fn does not provide", "which the serving input receiver does "
+            "not give")) from None
     graph, spec = prog.graph, prog.spec
     missing = sorted(graph.used_features - set(receiver.features))
     if missing:

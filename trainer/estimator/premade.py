@@ -87,7 +87,7 @@ class Head:
             pos = np.clip(np.searchsorted(vocab[order], arr), 0, len(vocab) - 1)
             ok = vocab[order][pos] == arr
             if not ok.all():
-                raise InvalidInputError(f"label {name!r}: {arr[~ok][0]!r} is not in the "
+                raise InvalidInputError(f"label {name!r}: {str(arr[~ok][0])!r} is not in the "
                                         f"label_vocabulary {self.label_vocabulary}")
             return order[pos].astype(np.float32).reshape(np.shape(value))
         arr, name = check_labels({name: value})
