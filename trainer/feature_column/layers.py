@@ -121,6 +121,7 @@ def _lookup_groups(g: Graph, cols: list[EmbeddingColumn], call_options: dict, ca
                 trainable=col.trainable, device=str(options.get("emb_device") or ""))
 
         group = g.sparse_group(key, make)
+        group.shared = bool(col.shared_name)  # type: ignore[attr-defined]
         names = [c.name for c in group.columns]
         if cat.name in names and (col.shared_name or linear_units is not None
                                   or group.columns[names.index(cat.name)] is cat):
@@ -161,10 +162,19 @@ def _weighted_input(g: Graph, col: EmbeddingColumn, dim: int, combiner: str, opt
     return Tensor(g, name, (dim,))
 
 
+def _whole(group: SparseGroup, slots: list[int]) -> bool:
+    """Whether ``slots`` are all of a table private to this call, in order (then a plain
+    reshape, no copy, reads them); a shared table may gain slots later."""
+    return slots == list(range(group.slot_num)) and not getattr(group, "shared", False)
+
+
 def _reshape_slots(g: Graph, group: SparseGroup, slots: list[int]) -> Tensor:
     lname = g.unique(f"input_layer/{group.table}_reshape")
-    layer = {"name": lname, "type": "Reshape", "bottom": group.table, "top": lname,
-             "selected": list(slots)}
+    layer = {"name": lname, "type": "Reshape", "bottom": group.table, "top": lname}
+    if _whole(group, slots):
+        layer["leading_dim"] = len(slots) * group.dim
+    else:
+        layer["selected"] = list(slots)
     return g.add_layer(layer, [lname], [(len(slots) * group.dim,)])[0]
 
 
@@ -267,6 +277,9 @@ def linear_model(features: dict, feature_columns: Any, units: int = 1,
         cols_as_emb = [EmbeddingColumn(c, units, "mean") for c in plain]
         for group, slots in _lookup_groups(g, cols_as_emb, {}, call, linear_units=units,
                                            combiner=sparse_combiner):
+            if _whole(group, slots) and len(slots) > 1:  # [slots, units] summed over slots
+                sums.append(reduce_sum(Tensor(g, group.table, (len(slots), units)), axis=1))
+                continue
             x = _reshape_slots(g, group, slots)
             if len(slots) > 1:
                 x = reduce_sum(reshape(x, [len(slots), units]), axis=1)
