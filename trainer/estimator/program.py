@@ -41,10 +41,19 @@ def batch_size_of(features: dict, labels: Any) -> int:
     raise InvalidInputError("the input_fn gave no features")
 
 
-def group_keys(group: SparseGroup, features: dict, batch_size: int) -> SparseInput:
+def group_keys(group: SparseGroup, features: dict, batch_size: int,
+               cache: dict | None = None) -> SparseInput:
     """The CSR keys of one table for a batch: a slot per column, ids plus the slot's offset,
-    row ``sample * slot_num + slot`` (HugeCTR's layout)."""
-    ids = [c.ids(features) for c in group.columns]
+    row ``sample * slot_num + slot`` (HugeCTR's layout).  ``cache`` (per batch) keeps each
+    column's ids for the other tables that read the same column (wide and deep parts)."""
+    if cache is None:
+        cache = {}
+    ids = []
+    for c in group.columns:
+        got = cache.get(id(c))
+        if got is None:
+            got = cache[id(c)] = c.ids(features)
+        ids.append(got)
     for c, i in zip(group.columns, ids):
         if i.batch_size != batch_size:
             raise InvalidInputError(f"feature column {c.name!r} has {i.batch_size} examples, "
@@ -192,13 +201,14 @@ class Program:
                                         f"model expects {self.label_dim}")
             tensors[LABEL] = lab
         saved = []
+        cache: dict[int, Any] = {}
         for group, table, _op in self.tables:
             if isinstance(group, WeightedInput):
                 out, ctx = self._weighted_forward(group, table, features, b, training)
                 tensors[group.name] = out
                 saved.append(ctx)
                 continue
-            sparse = group_keys(group, features, b)
+            sparse = group_keys(group, features, b, cache)
             if training:
                 out = table.forward(sparse, group.combiner, training=True)
             else:
