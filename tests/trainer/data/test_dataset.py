@@ -8,6 +8,8 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierserve.ps.errors import InvalidInputError
 from tierserve.trainer import data
@@ -534,3 +536,51 @@ def test_raw_and_parquet_datasets_give_what_the_generator_wrote(tmp_path, fmt):
         rows[np.lexsort(rows.T[::-1])], want_rows[np.lexsort(want_rows.T[::-1])], rtol=1e-6
     )
     assert not np.array_equal(rows, want_rows)  # shuffled
+
+
+_OPS = st.one_of(
+    st.tuples(st.just("take"), st.integers(-1, 40)),
+    st.tuples(st.just("skip"), st.integers(-1, 40)),
+    st.tuples(st.just("shard"), st.integers(1, 4), st.integers(0, 3)),
+    st.tuples(st.just("rebatch"), st.integers(1, 9)),
+    st.tuples(st.just("repeat"), st.integers(0, 3)),
+    st.tuples(st.just("filter"), st.integers(2, 4)),
+    st.tuples(st.just("map"), st.integers(-5, 5)),
+    st.tuples(st.just("concat"), st.integers(0, 20)),
+    st.tuples(st.just("interleave"), st.integers(1, 4), st.integers(1, 3)),
+)
+
+
+def _apply(op, ds, ref):
+    kind = op[0]
+    if kind == "take":
+        return ds.take(op[1]), ref if op[1] < 0 else ref[: op[1]]
+    if kind == "skip":
+        return ds.skip(op[1]), [] if op[1] < 0 else ref[op[1] :]
+    if kind == "shard":
+        n, i = op[1], op[2] % op[1]
+        return ds.shard(n, i), ref[i::n]
+    if kind == "rebatch":
+        return ds.batch(op[1]).unbatch(), ref
+    if kind == "repeat":
+        return ds.repeat(op[1]), ref * op[1]
+    if kind == "filter":
+        return ds.filter(lambda v: v % op[1] == 0), [v for v in ref if v % op[1] == 0]
+    if kind == "map":
+        return ds.map(lambda v: v + op[1]), [v + op[1] for v in ref]
+    if kind == "concat":
+        return ds.concatenate(Dataset.range(op[1])), ref + list(range(op[1]))
+    cycle, block = op[1], op[2]
+    out = ds.interleave(lambda v: Dataset.range(v % 5), cycle_length=cycle, block_length=block)
+    return out, tf_interleave_reference([list(range(v % 5)) for v in ref], cycle, block)
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(n=st.integers(0, 60), ops=st.lists(_OPS, max_size=5), batch=st.integers(1, 16))
+def test_random_pipelines_equal_python_lists(n, ops, batch):
+    ds, ref = Dataset.range(n), list(range(n))
+    for op in ops:
+        ds, ref = _apply(op, ds, ref)
+    assert [int(v) for v in ds] == ref
+    batches = [b.tolist() for b in ds.batch(batch)]
+    assert batches == [ref[i : i + batch] for i in range(0, len(ref), batch)]
