@@ -69,6 +69,7 @@ class Model:
         self._eval_reader = None
         self._metrics = Metrics(solver.metrics_spec)
         self._last_eval: tuple[np.ndarray, np.ndarray] | None = None
+        self._dist = None  # the distributed hooks under mpiexec (tierserve.trainer.distributed)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -107,7 +108,10 @@ class Model:
         multi-task model (by the loss layers' top or label names; default weight 1)."""
         graph = Graph(**_split(self._graph_dict()))
         self._check_bottoms(graph)
-        self.xp = xp = select_xp(self.solver.vvgpu)
+        from .distributed import for_solver
+
+        self._dist = for_solver(self.solver)  # None unless mpiexec started several ranks
+        self.xp = xp = select_xp(self._dist.devices if self._dist else self.solver.vvgpu)
         self.mixed = bool(self.solver.use_mixed_precision) and is_gpu(xp)
         if self.solver.use_mixed_precision and not self.mixed:
             warnings.warn("use_mixed_precision: the CPU computes in float32 (scaler ignored)",
@@ -141,6 +145,8 @@ class Model:
         self._graph = graph
         self._compiled = True
         self._open_readers()
+        if self._dist is not None:
+            self._dist.attach(self)
 
     def _check_bottoms(self, graph: Graph) -> None:
         produced = {s["top"] for s in graph.data_layer.get("sparse") or []}
@@ -285,6 +291,9 @@ class Model:
         scales = {k: v * self.loss_scale for k, v in self._loss_scales.items()}
         param_grads, input_grads = self.network.backward(
             xp, ctxs, params, scales, grad_dtype=np.float16 if self.mixed else None)
+        batch_size = batch.batch_size
+        if self._dist is not None:  # data-parallel: the global batch's gradients and loss
+            loss, batch_size = self._dist.reduce_step(loss, param_grads, input_grads, batch_size)
         self._step += 1
         step, lr = self._step, self._lr
         inv = 1.0 / self.loss_scale
@@ -295,7 +304,6 @@ class Model:
             if not finite:  # loss-scale overflow: skip this update, as HugeCTR does
                 self._loss = loss
                 return
-        batch_size = batch.batch_size
         regs = self._regularizers()
         for reg, lam in regs:
             for ps in self.params:
@@ -539,6 +547,8 @@ class Model:
 
     def graph_to_json(self, graph_config_file: str) -> None:
         """Write the model graph (DESIGN.md, Formats 3), recorded in its folder's manifest."""
+        if self._dist is not None and not self._dist.writes_files:
+            return  # rank 0 writes the one graph of a multi-rank run
         save_graph_json(graph_config_file, self._graph_dict())
         manifest.record([graph_config_file])
 
@@ -570,12 +580,16 @@ class Model:
             written.append(sparse_model_name(prefix, i, iter))
         flat = [to_numpy(p) for ps in self.params for p in ps]
         dense_path = dense_model_name(prefix, iter)
-        write_dense_file(dense_path, flat)
-        write_dense_file(dense_path + NONTRAINABLE_SUFFIX,
-                         [to_numpy(s) for ss in self.states for s in ss])
-        write_dense_file(dense_optimizer_name(prefix, iter), self._dense_opt_arrays())
-        # What a loader checks that the dense file is the one saved with these tables and graph.
-        manifest.record([*written, dense_path, dense_path + NONTRAINABLE_SUFFIX])
+        if self._dist is None or self._dist.writes_files:  # ranks hold the same dense model
+            write_dense_file(dense_path, flat)
+            write_dense_file(dense_path + NONTRAINABLE_SUFFIX,
+                             [to_numpy(s) for ss in self.states for s in ss])
+            write_dense_file(dense_optimizer_name(prefix, iter), self._dense_opt_arrays())
+            # What a loader checks that the dense file is the one saved with these tables
+            # and graph.
+            manifest.record([*written, dense_path, dense_path + NONTRAINABLE_SUFFIX])
+        if self._dist is not None:
+            self._dist.barrier("save_params_to_files")
         return [*written, *(sparse_optimizer_name(prefix, i, iter) for i in range(len(self.tables))),
                 dense_path, dense_path + NONTRAINABLE_SUFFIX, dense_optimizer_name(prefix, iter)]
 

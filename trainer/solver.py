@@ -32,11 +32,13 @@ class Solver:
 
     Used here: ``model_name``, ``seed``, the learning-rate schedule (``lr``, ``warmup_steps``,
     ``decay_start``, ``decay_steps``, ``decay_power``, ``end_lr``), ``max_eval_batches``,
-    ``batchsize_eval``, ``batchsize``, ``vvgpu`` (first device only), ``repeat_dataset``,
+    ``batchsize_eval``, ``batchsize``, ``vvgpu`` (one device per process; under ``mpiexec``
+    one per rank, see :mod:`tierserve.trainer.distributed.devices`), ``repeat_dataset``,
     ``use_mixed_precision`` and ``scaler`` (float16 compute with loss scaling on a GPU; the
     CPU computes in float32 and ignores them), ``metrics_spec``, ``i64_input_key``.
     Not honoured, each warns once when given (:data:`NOT_HONOURED` says what happens
-    instead): more than one device in ``vvgpu``, and the CUDA- and MLPerf-specific switches
+    instead): more than one device in ``vvgpu`` in a single process, and the CUDA- and
+    MLPerf-specific switches
     ``enable_tf32_compute``, ``use_algorithm_search``, ``use_cuda_graph``, ``device_layout``,
     ``use_holistic_cuda_graph``, ``use_overlapped_pipeline``, ``all_reduce_algo``,
     ``grouped_all_reduce``, ``num_iterations_statistics``, ``is_dlrm``.
@@ -104,7 +106,9 @@ def _warn_not_honoured(kwargs: dict[str, Any], solver: Solver) -> None:
         if name in kwargs:
             warn_once(f"CreateSolver.{name}", instead, stacklevel=4)
     devices = [d for node in solver.vvgpu for d in (node if isinstance(node, list) else [node])]
-    if len(devices) > 1:
+    from .distributed.comm import launched_size
+
+    if len(devices) > 1 and launched_size() == 1:  # under mpiexec each rank is one device
         warn_once("CreateSolver.vvgpu", f"training runs on one device, the first of "
                   f"vvgpu ({devices[0]}), not on {len(devices)}; the batch is not split",
                   stacklevel=4)

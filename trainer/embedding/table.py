@@ -407,12 +407,26 @@ class EmbeddingTable:
             return
         rows, grads = self.gradients(grad_out)
         self._saved = None
+        self.apply_gradients(rows, grads, lr, step)
+
+    def apply_gradients(self, rows: Any, grads: Any, lr: float, step: int) -> None:
+        """Apply the optimizer to distinct ``rows`` with their summed gradients ``grads``
+        (``[len(rows), dim]``); nothing when frozen.  The distributed trainer's entry."""
+        if self._frozen:
+            return
         self.optimizer.update_sparse(self._values, rows, grads, self._state, lr, step,
                                      num_rows=self._n)
         if self.optimizer.moves_untouched_rows:
             self._dirty[: self._n] = True
         else:
             self._dirty[rows] = True
+
+    def rows_of(self, keys: Any, slots: Any = None) -> Any:
+        """The rows of int64 ``keys``, adding absent ones (initialised as :meth:`forward`
+        does); ``slots`` gives each key's slot (Localized types).  The distributed
+        trainer's entry: a rank looks up the keys other ranks sent it."""
+        keys = _key_array(self.xp, keys, f"embedding {self.name!r}: keys")
+        return self._rows_for(keys, None if slots is None else (lambda pos: slots[pos]))
 
     # ---- files and the parameter server ----------------------------------------------------
 
