@@ -270,6 +270,13 @@ def start_server(
     raise RuntimeError("server did not start")
 
 
+def _with_workers(args: str) -> tuple[str, ...]:
+    """``args`` split, with ``--workers 1`` unless they name a worker count (a server of this
+    checkout would start one worker per core)."""
+    split = tuple(args.split())
+    return split if "--workers" in split else (*split, "--workers", "1")
+
+
 def grpc_request_bytes(des: np.ndarray, cat: np.ndarray) -> bytes:
     """A serialized ``ModelInferRequest`` as tritonclient.grpc builds it (raw contents)."""
     import tritonclient.grpc as tg
@@ -304,16 +311,28 @@ def http_request_bytes(des: np.ndarray, cat: np.ndarray, host: str) -> bytes:
     return head.encode() + body
 
 
+#: gRPC connections the load generator spreads its clients over (--grpc-channels): one, as
+#: tritonclient's aio client; worker processes need several (the kernel gives each
+#: connection to one worker).
+GRPC_CHANNELS = 1
+
+
 async def _grpc_load(url: str, payload: bytes, clients: int, seconds: float) -> int:
     import grpc
 
-    async with grpc.aio.insecure_channel(url) as channel:
-        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-        await call(payload)  # connected, and the model answers
+    # a local subchannel pool: each channel its own connection
+    channels = [
+        grpc.aio.insecure_channel(url, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(GRPC_CHANNELS)
+    ]
+    try:
+        calls = [c.unary_unary("/inference.GRPCInferenceService/ModelInfer") for c in channels]
+        for call in calls:
+            await call(payload)  # connected, and the model answers
         done = 0
         stop = time.perf_counter() + seconds
 
-        async def worker():
+        async def worker(call):
             nonlocal done
             while time.perf_counter() < stop:
                 reply = await call(payload)
@@ -321,8 +340,11 @@ async def _grpc_load(url: str, payload: bytes, clients: int, seconds: float) -> 
                     raise RuntimeError("empty gRPC reply")
                 done += 1
 
-        await asyncio.gather(*(worker() for _ in range(clients)))
+        await asyncio.gather(*(worker(calls[i % len(calls)]) for i in range(clients)))
         return done
+    finally:
+        for channel in channels:
+            await channel.close()
 
 
 async def _http_load(url: str, payload: bytes, clients: int, seconds: float) -> int:
@@ -524,11 +546,24 @@ def main() -> int:
         "'--workers 2'",
     )  # fmt: skip
     parser.add_argument(
+        "--grpc-channels", type=int, default=1, metavar="N",
+        help="gRPC connections of the 64-client load (default 1, as tritonclient's aio client; "
+        "worker processes need several: each connection goes to one worker)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare-args", default="", metavar="ARGS",
+        help="run the concurrency load against this checkout's batched server with "
+        "--server-args and with these arguments (alternating turns), e.g. --server-args "
+        "'--workers 2' --compare-args '--workers 1'",
+    )  # fmt: skip
+    parser.add_argument(
         "--volatile", choices=["hash_map", "redis_cluster"], default="hash_map",
         help="volatile tier; redis_cluster starts a three-node cluster on loopback with the "
         "test suite's helpers (tests/services)",
     )  # fmt: skip
     args = parser.parse_args()
+    global GRPC_CHANNELS
+    GRPC_CHANNELS = args.grpc_channels
     scale = 0.3 if args.quick else 1.0
     repeats = {1: int(1000 * scale), 64: int(400 * scale), 1024: int(100 * scale)}
     from tierserve.server.app import free_port
@@ -571,9 +606,8 @@ def main() -> int:
             results["malloc_tuning"] = tune_malloc()
         model, predict = predictor(version, volatile)
         http, grpc = free_port(), free_port()
-        proc = start_server(
-            repo, http, grpc, batching=True, extra=extra + tuple(args.server_args.split())
-        )
+        mine = _with_workers(args.server_args)
+        proc = start_server(repo, http, grpc, batching=True, extra=extra + mine)
         try:
             check = client_call("grpc", f"127.0.0.1:{grpc}")(*data[64])
             assert np.abs(check - predict(*data[64])).max() <= 1e-5, "server != predict"
@@ -586,9 +620,13 @@ def main() -> int:
                 results.update(interleaved(paths, data, repeats))
             u_http, u_grpc = free_port(), free_port()
             other = "baseline" if args.baseline else "unbatched"
-            env = snapshot(args.baseline, Path(tmp) / "baseline") if args.baseline else None
-            unbatched = start_server(repo, u_http, u_grpc, batching=bool(args.baseline),
-                                     extra=extra, env=env)  # fmt: skip
+            env, others = None, _with_workers("")
+            if args.baseline:
+                env, others = snapshot(args.baseline, Path(tmp) / "baseline"), ()
+            elif args.compare_args:
+                other, others = "compared", _with_workers(args.compare_args)
+            unbatched = start_server(repo, u_http, u_grpc, batching=other != "unbatched",
+                                     extra=extra + others, env=env)  # fmt: skip
             try:
                 before = executions(http)
                 both = concurrency_runs(
@@ -627,23 +665,25 @@ def main() -> int:
             over = "" if path == "predict" else f"{(r['p50_ms'] - base) / base:>9.0%}"
             print(f"{path:<10}{b:>6}{r['rows_per_s']:>12,.0f}{r['p50_ms']:>9.3f}"
                   f"{r['p99_ms']:>9.3f}{over:>10}")  # fmt: skip
-    if args.baseline:
+    if args.baseline or args.compare_args:
+        other = "baseline" if args.baseline else "compared"
+        against = args.baseline or args.compare_args
         for protocol in ("grpc", "http"):
             new = results["concurrent_batched"][protocol]
-            old = results["concurrent_baseline"][protocol]
+            old = results[f"concurrent_{other}"][protocol]
             ratio = new["rows_s"] / old["rows_s"]
-            results[f"speedup_over_baseline_{protocol}"] = ratio
+            results[f"speedup_over_{other}_{protocol}"] = ratio
             turns = ", ".join(
                 f"{a:,.0f}/{b:,.0f}" for a, b in zip(new["rows_s_turns"], old["rows_s_turns"])
             )
             print(
                 f"64 concurrent batch-1 {protocol} clients, batched: {new['rows_s']:,.0f} rows/s "
                 f"here{' (' + args.server_args + ')' if args.server_args else ''}, "
-                f"{old['rows_s']:,.0f} at {args.baseline} ({ratio:.2f}x; turns {turns}); "
+                f"{old['rows_s']:,.0f} with {against} ({ratio:.2f}x; turns {turns}); "
                 f"server CPU ms per request {new['server_cpu_ms_per_request']:.3f} here, "
-                f"{old['server_cpu_ms_per_request']:.3f} at {args.baseline}"
+                f"{old['server_cpu_ms_per_request']:.3f} with {against}"
             )
-    for protocol in ("grpc", "http") if not args.baseline else ():
+    for protocol in ("grpc", "http") if other == "unbatched" else ():
         on = results["concurrent_batched"][protocol]
         off = results["concurrent_unbatched"][protocol]
         ratio = on["rows_s"] / off["rows_s"]
@@ -659,7 +699,7 @@ def main() -> int:
             f"{off['server_cpu_ms_per_request']:.3f} / {off['client_cpu_ms_per_request']:.3f}"
         )
     share = results["predict_ms_per_row_at_64"]
-    for protocol in ("grpc", "http") if not args.baseline else ():
+    for protocol in ("grpc", "http") if other == "unbatched" else ():
         floor = results["floors"][protocol]["server_cpu_ms_per_request"]
         off = results["concurrent_unbatched"][protocol]["server_cpu_ms_per_request"]
         ceiling = off / (floor + share)
