@@ -584,3 +584,12 @@ def test_random_pipelines_equal_python_lists(n, ops, batch):
     assert [int(v) for v in ds] == ref
     batches = [b.tolist() for b in ds.batch(batch)]
     assert batches == [ref[i : i + batch] for i in range(0, len(ref), batch)]
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(
+    n=st.integers(0, 300), size=st.integers(1, 60), batch=st.integers(1, 40), seed=st.integers(0, 9)
+)
+def test_shuffle_equals_tensorflows_algorithm_for_any_sizes(n, size, batch, seed):
+    got = [int(v) for b in Dataset.range(n).shuffle(size, seed=seed).batch(batch) for v in b]
+    assert got == tf_shuffle_reference(list(range(n)), size, seed, batch)
