@@ -1,0 +1,123 @@
+"""Memory of ``tierserve serve --workers N``: total PSS of the parent and its workers.
+
+    python -m bench.server.memory                      # 10M rows x dim 16, --workers 1 and 2
+    python -m bench.server.memory --rows 2000000 --workers 1,2,4
+
+Serves one embedding-lookup model (a version folder with one sparse table of ``--rows`` random
+rows, a ``hash_map`` tier) and, once the server is ready and has answered a lookup, sums the
+proportional set size (``Pss`` of ``/proc/PID/smaps_rollup``: shared pages divided among the
+processes that map them, so the total counts every page once; RSS would count shared pages
+once per process) over the server process and every process below it.  Prints the total per
+worker count and its ratio to one worker's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.server.run import _descendants
+
+
+def pss_mib(pid: int) -> float:
+    """Total PSS, in MiB, of ``pid`` and its descendants."""
+    total = 0
+    for p in _descendants(pid):
+        try:
+            text = Path(f"/proc/{p}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def make_repository(root: Path, rows: int, dim: int) -> Path:
+    from tierserve.ps.sparse_file import write_sparse_model
+
+    rng = np.random.default_rng(0)
+    folder = root / "emb" / "1" / "emb0_sparse_0.model"
+    folder.parent.mkdir(parents=True)
+    keys = rng.permutation(rows * 4)[:rows].astype(np.int64)
+    write_sparse_model(folder, keys, rng.standard_normal((rows, dim), dtype=np.float32))
+    ps = {
+        "supportlonglong": True,
+        "volatile_db": {"type": "hash_map"},
+        "models": [{
+            "model": "emb", "sparse_files": [folder.name], "dense_file": "", "network_file": "",
+            "max_batch_size": 64, "embedding_vecsize_per_table": [dim],
+            "embedding_table_names": ["table0"],
+            "maxnum_catfeature_query_per_table_per_sample": [1], "gpucache": False,
+        }],
+    }  # fmt: skip
+    (root / "ps.json").write_text(json.dumps(ps))
+    return root
+
+
+def measure(repo: Path, workers: int) -> float:
+    import httpx
+
+    from tierserve.server.app import free_port
+
+    http = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository", str(repo),
+         "--workers", str(workers), "--http-port", str(http), "--no-grpc", "--poll-interval", "0",
+         "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        body = {"inputs": [{"name": "KEYS", "datatype": "INT64", "shape": [4], "data": [1, 2, 3, 4]},
+                           {"name": "NUMKEYS", "datatype": "INT32", "shape": [1], "data": [4]}]}  # fmt: skip
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if (
+                    httpx.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status_code
+                    == 200
+                ):
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"--workers {workers}: the server did not become ready")
+            time.sleep(0.5)
+        for _ in range(8):  # several connections: every worker answers once
+            r = httpx.post(f"http://127.0.0.1:{http}/v2/models/emb/infer", json=body, timeout=30)
+            r.raise_for_status()
+        time.sleep(1.0)
+        return pss_mib(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--workers", default="1,2", help="worker counts to measure")
+    args = parser.parse_args()
+    counts = [int(w) for w in args.workers.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = make_repository(Path(tmp) / "repo", args.rows, args.dim)
+        raw = args.rows * (8 + 4 * args.dim) / 2**20
+        print(f"{args.rows:,} rows x dim {args.dim} ({raw:,.0f} MiB of keys and vectors)")
+        first = None
+        for workers in counts:
+            total = measure(repo, workers)
+            first = first or total
+            print(f"--workers {workers}: total PSS {total:,.0f} MiB ({total / first:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
