@@ -14,6 +14,10 @@ Batches are 26 x 1024 keys.  Figures and their peers:
   mapped to random rows), a cache of ``--cache-fraction`` of the rows in front of the real
   ``HierarchicalParameterServer`` with a hash_map volatile tier.  Reports the steady-state
   hit rate (target >= 0.8) and cache + hash map against the hash map alone (target >= 1.5x).
+  With ``--tier redis_cluster`` (a three-node cluster started on loopback with the test
+  suite's helpers) or ``--tier rocks_db`` (in a temporary folder) the table lives in that tier
+  alone, and the peer is the parameter server's lookup on it: the cache in front of a remote
+  tier (target >= 5x at a hit rate >= 0.85).
 - ``gpu`` (dim 16 and 128): hit lookups per second of the cupy cache, with and without the
   CUDA kernel, against ``cupy.take`` on a dense device array (the ceiling).
 
@@ -24,6 +28,7 @@ Subject and peer run alternately, several rounds; each figure is the median batc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -114,14 +119,43 @@ def _zipf_batches(rows: int, alpha: float, count: int, rng) -> list[np.ndarray]:
     return [perm[(rng.zipf(alpha, BATCH) - 1) % rows].astype(np.int64) for _ in range(count)]
 
 
+def _tier_configs(tier: str, tmp: Path, stack: contextlib.ExitStack) -> dict:
+    """PSConfig's tier fields for the table to live in ``tier`` alone."""
+    from tierserve.ps.config import (
+        DisabledConfig,
+        HashMapConfig,
+        RedisClusterConfig,
+        RocksDBConfig,
+    )
+
+    if tier == "hash_map":
+        return {"volatile_db": HashMapConfig()}
+    if tier == "rocks_db":
+        return {"volatile_db": DisabledConfig(),
+                "persistent_db": RocksDBConfig(path=str(tmp / "rocksdb"))}  # fmt: skip
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from services.redis import RedisCluster, ensure_redis
+
+    ensure_redis()
+    dirs = [tmp / f"redis-{i}" for i in range(3)]
+    for d in dirs:
+        d.mkdir()
+    cluster = RedisCluster(dirs, [tmp / f"redis-{i}.log" for i in range(3)])
+    cluster.start()
+    stack.callback(cluster.stop)
+    return {"volatile_db": RedisClusterConfig(address=cluster.addresses)}
+
+
 def bench_powerlaw(rows: int, dim: int, fraction: float, alpha: float, ways: int,
-                   warm: int, measure: int, rounds: int, threshold: float) -> dict:
-    from tierserve.ps.config import HashMapConfig, ModelConfig, PSConfig
+                   warm: int, measure: int, rounds: int, threshold: float,
+                   tier: str = "hash_map") -> dict:
+    from tierserve.ps.config import ModelConfig, PSConfig
     from tierserve.ps.hierarchy import HierarchicalParameterServer
     from tierserve.ps.sparse_file import write_sparse_model
 
     rng = np.random.default_rng(1)
-    with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp, \
+            contextlib.ExitStack() as stack:  # fmt: skip
         folder = Path(tmp) / "bench0_sparse_0.model"
         t0 = time.perf_counter()
         keys = np.arange(rows, dtype=np.int64)
@@ -131,14 +165,15 @@ def bench_powerlaw(rows: int, dim: int, fraction: float, alpha: float, ways: int
         write_sparse_model(folder, keys, emb)
         del emb
         config = PSConfig(
-            volatile_db=HashMapConfig(),
+            **_tier_configs(tier, Path(tmp), stack),
             models=[ModelConfig(
                 model=MODEL, sparse_files=[str(folder)], embedding_vecsize_per_table=[dim],
                 maxnum_catfeature_query_per_table_per_sample=[26], embedding_table_names=[TABLE],
             )],
         )
         hps = HierarchicalParameterServer(config)
-        log(f"powerlaw: table of {rows} rows written and loaded in {time.perf_counter() - t0:.1f}s")
+        log(f"powerlaw: table of {rows} rows written and loaded into {tier} in "
+            f"{time.perf_counter() - t0:.1f}s")
         capacity = int(fraction * rows)
         batches = _zipf_batches(rows, alpha, warm + measure, rng)
         with hps, EmbeddingCache(hps, MODEL, TABLE, dim, capacity, ways=ways,
@@ -166,7 +201,7 @@ def bench_powerlaw(rows: int, dim: int, fraction: float, alpha: float, ways: int
                 "bench": "powerlaw", "rows": rows, "dim": dim, "alpha": alpha, "ways": ways,
                 "cache_fraction": fraction, "capacity": cache.capacity, "hit_rate": hit_rate,
                 "hit_rate_threshold": threshold,
-                "keys_per_s": BATCH / sub, "peer": "hash_map lookup (HierarchicalParameterServer)",
+                "keys_per_s": BATCH / sub, "peer": f"{tier} lookup (HierarchicalParameterServer)",
                 "peer_keys_per_s": BATCH / peer, "ratio": peer / sub,
                 "ratio_best": alternate.best, "inserted": m.inserted, "evicted": m.evicted, "dropped_inserts": m.dropped_inserts,
             }
@@ -222,6 +257,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=int, default=40)
     ap.add_argument("--measure", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tier", choices=["hash_map", "redis_cluster", "rocks_db"],
+                    action="append", help="powerlaw: the tier the table lives in (repeatable; "
+                    "default hash_map)")
     ap.add_argument("--gpu-rows", type=int, default=10_000_000)
     ap.add_argument("--json", action="store_true", help="print results as JSON lines")
     args = ap.parse_args(argv)
@@ -230,9 +268,11 @@ def main(argv=None) -> int:
     if "hits" in which:
         results += bench_hits(args.hit_rows, 16, args.ways, args.rounds)
     if "powerlaw" in which:
-        results.append(bench_powerlaw(args.rows, 16, args.cache_fraction, args.alpha, args.ways,
-                                      args.warm, args.measure, max(1, args.rounds // 2),
-                                      args.hit_rate_threshold))
+        for tier in args.tier or ["hash_map"]:
+            results.append(bench_powerlaw(args.rows, 16, args.cache_fraction, args.alpha,
+                                          args.ways, args.warm, args.measure,
+                                          max(1, args.rounds // 2), args.hit_rate_threshold,
+                                          tier))
     if "gpu" in which:
         results += bench_gpu(args.gpu_rows, [16, 128], args.rounds)
     if args.json:
@@ -244,7 +284,8 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         what = r.get("what") or (
-            f"cache {r['cache_fraction']:.0%}, alpha {r['alpha']}, "
+            f"cache {r['cache_fraction']:.0%} in front of {r['peer'].split()[0]}, "
+            f"alpha {r['alpha']}, "
             f"threshold {r['hit_rate_threshold']}"
         )
         hit = f"{r['hit_rate']:.3f}" if "hit_rate" in r else ""
