@@ -20,7 +20,8 @@ weight and table.
   ``torch.optim.Adagrad``.
 
 numpy's BLAS and torch get the same thread count; the three alternate step by step over
-``--rounds`` passes and the figure is the median samples/s of the passes.
+``--rounds`` passes and the figure is batch / the median step time (robust to bursts of other
+work on a shared machine).
 """
 
 from __future__ import annotations
@@ -226,17 +227,15 @@ def main(argv: list[str] | None = None) -> int:
         for fn in sides.values():  # warm up: first touches of every table row
             for i in range(min(3, args.steps)):
                 fn(i)
-        rates: dict[str, list[float]] = {k: [] for k in sides}
+        times: dict[str, list[float]] = {k: [] for k in sides}
         for _ in range(args.rounds):
-            spent = dict.fromkeys(sides, 0.0)
             for i in range(args.steps):
                 for name, fn in sides.items():
                     t = time.perf_counter()
                     fn(i)
-                    spent[name] += time.perf_counter() - t
-            for name in sides:
-                rates[name].append(args.steps * args.batch / spent[name])
-    result = {k: round(statistics.median(v)) for k, v in rates.items()}
+                    times[name].append(time.perf_counter() - t)
+    # the median step: robust to the bursts of other work on a shared machine
+    result = {k: round(args.batch / statistics.median(v)) for k, v in times.items()}
     result["estimator_vs_model_api"] = round(result["estimator"] / result["model_api"], 3)
     if "torch" in result:
         result["estimator_vs_torch"] = round(result["estimator"] / result["torch"], 3)
