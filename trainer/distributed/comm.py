@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -31,7 +32,7 @@ from tierserve.ps.errors import ConfigError, TierserveError
 
 #: Environment variables in which launchers give the world size (MPICH/hydra, Open MPI, PMIx,
 #: Slurm's PMI2).
-_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 TIMEOUT_VAR = "TIERSERVE_COLLECTIVE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
 _LIVENESS_PERIOD_S = 0.5
@@ -59,6 +60,7 @@ class LocalComm:
     rank = 0
     size = 1
     host = socket.gethostname()
+    bytes_sent = 0
 
     def allreduce_sum(self, buf: np.ndarray, what: str = "allreduce") -> np.ndarray:
         return buf
@@ -66,6 +68,10 @@ class LocalComm:
     def alltoallv(self, send: np.ndarray, counts: np.ndarray, what: str = "alltoallv",
                   row_shape: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
         return send, np.asarray(counts, dtype=np.int64).copy()
+
+    def alltoallv_known(self, send: np.ndarray, counts: np.ndarray, recv_counts: np.ndarray,
+                        what: str, row_shape: tuple[int, ...] = ()) -> np.ndarray:
+        return send
 
     def allgatherv(self, send: np.ndarray, what: str = "allgatherv") -> tuple[np.ndarray,
                                                                                np.ndarray]:
@@ -222,22 +228,49 @@ def _alive(pid: int) -> bool:
 
 
 # The watcher: reads its stdin (a pipe from the rank) until EOF.  "done" means the rank
-# finished; EOF without it means the rank died, and the watcher says which one.
+# finished; EOF without it means the rank ended abnormally.  The first watcher of this host's
+# job to notice claims a marker file (named after the launcher's process, which the ranks of
+# one host share) and names its rank as the one that died; the ranks the launcher stops after
+# it say so and name that rank.
 _WATCHER = r"""
-import sys
+import os, sys, time
+rank, size, pid, host, marker = sys.argv[1:6]
 data = sys.stdin.buffer.read()
 if b"done" not in data:
-    sys.stderr.write("[tierserve] rank %s of %s (pid %s on %s) died before finishing "
-                     "(killed or crashed); the launcher stops the other ranks. Resume from "
-                     "the last snapshot with any number of ranks.\n" % tuple(sys.argv[1:5]))
-    sys.stderr.flush()
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        time.sleep(0.05)
+        try:
+            with open(marker) as f:
+                first = f.read().strip() or "?"
+        except OSError:
+            first = "?"
+        sys.stderr.write("[tierserve] rank %s of %s (pid %s on %s) was stopped by the launcher "
+                         "after rank %s died\n" % (rank, size, pid, host, first))
+    else:
+        os.write(fd, rank.encode())
+        os.close(fd)
+        sys.stderr.write("[tierserve] rank %s of %s (pid %s on %s) died before finishing "
+                         "(killed or crashed); the launcher stops the other ranks. Resume "
+                         "from the last snapshot with any number of ranks.\n"
+                         % (rank, size, pid, host))
+        sys.stderr.flush()
+        os.close(2)  # the launcher waits for the job's stderr to close
+        time.sleep(10)
+        try:
+            os.unlink(marker)
+        except OSError:
+            pass
 """
 
 
 def _start_watcher(rank: int, size: int, host: str) -> subprocess.Popen | None:
+    marker = os.path.join(tempfile.gettempdir(), f"tierserve-rank-lost-{os.getppid()}")
     try:
         return subprocess.Popen(
-            [sys.executable, "-S", "-c", _WATCHER, str(rank), str(size), str(os.getpid()), host],
+            [sys.executable, "-S", "-c", _WATCHER, str(rank), str(size), str(os.getpid()), host,
+             marker],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
             close_fds=True)
     except OSError:

@@ -2,11 +2,12 @@
 one process.  Settings from the environment: ``DATA_DIR`` (Norm data, file_list.txt and
 file_list_test.txt), ``OUT`` (an .npz the first rank writes: dense weights, the tables sorted
 by key, the loss per iteration and the evaluation metrics), ``EMB_TYPE``, ``OPT``
-(``Adam`` or ``AdaGrad``), ``UPDATE`` (Local / Global / LazyGlobal), ``ITERS``, ``BATCH``,
-``SLOTS``, ``SNAPSHOT_PREFIX`` (with ``SNAPSHOT``: write model files then), ``RESUME_ITER``
+(``Adam`` or ``AdaGrad``), ``UPDATE`` (Local / Global / LazyGlobal), ``ITERS``, ``BATCH``, ``EVAL_BATCH``, ``LR``,
+``SLOTS``, ``VVGPU`` (JSON), ``SNAPSHOT_PREFIX`` (with ``SNAPSHOT``: write model files then), ``RESUME_ITER``
 (load that snapshot first and skip that many batches), ``DIE_AT`` / ``DIE_RANK`` (that rank
 kills itself at that iteration)."""
 
+import json
 import os
 import signal
 
@@ -25,8 +26,8 @@ EMB_DIM = 8
 ranks = launched_size()
 
 solver = hugectr.CreateSolver(
-    model_name="dlrm", max_eval_batches=2, batchsize_eval=1024, batchsize=BATCH, lr=0.01,
-    vvgpu=[list(range(ranks))], repeat_dataset=True, i64_input_key=True,
+    model_name="dlrm", max_eval_batches=2, batchsize_eval=int(env("EVAL_BATCH", "1024")), batchsize=BATCH, lr=float(env("LR", "0.01")),
+    vvgpu=json.loads(env("VVGPU", "null")) or [list(range(ranks))], repeat_dataset=True, i64_input_key=True,
     metrics_spec={hugectr.MetricsType.AUC: 1.0, hugectr.MetricsType.AverageLoss: 0.0},
 )
 reader = hugectr.DataReaderParams(
@@ -89,9 +90,12 @@ for _ in range(solver.max_eval_batches):
 metrics = dict(model.get_eval_metrics())
 prefix = os.path.join(os.path.dirname(env("OUT")), "final")
 model.save_params_to_files(prefix, ITERS)
+# the keys each rank holds, to check the sharding
+rank_keys, rank_rows = world().allgatherv(np.asarray(model.tables[0].keys, dtype=np.int64))
 if world().rank == 0:
     table = read_sparse_model(f"{prefix}0_sparse_{ITERS}.model", EMB_DIM)
     order = np.argsort(table.keys)
-    np.savez(env("OUT"), dense=np.concatenate([p.ravel() for p in model.dense_parameters()]),
+    np.savez(env("OUT"), rank_keys=rank_keys, rank_rows=rank_rows,
+             dense=np.concatenate([p.ravel() for p in model.dense_parameters()]),
              keys=np.asarray(table.keys)[order], vectors=np.asarray(table.embeddings)[order],
              losses=np.asarray(losses), auc=metrics["AUC"], avg_loss=metrics["AverageLoss"])
