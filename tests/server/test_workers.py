@@ -53,7 +53,8 @@ class Pool:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository",
              str(repo), "--workers", str(workers), "--http-port", str(self.http),
-             "--grpc-port", str(self.grpc), "--poll-interval", "0", "--threads", "1", *extra],
+             "--grpc-port", str(self.grpc), "--threads", "1",
+             *(extra if "--poll-interval" in extra else ("--poll-interval", "0", *extra))],
             stdout=self.log.open("w"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{self.http}"
@@ -199,3 +200,67 @@ def test_the_cli_spells_workers_and_threads_and_the_old_setting_warns():
         warnings.simplefilter("always")
         assert Settings.build(config="ps.json", worker_threads=6).threads == 6
     assert any("worker_threads is now threads" in str(w.message) for w in caught)
+
+
+def _second_version(repo: Path) -> Path:
+    """Version 2 of the model: version 1 with every embedding doubled (written aside, then
+    renamed into place so it appears whole)."""
+    import shutil
+
+    from tierserve.ps.sparse_file import read_sparse_model, write_sparse_model
+    from tierserve.trainer.manifest import MANIFEST
+
+    staging = repo / "dlrm" / ".2.tmp"
+    shutil.copytree(repo / "dlrm" / "1", staging)
+    (staging / MANIFEST).unlink(missing_ok=True)
+    for folder in staging.glob("*_sparse_*.model"):
+        table = read_sparse_model(folder)
+        keys, vectors = np.asarray(table.keys).copy(), np.asarray(table.embeddings) * 2
+        shutil.rmtree(folder)
+        write_sparse_model(folder, keys, vectors)
+    return staging
+
+
+def test_hot_reload_under_load_with_two_workers_answers_each_version_whole(pool_repo, tmp_path):
+    import shutil
+    import threading
+
+    staging = _second_version(pool_repo)
+    alone = tmp_path / "v2"
+    shutil.copytree(pool_repo, alone)
+    shutil.rmtree(alone / "dlrm" / "1")
+    shutil.rmtree(alone / "dlrm" / ".2.tmp")
+    shutil.copytree(staging, alone / "dlrm" / "2")
+    expected = {"1": _reference(pool_repo), "2": _reference(alone)}
+    assert not np.allclose(expected["1"], expected["2"])
+    pool = Pool(pool_repo, 2, "--poll-interval", "0.2")
+    answers: list[tuple[str, np.ndarray]] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            with httpx.Client(timeout=10) as client:
+                r = client.post(f"{pool.url}/v2/models/dlrm/infer", json=REQUEST)
+            assert r.status_code == 200, r.text
+            out = r.json()
+            answers.append((out["model_version"], np.asarray(out["outputs"][0]["data"])))
+
+    try:
+        assert until(pool.ready, timeout=90), pool.text()
+        client = threading.Thread(target=load)
+        client.start()
+        assert until(lambda: len(answers) > 20, timeout=30)
+        staging.rename(pool_repo / "dlrm" / "2")
+        # every worker moves to version 2: a long run of answers from it
+        assert until(
+            lambda: len(answers) > 40 and all(v == "2" for v, _ in answers[-40:]), timeout=60
+        ), pool.text()
+        stop.set()
+        client.join(timeout=30)
+        assert {v for v, _ in answers} == {"1", "2"}
+        for version, output in answers:  # each answer wholly the version it names
+            np.testing.assert_allclose(output, expected[version], rtol=1e-5)
+        assert pool.text().count("model dlrm version 2 is serving") == 2
+    finally:
+        stop.set()
+        pool.stop()
