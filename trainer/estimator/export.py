@@ -21,7 +21,8 @@ The request (KServe v2): ``DES`` FP32 ``[B, dense_width]``, the model's numeric,
 (one-hot) and indicator (multi-hot) columns side by side in the spec's order; ``CATCOLUMN``
 INT64 ``[B, slots]``, one id per slot (an embedding or linear column's id plus its slot's
 offset), tables in order; or, when a row has no id or several, the keys flattened with
-``ROWINDEX`` INT32 (per table, ``B * slots + 1`` row pointers).  ``OUTPUT0`` FP32
+``ROWINDEX`` INT32 (per table, ``B * slots + 1`` row pointers; at most 16 ids per column of
+an example).  ``OUTPUT0`` FP32
 ``[B, width]``: the served tensor (a binary classifier's probability, a regressor's
 prediction, a multi-class classifier's probabilities).  :func:`encode_request` computes the
 inputs from raw features with the exported spec.
@@ -51,6 +52,8 @@ from .layer_types import EXPORT_LOSS
 from .spec import ModeKeys
 
 SPEC_FILE = "serving_input.spec"
+#: The most ids a request may give one column of one example (the server's per-row limit).
+MAX_IDS_PER_SLOT = 16
 
 
 # -- serving input ---------------------------------------------------------------------------
@@ -294,7 +297,8 @@ def _data_layer(graph, label_dim: int) -> dict:
         "label": {"top": LABEL, "label_dim": int(label_dim)},
         "dense": {"top": DENSE, "dense_dim": int(graph.dense_width)},
         "sparse": [{"top": f"{g.table}_keys", "type": "DistributedSlot",
-                    "max_feature_num_per_sample": g.slot_num, "nnz_per_slot": 1,
+                    "max_feature_num_per_sample": MAX_IDS_PER_SLOT * g.slot_num,
+                    "nnz_per_slot": 1,
                     "is_fixed_length": False, "slot_num": g.slot_num} for g in graph.groups],
     }
 
@@ -332,7 +336,8 @@ def _write_ps_json(base: Path, name: str, version: int, graph, graph_file: str,
         "max_batch_size": int(max_batch_size),
         "default_value_for_each_table": [0.0] * len(sparse_files),
         "maxnum_des_feature_per_sample": int(graph.dense_width),
-        "maxnum_catfeature_query_per_table_per_sample": [16 * g.slot_num for g in graph.groups],
+        "maxnum_catfeature_query_per_table_per_sample": [MAX_IDS_PER_SLOT * g.slot_num
+                                                         for g in graph.groups],
         "embedding_vecsize_per_table": [g.dim for g in graph.groups],
         "embedding_table_names": [g.table for g in graph.groups],
         "gpucache": False,
@@ -404,7 +409,8 @@ def encode_request(version_dir: str | os.PathLike, features: dict,
                             offsets=[s["offset"] for s in table["slots"]], dim=table["dim"],
                             combiner=table["combiner"], optimizer_scope="")
         sparse.append(group_keys(group, features, b))
-    one_hot = all(len(s.keys) == b * s.slot_num for s in sparse)
+    one_hot = all(np.array_equal(s.row_offsets, np.arange(len(s.row_offsets)))
+                  for s in sparse)  # exactly one key in every row of every table
     if one_hot:
         cat = np.concatenate([s.keys.reshape(b, s.slot_num) for s in sparse], axis=1)
         return {"DES": des, "CATCOLUMN": cat.astype(np.int64)}
