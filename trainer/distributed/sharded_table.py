@@ -55,6 +55,8 @@ class ShardedTable:
         self.localized = local.embedding_type.is_localized
         self._saved: tuple | None = None
         self._stamp = np.empty(0, dtype=np.int64)
+        #: distinct keys this rank looked up on other ranks (a running count, for benchmarks)
+        self.remote_keys = 0
 
     def __getattr__(self, name: str) -> Any:  # name, dim, combiner, optimizer, freeze, ...
         return getattr(self.__dict__["local"], name)
@@ -96,6 +98,7 @@ class ShardedTable:
         owner = self.owner_of(uniq, slots)
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=self.comm.size).astype(np.int64)
+        self.remote_keys += int(counts.sum() - counts[self.comm.rank])
         what = f"embedding {local.name!r} lookup"
         if self.localized:
             send = np.stack([uniq[order], slots[order]], axis=1)
