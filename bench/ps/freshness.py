@@ -164,9 +164,11 @@ def freshness(brokers: str, tmp: Path, rate: int, seconds: float, rocksdb: bool)
         result: dict = {}
         start_rows = consumer.stats.keys
         bulk_thread = threading.Thread(
-            target=lambda: result.update(_bulk(brokers, bulk, rate, seconds, dim, stop)))
+            target=lambda: result.update(_bulk(brokers, bulk, rate, seconds, dim, stop))
+        )
         marker_thread = threading.Thread(
-            target=_markers, args=(server.http_url, brokers, marked, cat, dim, stop, latencies))
+            target=_markers, args=(server.http_url, brokers, marked, cat, dim, stop, latencies)
+        )
         started = time.perf_counter()
         bulk_thread.start()
         marker_thread.start()
