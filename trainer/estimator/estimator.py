@@ -652,11 +652,13 @@ class Estimator:
         table = self._store.tables.get(tname)
         if table is None:  # checkpointed, not built in this process yet
             data = self._store._pending[tname]
-            stored = dict(zip(data["keys"].tolist(), range(len(data["keys"]))))
+            stored = np.asarray(data["keys"], dtype=np.int64)
+            order = np.argsort(stored)
+            pos = np.clip(np.searchsorted(stored[order], keys), 0, max(len(stored) - 1, 0))
             out = np.zeros((n, info.dim), np.float32)
-            for i, k in enumerate(keys.tolist()):
-                if k in stored:
-                    out[i] = data["values"][stored[k]]
+            if len(stored):
+                hit = stored[order][pos] == keys
+                out[hit] = np.asarray(data["values"])[order[pos[hit]]]
             return out
         from ..device import to_numpy
 

@@ -16,7 +16,6 @@ FarmHash: a model trained here hashes the same at serving time, but not as Tenso
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -89,10 +88,25 @@ def _missing_mask(flat: np.ndarray) -> np.ndarray:
         return np.isnan(flat)
     if flat.dtype.kind in "iu":
         return flat == -1
-    if flat.dtype.kind == "O":
-        return np.array([v is None or v == "" or (isinstance(v, float) and math.isnan(v))
-                         for v in flat], dtype=bool) if flat.size else np.zeros(0, bool)
+    if flat.dtype.kind == "O":  # mixed values: None, "" and NaN (NaN != NaN) are missing
+        return (flat == None) | (flat == "") | (flat != flat)  # noqa: E711
     return np.zeros(flat.shape, bool)
+
+
+def _typed(arr: np.ndarray) -> np.ndarray:
+    """An object array (pandas' strings, lists' values) as a typed array: strings, integers
+    or floats; None becomes the missing value of the type ('' or NaN)."""
+    missing = arr == None  # noqa: E711
+    if missing.any():
+        filled = arr.copy()
+        rest = arr[~missing]
+        filled[missing] = "" if any(isinstance(v, str) for v in rest[:1]) else np.nan
+        arr = filled
+    try:
+        typed = np.asarray(arr.tolist())
+    except ValueError:
+        return arr
+    return typed if typed.dtype != object else arr
 
 
 def raw_values(column_name: str, key: str, value: Any) -> tuple[np.ndarray, np.ndarray | None,
@@ -110,7 +124,9 @@ def raw_values(column_name: str, key: str, value: Any) -> tuple[np.ndarray, np.n
                            and isinstance(arr[0], (list, tuple, np.ndarray))):
             rows = list(value)
             counts = np.fromiter((len(r) for r in rows), np.int64, len(rows))
-            flat = np.asarray([v for r in rows for v in r])
+            flat = np.asarray([v for r in rows for v in r])  # ragged lists: one pass
+            if flat.dtype == object:
+                flat = _typed(flat)
             offsets = np.concatenate([[0], np.cumsum(counts)])
             return _drop_missing(flat, offsets, len(rows))
     if arr.ndim == 0:
@@ -119,7 +135,7 @@ def raw_values(column_name: str, key: str, value: Any) -> tuple[np.ndarray, np.n
         raise InvalidInputError(f"feature column {column_name!r}: feature {key!r} has shape "
                                 f"{list(arr.shape)}; expected [batch] or [batch, values]")
     if arr.dtype == object:
-        arr = arr.astype(str) if all(isinstance(v, str) or v is None for v in arr.flat) else arr
+        arr = _typed(arr)
     if arr.ndim == 2 and arr.shape[1] == 1:
         arr = arr[:, 0]
     if arr.ndim == 1:
