@@ -141,3 +141,62 @@ def test_train_and_evaluate_with_run_config_train_spec_eval_spec(tmp_path):
     evals = read_scalars(f"{output_dir}/eval")
     assert [s for s, _ in evals["average_loss"]] == [5000]
     assert evals["average_loss"][-1][1] == pytest.approx(metrics["average_loss"], rel=1e-6)
+
+
+def test_numpy_pandas_and_dataset_input_functions_train_the_estimator(tmp_path):
+    from tierserve.trainer import data
+
+    rng = np.random.default_rng(0)
+    sq = rng.integers(500, 3000, 1000).astype(np.float32)
+    kind = rng.choice(["house", "apt"], 1000)
+    price = sq * 0.5 + (kind == "apt") * 100
+    model = estimator.LinearRegressor(featcols(), str(tmp_path / "m"))
+
+    def numpy_train_input_fn(sqrt, prop_type, price):
+        return estimator.inputs.numpy_input_fn(
+            x={'sq_footage': sqrt, 'type': prop_type},
+            y=price,
+            batch_size=128,
+            num_epochs=10,
+            shuffle=True,
+            queue_capacity=1000
+        )
+
+    # Trains until input exhausted (10 epochs of 1,000 rows in batches of 128)
+    model.train(numpy_train_input_fn(sq, kind, price))
+    assert model.get_variable_value("global_step") == 79  # ceil(10 * 1,000 / 128)
+    model.train(numpy_train_input_fn(sq, kind, price), steps=5)
+    assert model.get_variable_value("global_step") == 84
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"sq_footage": sq, "type": kind, "price": price})
+    model.train(estimator.inputs.pandas_input_fn(x=df, y=df['price'], batch_size=128,
+                                                 num_epochs=1, shuffle=True))
+    assert model.get_variable_value("global_step") == 84 + 8
+
+    for i in range(3):  # sharded CSV files
+        rows = range(i * 100, i * 100 + 100)
+        (tmp_path / f"train.csv-{i}").write_text(
+            "".join(f"{int(sq[j])},{kind[j]},{price[j]}\n" for j in rows))
+
+    def decode_line(row):
+        cols = data.decode_csv(row, record_defaults=[[0], ['house'], [0.0]])
+        features = {
+            'sq_footage': cols[0],
+            'type': cols[1]
+        }
+        label = cols[2]     # price
+        return features, label
+
+    dataset = data.Dataset.list_files(str(tmp_path / 'train.csv-*')) \
+        .flat_map(data.TextLineDataset) \
+        .map(decode_line)
+    dataset = dataset.shuffle(1000).repeat(15).batch(128)
+
+    def input_fn():
+        features, label = dataset.make_one_shot_iterator().get_next()
+        return features, label
+
+    model.train(input_fn)
+    assert model.get_variable_value("global_step") == 92 + 36  # 15 * 300 rows / 128, rounded up
+    result = model.evaluate(input_fn)
+    assert result["average_loss"] < 0.15 * np.var(price)
