@@ -43,6 +43,7 @@ class DatabaseType_t(str, Enum):  # noqa: N801 - HugeCTR's name
     disabled = "disabled"
     hash_map = "hash_map"
     parallel_hash_map = "parallel_hash_map"
+    multi_process_hash_map = "multi_process_hash_map"
     redis_cluster = "redis_cluster"
     redis = "redis"
     rocks_db = "rocks_db"
@@ -155,6 +156,25 @@ class ParallelHashMapConfig(_VolatileBase):
     _algorithm = field_validator("algorithm")(_check_algorithm)
 
 
+class MultiProcessHashMapConfig(_VolatileBase):
+    """The hash map in shared memory (``/dev/shm``): one copy per host that every process of
+    the host reads (HugeCTR's ``multi_process_hash_map``; see ``tierserve.ps.shm_hash_map``).
+    ``shared_memory_size`` caps the bytes its tables may take, ``shared_memory_name`` names
+    its folder under ``/dev/shm``; ``auto_remove`` removes a table's memory when the last
+    process using it drops it or closes."""
+
+    type: Literal[DatabaseType_t.multi_process_hash_map] = DatabaseType_t.multi_process_hash_map
+    num_partitions: PositiveInt = 1
+    shared_memory_size: PositiveInt = 16 * 1024**3
+    shared_memory_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")] = (
+        "hctr_mp_hash_map_database"
+    )
+    auto_remove: bool = True
+    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
+
+    _algorithm = field_validator("algorithm")(_check_algorithm)
+
+
 class _RedisBase(_VolatileBase):
     """Settings of both Redis tiers.
 
@@ -238,7 +258,10 @@ class RedisConfig(_RedisBase):
 
 
 VolatileDBConfig = Annotated[
-    Union[DisabledConfig, HashMapConfig, ParallelHashMapConfig, RedisClusterConfig, RedisConfig],
+    Union[
+        DisabledConfig, HashMapConfig, ParallelHashMapConfig, MultiProcessHashMapConfig,
+        RedisClusterConfig, RedisConfig,
+    ],
     Field(discriminator="type"),
 ]
 

@@ -14,6 +14,7 @@ import numpy as np
 from .config import (
     DisabledConfig,
     HashMapConfig,
+    MultiProcessHashMapConfig,
     ParallelHashMapConfig,
     RedisClusterConfig,
     RedisConfig,
@@ -144,6 +145,10 @@ def create_tier(config) -> Tier | None:
     """Build the tier a ``volatile_db`` / ``persistent_db`` config selects (None: disabled)."""
     if isinstance(config, DisabledConfig) or config is None:
         return None
+    if isinstance(config, MultiProcessHashMapConfig):
+        from .shm_hash_map import SharedHashMapTier
+
+        return SharedHashMapTier(config)
     if isinstance(config, (HashMapConfig, ParallelHashMapConfig)):
         from .hash_map import HashMapTier
 

@@ -11,6 +11,7 @@ import pytest
 
 from tierserve.ps.config import (
     HashMapConfig,
+    MultiProcessHashMapConfig,
     ParallelHashMapConfig,
     RedisClusterConfig,
     RedisConfig,
@@ -24,6 +25,7 @@ if str(Path(__file__).parent) not in sys.path:  # for `import ps_helpers`
 VOLATILE_KINDS = [
     "hash_map",
     "parallel_hash_map",
+    "multi_process_hash_map",
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("redis_cluster", marks=pytest.mark.redis_cluster),
 ]
@@ -55,6 +57,11 @@ class TierFactory:
         if self.kind == "parallel_hash_map":
             overrides.setdefault("num_partitions", 4)
             return ParallelHashMapConfig(**overrides)
+        if self.kind == "multi_process_hash_map":
+            if not hasattr(self, "_shm_name"):  # one folder in /dev/shm per test
+                self._shm_name = f"tierserve-test-{uuid.uuid4().hex[:12]}"
+            overrides.setdefault("num_partitions", 2)
+            return MultiProcessHashMapConfig(shared_memory_name=self._shm_name, **overrides)
         if self.kind == "redis":
             server = self._request.getfixturevalue("redis_server")
             overrides.setdefault("num_partitions", 3)
@@ -85,6 +92,12 @@ class TierFactory:
                     tier.drop_table(tag)
         for tier in self._made:
             tier.close()
+        if hasattr(self, "_shm_name"):
+            import shutil
+
+            from tierserve.ps.shm_hash_map import SHM_ROOT
+
+            shutil.rmtree(SHM_ROOT / self._shm_name, ignore_errors=True)
 
 
 @pytest.fixture(params=ALL_KINDS)
