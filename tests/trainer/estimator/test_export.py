@@ -87,3 +87,29 @@ def test_exports_serve_what_predict_gives(tmp_path):
                                    atol=1e-5, rtol=0)
         np.testing.assert_allclose(infer(server.http_url, "ids", ids_request), ids_expected,
                                    atol=1e-5, rtol=0)
+
+
+def test_latest_and_best_exporters(tmp_path):
+    k = fc.categorical_column_with_vocabulary_list("k", ["a", "b", "c"])
+    est = estimator.LinearRegressor([fc.numeric_column("x"), k], str(tmp_path / "m"))
+    receiver = export.build_parsing_serving_input_receiver_fn(
+        fc.make_parse_example_spec([fc.numeric_column("x"), k]))
+    latest = export.LatestExporter("latest", receiver, exports_to_keep=2)
+    seen = []
+
+    def worse(best, current):  # exports only when the loss went up: never, as it falls
+        seen.append((best["global_step"], current["global_step"]))
+        return current["loss"] > best["loss"]
+
+    best = export.BestExporter("best", receiver, compare_fn=worse)
+    metrics, exports = est.train_and_evaluate(
+        estimator.TrainSpec(lambda: (F, Y), max_steps=15),
+        estimator.EvalSpec(lambda: (F, Y), steps=1, exporters=[latest, best]),
+        eval_every_n_iter=5)
+    assert metrics["global_step"] == 15
+    made = sorted(e.decode().split("/export/")[1] for e in exports)
+    assert made == ["best/best/1", "latest/latest/1", "latest/latest/2", "latest/latest/3"]
+    assert seen == [(5, 10), (5, 15)]
+    kept = sorted(p.name for p in (tmp_path / "m" / "export" / "latest" / "latest").iterdir()
+                  if p.name.isdigit())
+    assert kept == ["2", "3"]
