@@ -407,3 +407,6 @@ class SharedHashMapTier(HashMapTier):
         for tag in list(self._tables):
             self.drop_table(tag)
         super().close()
+        if self.auto_remove:
+            with contextlib.suppress(OSError):  # not empty: other processes' tables
+                self.folder.rmdir()

@@ -40,7 +40,7 @@ def pss_mib(pid: int) -> float:
     return total / 1024
 
 
-def make_repository(root: Path, rows: int, dim: int) -> Path:
+def make_repository(root: Path, rows: int, dim: int, volatile: str = "hash_map") -> Path:
     from tierserve.ps.sparse_file import write_sparse_model
 
     rng = np.random.default_rng(0)
@@ -50,7 +50,10 @@ def make_repository(root: Path, rows: int, dim: int) -> Path:
     write_sparse_model(folder, keys, rng.standard_normal((rows, dim), dtype=np.float32))
     ps = {
         "supportlonglong": True,
-        "volatile_db": {"type": "hash_map"},
+        "volatile_db": {"type": volatile, **(
+            {"shared_memory_name": f"tierserve-bench-{root.parent.name}"}
+            if volatile == "multi_process_hash_map" else {}
+        )},
         "models": [{
             "model": "emb", "sparse_files": [folder.name], "dense_file": "", "network_file": "",
             "max_batch_size": 64, "embedding_vecsize_per_table": [dim],
@@ -105,17 +108,23 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--workers", default="1,2", help="worker counts to measure")
+    parser.add_argument(
+        "--volatile", default="hash_map,multi_process_hash_map",
+        help="volatile tiers to measure (comma-separated)",
+    )  # fmt: skip
     args = parser.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
-        repo = make_repository(Path(tmp) / "repo", args.rows, args.dim)
-        raw = args.rows * (8 + 4 * args.dim) / 2**20
-        print(f"{args.rows:,} rows x dim {args.dim} ({raw:,.0f} MiB of keys and vectors)")
-        first = None
-        for workers in counts:
-            total = measure(repo, workers)
-            first = first or total
-            print(f"--workers {workers}: total PSS {total:,.0f} MiB ({total / first:.2f}x)")
+    raw = args.rows * (8 + 4 * args.dim) / 2**20
+    print(f"{args.rows:,} rows x dim {args.dim} ({raw:,.0f} MiB of keys and vectors)")
+    for volatile in args.volatile.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            repo = make_repository(Path(tmp) / "repo", args.rows, args.dim, volatile)
+            first = None
+            for workers in counts:
+                total = measure(repo, workers)
+                first = first or total
+                print(f"{volatile}, --workers {workers}: total PSS {total:,.0f} MiB "
+                      f"({total / first:.2f}x)", flush=True)  # fmt: skip
     return 0
 
 

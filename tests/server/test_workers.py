@@ -264,3 +264,74 @@ def test_hot_reload_under_load_with_two_workers_answers_each_version_whole(pool_
     finally:
         stop.set()
         pool.stop()
+
+
+@pytest.mark.kafka
+def test_an_update_reaches_both_workers_over_one_shared_memory_table(
+    tiny_dlrm, tmp_path, kafka_broker
+):
+    """--workers 2 over a multi_process_hash_map: one copy of the table, one worker applies
+    each Kafka update to it, and every worker's answers (their caches included) change."""
+    import shutil
+    import uuid
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tierserve.clients.demo_model import write_repository
+    from tierserve.ps.kafka_updates import UpdateProducer
+    from tierserve.ps.shm_hash_map import SHM_ROOT
+
+    name = f"dlrm{uuid.uuid4().hex[:8]}"
+    shm = f"tierserve-test-{name}"
+    repo = tmp_path / "repo"
+    write_repository(tiny_dlrm, repo)
+    shutil.move(repo / "dlrm", repo / name)
+    config = json.loads((repo / "ps.json").read_text())
+    entry = config["models"][0]
+    entry["model"] = name
+    for field in ("dense_file", "network_file"):
+        entry[field] = entry[field].replace("dlrm/", f"{name}/", 1)
+    entry["sparse_files"] = [f.replace("dlrm/", f"{name}/", 1) for f in entry["sparse_files"]]
+    entry.update(gpucache=True, gpucacheper=1.0)  # a cache per worker, in host memory
+    config["volatile_db"] = {"type": "multi_process_hash_map", "shared_memory_name": shm,
+                             "update_filters": [name]}  # fmt: skip
+    config["persistent_db"] = {"type": "disabled"}
+    config["update_source"] = {
+        "type": "kafka_message_queue", "brokers": kafka_broker.bootstrap,
+        "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500, "max_commit_interval": 1,
+    }  # fmt: skip
+    (repo / "ps.json").write_text(json.dumps(config))
+    table, dim = entry["embedding_table_names"][0], entry["embedding_vecsize_per_table"][0]
+    topic = f"hps_et.{name}.{table}"
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
+    body = {"inputs": [
+        {"name": "DES", "datatype": "FP32", "shape": [4, 13], "data": [0.5] * 52},
+        {"name": "CATCOLUMN", "datatype": "INT64", "shape": [4, 8], "data": list(range(3, 35))},
+    ]}  # fmt: skip
+    pool = Pool(repo, 2)
+    url = f"{pool.url}/v2/models/{name}/infer"
+
+    def answer() -> np.ndarray:
+        with httpx.Client(timeout=10) as client:  # a new connection: either worker
+            r = client.post(url, json=body)
+        assert r.status_code == 200, r.text
+        return np.asarray(r.json()["outputs"][0]["data"])
+
+    try:
+        assert until(pool.ready, timeout=90), pool.text()
+        data = [p for p in (SHM_ROOT / shm).iterdir() if p.name.split(".")[-1].isdigit()]
+        assert len(data) == 1, data  # both workers read one copy
+        before = answer()
+        for _ in range(20):  # both workers' caches hold these rows
+            np.testing.assert_allclose(answer(), before, rtol=1e-6)
+        keys = np.arange(3, 35, dtype=np.int64)
+        with UpdateProducer(kafka_broker.bootstrap) as producer:
+            producer.publish(name, table, keys, np.full((keys.size, dim), 0.25, np.float32))
+        assert until(lambda: not np.allclose(answer(), before, rtol=1e-4), timeout=20), pool.text()
+        after = answer()
+        for _ in range(30):  # every worker answers with the update (connections spread)
+            np.testing.assert_allclose(answer(), after, rtol=1e-5)
+    finally:
+        pool.stop()
+    assert not (SHM_ROOT / shm).exists()  # the last worker out removed the table
