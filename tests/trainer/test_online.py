@@ -38,6 +38,22 @@ def test_fit_refuses_half_given_online_settings(demo, kwargs, message):
         demo.model.fit(max_iter=1, **kwargs)
 
 
+def test_update_source_takes_hugectrs_params_and_refuses_the_null_one():
+    from tierserve.ps.config import UpdateSourceType_t
+    from tierserve.ps.params import UpdateSourceParams  # hugectr.inference.UpdateSourceParams
+    from tierserve.trainer.online import UpdatePublisher
+
+    params = UpdateSourceParams(type=UpdateSourceType_t.kafka_message_queue,
+                                brokers="127.0.0.1:1;127.0.0.1:2", max_batch_size=7)  # fmt: skip
+    publisher = UpdatePublisher(params)
+    try:
+        assert publisher.producer.max_batch_size == 7
+    finally:
+        publisher.close(timeout=1)
+    with pytest.raises(ConfigError, match="update_source must name Kafka brokers"):
+        UpdatePublisher(UpdateSourceParams())  # type null: no source
+
+
 def test_fit_exports_whole_versions_the_loader_reads(demo, tmp_path):
     from tierserve.ps.config import ModelConfig
     from tierserve.server.loader import version_files
