@@ -14,12 +14,16 @@ errors, latency and batch sizes over the workers (prometheus-client's multiproce
 folder the parent creates and removes); cache hit rates and tier statistics are the answering
 worker's own.
 
-Tables: each worker loads its own copy of in-process tiers (``hash_map``,
-``parallel_hash_map``) and polls the repository on its own, so after a new version appears
-the workers switch to it one by one, each within its poll interval and load time; every
-answer is still wholly one version's.  Tiers that the workers would share and write cannot be
+Tables: with an in-process tier (``hash_map``, ``parallel_hash_map``) each worker loads its
+own copy; with ``multi_process_hash_map`` (:mod:`tierserve.ps.shm_hash_map`) the workers share
+one copy in ``/dev/shm`` (the first to load a version's table fills it, the others attach;
+one worker applies each Kafka update to it and every worker's cache hears of it; a table
+stays while any worker uses it).  Each worker polls the repository on its own, so after a new
+version appears the workers switch to it one by one, each within its poll interval and load
+time; every answer is wholly one version's, but the pool does not stage and commit a version
+for all workers at once.  Tiers that the workers would share and write otherwise cannot be
 served by several workers yet: a writable RocksDB opens in one process only, and a Redis tier
-would be loaded and its replaced tables dropped by each worker on its own, under the same
+would be loaded, and its replaced tables dropped, by each worker on its own under the same
 names.  With such a ``ps.json`` the default is one worker, and ``--workers`` above one is
 refused with a message naming the tier.
 """
