@@ -168,13 +168,11 @@ class Program:
             xp = np
             if not weighted and "gpu" in group.device.lower():
                 xp = _gpu_xp(group.device)
-            table = store.table(name, info, opt.params(for_table=True), trains, scale,
-                                getattr(group, "init", None), xp)
-            if not trains:
-                table.freeze()
-            elif table.frozen:
-                table.unfreeze()
-            self.tables.append((group, table, op if trains else None))
+            store.table(name, info, opt.params(for_table=True), trains, scale,
+                        getattr(group, "init", None), xp)
+            # not trained here (another mode, or trainable=False): this program just never
+            # applies a gradient to it; freezing the shared table would stop other programs
+            self.tables.append((group, name, op if trains else None))
 
     # -- feeding -------------------------------------------------------------------------
 
@@ -202,7 +200,8 @@ class Program:
             tensors[LABEL] = lab
         saved = []
         cache: dict[int, Any] = {}
-        for group, table, _op in self.tables:
+        for group, name, _op in self.tables:
+            table = self.store.tables[name]  # the store may have rebuilt it (restore, optimizer)
             if isinstance(group, WeightedInput):
                 out, ctx = self._weighted_forward(group, table, features, b, training)
                 tensors[group.name] = out
@@ -263,7 +262,8 @@ class Program:
                 continue
             op.optimizer.impl.update_dense(self.params[i][j], g.astype(np.float32, copy=False),
                                            st, op.optimizer.lr(step - 1), step)
-        for (group, table, op), ctx in zip(self.tables, saved):
+        for (group, name, op), ctx in zip(self.tables, saved):
+            table = self.store.tables[name]
             if op is None:
                 table._saved = None  # frozen: drop what forward kept for backward
                 continue

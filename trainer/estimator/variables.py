@@ -114,8 +114,6 @@ class VariableStore:
         table = ColumnTable(name, info.dim, rows, params, info.combiner, self.seed,
                             init_scale, xp)
         self._load_table(table, data)
-        if old.frozen:
-            table.freeze()
         self.tables[name] = table
         info.optimizer = params.optimizer.value
         self.table_info[name] = info
@@ -213,8 +211,6 @@ class VariableStore:
                 table = ColumnTable(name, info.dim, self.tables[name].workspace_rows, params,
                                     info.combiner, self.seed, self.tables[name]._bound)
                 self._load_table(table, arrays)
-                if self.tables[name].frozen:
-                    table.freeze()
                 self.tables[name] = table
             else:
                 self._pending[name] = arrays

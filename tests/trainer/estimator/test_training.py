@@ -177,3 +177,20 @@ def test_warm_start_copies_matching_variables(tmp_path):
     assert np.any(source.get_variable_value("linear/linear_model/kind/weights"))
     warm.train(batch_fn, steps=1)
     assert warm.get_variable_value("global_step") == 1
+
+
+def test_tables_keep_training_after_evaluate_and_predict(tmp_path):
+    est = wide_deep(tmp_path)
+    list(est.predict(lambda: dict(FEATURES)))  # a predict-only program first
+    est.train(batch_fn, steps=2)
+    est.evaluate(batch_fn, steps=1)
+    name = "dnn/input_from_feature_columns/input_layer/kind_embedding/embedding_weights"
+    before = est.get_variable_value(name)
+    est.train(batch_fn, steps=2)
+    after = est.get_variable_value(name)
+    assert np.abs(after - before).max() > 1e-4  # the table still trains
+    # and the programs built before read the trained table
+    preds = [p["logistic"][0] for p in est.predict(lambda: dict(FEATURES))]
+    fresh = wide_deep(tmp_path)  # a new Estimator restores the checkpoint
+    assert preds == pytest.approx([p["logistic"][0] for p in fresh.predict(
+        lambda: dict(FEATURES))], abs=1e-6)
