@@ -267,8 +267,9 @@ REPLICA_ENV = "TIERSERVE_REPLICA_ID"
 def _worker_main(settings_json: str, index: int, ready, metrics_dir: str) -> None:
     _die_with_parent()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    if os.environ.get(REPLICA_ENV):
+    if os.environ.get(REPLICA_ENV) and index > 0:
         # each worker's in-process tables need every update: a consumer group of its own
+        # (worker 0 keeps the name given, so its groups are the ones a single process had)
         os.environ[REPLICA_ENV] = f"{os.environ[REPLICA_ENV][:190]}-w{index}"
     settings = Settings.model_validate_json(settings_json)
     logging.basicConfig(

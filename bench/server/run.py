@@ -255,6 +255,8 @@ def start_server(
     if not batching:
         args.append("--no-dynamic-batching")
     args.extend(extra)
+    if env is None and "--workers" not in extra:  # this checkout: one process, as before
+        args.extend(["--workers", "1"])
     proc = subprocess.Popen(
         args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, **(env or {})}, cwd="/" if env else None,
