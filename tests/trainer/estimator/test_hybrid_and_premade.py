@@ -151,6 +151,15 @@ def test_embedding_options_honoured_refused_or_warned(tmp_path, monkeypatch):
     assert any(m.startswith("emb_unique:") for m in messages)
     assert any(m.startswith("HB_EMB_BUFFER_SIZE: '1024' has no effect") for m in messages)
     assert not any(m.startswith("emb_wire_dtype") for m in messages)
+    try:
+        import cupy  # noqa: F401
+
+        has_gpu = True
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        with pytest.warns(HugeCTRCompatibilityWarning, match="emb_device: '/gpu:0': no GPU"):
+            assert len(build(emb_device="/gpu:0", emb_unique=False)) == 2
     with hb.scope(emb_pad=True), pytest.raises(ConfigError, match="emb_pad"):
         build()
 
