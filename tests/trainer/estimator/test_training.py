@@ -194,3 +194,16 @@ def test_tables_keep_training_after_evaluate_and_predict(tmp_path):
     fresh = wide_deep(tmp_path)  # a new Estimator restores the checkpoint
     assert preds == pytest.approx([p["logistic"][0] for p in fresh.predict(
         lambda: dict(FEATURES))], abs=1e-6)
+
+
+def test_tf_random_seed_sets_the_initial_weights(tmp_path):
+    def first_kernel(seed, name):
+        est = wide_deep(tmp_path / name, tf_random_seed=seed)
+        list(est.predict(lambda: dict(FEATURES)))
+        return est.get_variable_value("dnn/hiddenlayer_0/kernel"), est.get_variable_value(
+            "dnn/input_from_feature_columns/input_layer/kind_embedding/embedding_weights")
+
+    a, b, c = first_kernel(1, "a"), first_kernel(1, "b"), first_kernel(2, "c")
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert not np.allclose(a[0], c[0]) and not np.allclose(a[1], c[1])
