@@ -693,6 +693,9 @@ class Estimator:
         folder's path (bytes, as TensorFlow)."""
         from .export import export_model
 
+        if as_text or experimental_mode != ModeKeys.PREDICT:
+            raise ConfigError("export_saved_model: as_text and experimental_mode are not "
+                              "supported (the export is a graph JSON of the PREDICT graph)")
         return export_model(self, export_dir_base, serving_input_receiver_fn,
                             checkpoint_path=checkpoint_path, model_name=model_name,
                             assets_extra=assets_extra)

@@ -226,6 +226,13 @@ def _linear_lr(columns: list) -> float:
     return min(0.2, 1.0 / math.sqrt(max(len(columns), 1)))
 
 
+def _check_loss_reduction(value: Any) -> None:
+    name = str(getattr(value, "name", value) or "").lower()
+    if name not in ("", "none", "sum_over_batch_size", "weighted_mean"):
+        raise ConfigError(f"loss_reduction {value!r} is not supported: losses are averaged "
+                          "over the batch (SUM_OVER_BATCH_SIZE)")
+
+
 class _Canned(Estimator):
     head: Head
 
@@ -238,6 +245,7 @@ class LinearRegressor(_Canned):
                  weight_column=None, optimizer: Any = "Ftrl", config=None,
                  warm_start_from=None, loss_reduction: Any = None,
                  sparse_combiner: str = "sum") -> None:
+        _check_loss_reduction(loss_reduction)
         self.head = Head("regression", label_dimension=label_dimension,
                          weight_column=weight_column)
         cols = _columns(feature_columns, "feature_columns")
@@ -256,6 +264,7 @@ class LinearClassifier(_Canned):
                  label_vocabulary=None, optimizer: Any = "Ftrl", config=None,
                  warm_start_from=None, loss_reduction: Any = None,
                  sparse_combiner: str = "sum") -> None:
+        _check_loss_reduction(loss_reduction)
         self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
                          label_vocabulary=label_vocabulary)
         cols = _columns(feature_columns, "feature_columns")
@@ -277,6 +286,7 @@ class DNNRegressor(_Canned):
                  weight_column=None, optimizer: Any = "Adagrad", activation_fn: Any = None,
                  dropout: float | None = None, config=None, warm_start_from=None,
                  loss_reduction: Any = None, batch_norm: bool = False) -> None:
+        _check_loss_reduction(loss_reduction)
         self.head = Head("regression", label_dimension=label_dimension,
                          weight_column=weight_column)
         hidden_units, feature_columns = _dnn_args(hidden_units, feature_columns)
@@ -302,6 +312,7 @@ class DNNClassifier(_Canned):
                  activation_fn: Any = None, dropout: float | None = None, config=None,
                  warm_start_from=None, loss_reduction: Any = None,
                  batch_norm: bool = False) -> None:
+        _check_loss_reduction(loss_reduction)
         self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
                          label_vocabulary=label_vocabulary)
         hidden_units, feature_columns = _dnn_args(hidden_units, feature_columns)
@@ -353,6 +364,7 @@ class DNNLinearCombinedRegressor(_Canned):
                  label_dimension: int = 1, weight_column=None, config=None,
                  warm_start_from=None, loss_reduction: Any = None, batch_norm: bool = False,
                  linear_sparse_combiner: str = "sum") -> None:
+        _check_loss_reduction(loss_reduction)
         self.head = Head("regression", label_dimension=label_dimension,
                          weight_column=weight_column)
         lin, dnn = _columns(linear_feature_columns, "l"), _columns(dnn_feature_columns, "d")
@@ -373,6 +385,7 @@ class DNNLinearCombinedClassifier(_Canned):
                  n_classes: int = 2, weight_column=None, label_vocabulary=None, config=None,
                  warm_start_from=None, loss_reduction: Any = None, batch_norm: bool = False,
                  linear_sparse_combiner: str = "sum") -> None:
+        _check_loss_reduction(loss_reduction)
         self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
                          label_vocabulary=label_vocabulary)
         lin, dnn = _columns(linear_feature_columns, "l"), _columns(dnn_feature_columns, "d")
@@ -447,11 +460,22 @@ class DeepFMEstimator(_Canned):
 
             return self.head.spec(features, labels, mode, logits, train_op_fn)
 
-        self._model_fn = model_fn
+        chief_hooks = list(training_chief_hooks or [])
+
+        def with_hooks(features, labels, mode, config=None):
+            spec = model_fn(features, labels, mode, config)
+            spec.training_chief_hooks = [*spec.training_chief_hooks, *chief_hooks]
+            return spec
+
+        self._model_fn = with_hooks
         cfg = config
         if cfg is not None and not hasattr(cfg, "replace"):
             cfg = None  # DLRover passes its run config positionally to _model_fn instead
-        super().__init__(model_fn, model_dir, cfg)
+        if cfg is None:
+            from .run_config import RunConfig
+
+            cfg = RunConfig(tf_random_seed=seed)  # DeepCTR's seed: the initial weights
+        super().__init__(with_hooks, model_dir, cfg)
 
 
 __all__ = [

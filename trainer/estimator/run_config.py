@@ -38,6 +38,10 @@ class RunConfig:
                    "experimental_distribute": experimental_distribute,
                    "keep_checkpoint_every_n_hours": keep_checkpoint_every_n_hours,
                    "experimental_max_worker_delay_secs": experimental_max_worker_delay_secs}
+        if session_creation_timeout_secs != 7200 or not checkpoint_save_graph_def:
+            raise ConfigError("RunConfig: session_creation_timeout_secs and "
+                              "checkpoint_save_graph_def are TensorFlow session settings; "
+                              "there is no session or graph def here")
         for name, value in refused.items():
             if value is not None:
                 raise ConfigError(f"RunConfig({name}=...) is not supported: the Estimator "

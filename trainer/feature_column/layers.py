@@ -235,12 +235,14 @@ class DenseFeatures:
 
     def __init__(self, feature_columns: Iterable[FeatureColumn], trainable: bool = True,
                  name: str | None = None, **options: Any) -> None:
+        _refuse(trainable, None, "DenseFeatures")
         self.feature_columns = _columns(feature_columns, "DenseFeatures")
         self.name = name
         self.options = hybrid.check_options(options, "DenseFeatures")
 
     def __call__(self, features: dict, cols_to_output_tensors: Any = None,
                  training: Any = None) -> Tensor:
+        _refuse(True, cols_to_output_tensors, "DenseFeatures")
         return build_dense_features(features, self.feature_columns, self.options)
 
 
@@ -248,7 +250,20 @@ def input_layer(features: dict, feature_columns: Any, weight_collections: Any = 
                 trainable: bool = True, cols_to_vars: Any = None,
                 cols_to_output_tensors: Any = None) -> Tensor:
     """``tf.feature_column.input_layer``: the dense tensor of ``feature_columns``."""
+    _refuse(trainable, cols_to_vars, cols_to_output_tensors, "input_layer")
     return build_dense_features(features, feature_columns, what="input_layer")
+
+
+def _refuse(trainable: bool, *dicts: Any, what: str = "") -> None:
+    what = what or (dicts[-1] if dicts and isinstance(dicts[-1], str) else "")
+    if isinstance(dicts[-1], str):
+        dicts = dicts[:-1]
+    if not trainable:
+        raise ConfigError(f"{what}(trainable=False) is not supported; give the columns "
+                          "embedding_column(..., trainable=False) or dense(trainable=False)")
+    if any(d is not None for d in dicts):
+        raise ConfigError(f"{what}: cols_to_vars / cols_to_output_tensors are not filled "
+                          "here; read variables with Estimator.get_variable_value")
 
 
 def linear_model(features: dict, feature_columns: Any, units: int = 1,
@@ -259,6 +274,7 @@ def linear_model(features: dict, feature_columns: Any, units: int = 1,
     a bias (``linear_model/bias_weights``)."""
     from ..estimator.layers import dense, reduce_sum, reshape
 
+    _refuse(trainable, cols_to_vars, "linear_model")
     g = current_graph("linear_model")
     cols = _columns(feature_columns, "linear_model")
     _check_features(features, cols, "linear_model")

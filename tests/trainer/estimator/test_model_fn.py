@@ -199,3 +199,18 @@ def test_model_fn_contract_errors(tmp_path):
     with pytest.raises(ConfigError, match="params were given"):
         estimator.Estimator(no_train_op, str(tmp_path / "p"), params={"a": 1}).train(
             lambda: (dict(FEATURES), LABELS), steps=1)
+
+
+def test_settings_without_a_meaning_here_are_refused_by_name(tmp_path):
+    with pytest.raises(ConfigError, match="RunConfig\\(session_config=...\\)"):
+        estimator.RunConfig(session_config=object())
+    with pytest.raises(ConfigError, match="checkpoint_save_graph_def"):
+        estimator.RunConfig(checkpoint_save_graph_def=False)
+    with pytest.raises(ConfigError, match="loss_reduction 'sum' is not supported"):
+        estimator.LinearRegressor([fc.numeric_column("x")], loss_reduction="sum")
+    with pytest.raises(ConfigError, match="DenseFeatures\\(trainable=False\\)"):
+        fc.DenseFeatures([fc.numeric_column("x")], trainable=False)
+    est = make(tmp_path)
+    est.train(lambda: (dict(FEATURES), LABELS), steps=1)
+    with pytest.raises(ConfigError, match="as_text and experimental_mode"):
+        est.export_saved_model(str(tmp_path / "e"), lambda: None, as_text=True)
