@@ -59,8 +59,16 @@ def test_exports_serve_what_predict_gives(tmp_path):
         str(repo), export.build_parsing_serving_input_receiver_fn(
             fc.make_parse_example_spec([ids]))).decode()
 
+    three = estimator.DNNClassifier([4], [fc.numeric_column("x"), fc.embedding_column(k, 2)],
+                                    n_classes=3, model_dir=str(tmp_path / "three"))
+    three.train(lambda: ({"x": F["x"], "k": F["k"]}, np.digitize(F["x"], [-0.5, 0.5])),
+                steps=10)
+    three_version = three.export_saved_model(str(repo), export.build_parsing_serving_input_receiver_fn(
+        fc.make_parse_example_spec([fc.numeric_column("x"), k]))).decode()
+
     config = json.loads((repo / "ps.json").read_text())
-    assert [m["model"] for m in config["models"]] == ["reg", "ids"]
+    assert [m["model"] for m in config["models"]] == ["reg", "ids", "three"]
+    assert config["models"][2]["label_dim"] == 3
     reg_entry = config["models"][0]
     assert reg_entry["embedding_table_names"] == [
         "dnn-input_from_feature_columns-input_layer-k_embedding"]
@@ -87,6 +95,11 @@ def test_exports_serve_what_predict_gives(tmp_path):
                                    atol=1e-5, rtol=0)
         np.testing.assert_allclose(infer(server.http_url, "ids", ids_request), ids_expected,
                                    atol=1e-5, rtol=0)
+        probs = np.stack([p["probabilities"] for p in three.predict(
+            lambda: {"x": F["x"][:n], "k": F["k"][:n]})])
+        served = infer(server.http_url, "three", export.encode_request(
+            three_version, {"x": F["x"][:n], "k": F["k"][:n]}))
+        np.testing.assert_allclose(served.reshape(n, 3), probs, atol=1e-5, rtol=0)
 
 
 def test_latest_and_best_exporters(tmp_path):
