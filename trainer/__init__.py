@@ -28,6 +28,7 @@ from .data.params import (
     DataReaderType_t,
 )
 from .embedding import Embedding_t
+from .etc import CreateHMemCache
 from .inference_graph import InferenceGraph
 from .layer_specs import (
     Activation_t,
@@ -82,6 +83,7 @@ __all__ = [
     "Check_t",
     "CommunicationType",
     "CreateETC",
+    "CreateHMemCache",
     "CreateOptimizer",
     "CreateSolver",
     "DatabaseHashMapAlgorithm_t",

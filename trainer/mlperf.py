@@ -1,18 +1,18 @@
-"""HugeCTR's MLPerf-only and embedding-training-cache objects, so scripts can build them:
-``HybridEmbeddingParam`` (with ``CommunicationType`` and ``HybridEmbeddingType``),
-``CreateETC`` and ``TrainPSType_t``.
+"""HugeCTR's MLPerf-only objects, so scripts can build them: ``HybridEmbeddingParam`` (with
+``CommunicationType`` and ``HybridEmbeddingType``).  ``CreateETC`` and ``TrainPSType_t`` (the
+embedding training cache) live in :mod:`tierserve.trainer.etc` and are re-exported here.
 
 A ``HybridEmbeddingParam`` given to ``SparseEmbedding`` warns once (the table is trained as
-one table on one device, the same values); ``CreateETC`` is refused: tables live in host
-memory, so there is no embedding training cache to configure.
+one table on one device, the same values).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 from tierserve.ps.errors import ConfigError
+
+from .etc import CreateETC, TrainPSType_t  # noqa: F401 - re-exported (HugeCTR's names)
 
 
 class CommunicationType(enum.Enum):
@@ -23,11 +23,6 @@ class CommunicationType(enum.Enum):
 
 class HybridEmbeddingType(enum.Enum):
     Distributed = "Distributed"
-
-
-class TrainPSType_t(enum.Enum):  # noqa: N801 - HugeCTR's name
-    Staged = "Staged"
-    Cached = "Cached"
 
 
 class HybridEmbeddingParam:
@@ -55,11 +50,3 @@ class HybridEmbeddingParam:
         self.communication_type = communication_type
         self.hybrid_embedding_type = hybrid_embedding_type
 
-
-def CreateETC(**kwargs: Any) -> None:  # noqa: N802 - HugeCTR's name
-    """Refused: the embedding training cache moves parts of tables between SSD, host and GPU;
-    tierserve keeps whole tables in host (or device) memory."""
-    raise ConfigError(
-        "CreateETC: the embedding training cache is not available; tables live in memory "
-        "whole. Build the Model without etc (and load a saved table with load_sparse_weights)"
-    )

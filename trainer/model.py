@@ -44,14 +44,21 @@ from .solver import Solver
 class Model:
     """A HugeCTR model: ``Model(solver, reader_params, optimizer)``, then ``add`` layers.
 
-    ``etc`` (the embedding training cache) is not supported: tables live in memory.
+    ``etc`` (``CreateETC(...)``): the embedding training cache (:mod:`.etc`); the tables'
+    full rows live in its parameter servers and the model trains a keyset's rows at a time.
     """
 
     def __init__(
         self, solver: Solver, reader_params: Any, opt_params: OptParamsPy, etc: Any = None
     ) -> None:
         if etc is not None:
-            raise ConfigError("the embedding training cache (etc) is not supported")
+            from .etc import EmbeddingTrainingCacheParams
+
+            if not isinstance(etc, EmbeddingTrainingCacheParams):
+                raise ConfigError(f"Model(etc=...) takes what hugectr.CreateETC returns, not "
+                                  f"{type(etc).__name__}")
+        self._etc_params = etc
+        self._etc = None
         self.solver = solver
         self.reader_params = reader_params
         self.opt_params = opt_params
@@ -147,6 +154,12 @@ class Model:
         self._open_readers()
         if self._dist is not None:
             self._dist.attach(self)
+        if self._etc_params is not None:
+            from .etc import EmbeddingTrainingCache
+
+            self._etc = EmbeddingTrainingCache(self, self._etc_params)
+            if self.reader_params.keyset:
+                self.set_source(self.reader_params.source, self.reader_params.keyset)
 
     def _check_bottoms(self, graph: Graph) -> None:
         produced = {s["top"] for s in graph.data_layer.get("sparse") or []}
@@ -217,7 +230,16 @@ class Model:
     def set_source(self, source: Any = None, keyset: Any = None, eval_source: Any = None) -> None:
         """New training (and evaluation) sources for epoch-mode training."""
         self._require_compiled("set_source")
-        if keyset:
+        if keyset and self._etc is not None:  # the ETC trains each file list's keyset in turn
+            from .etc import KeysetReader
+
+            sources = list(source) if isinstance(source, (list, tuple)) else [source]
+            keysets = list(keyset) if isinstance(keyset, (list, tuple)) else [keyset]
+            self._etc.set_sources(sources, keysets)
+            inner = getattr(self._train_reader, "inner", self._train_reader)
+            self._train_reader = KeysetReader(inner, self._etc)
+            source = None
+        elif keyset:
             from .compat import warn_once
 
             warn_once("Model.set_source.keyset", "keyset files are read only by HugeCTR's "
@@ -574,7 +596,9 @@ class Model:
         parent = Path(prefix).parent
         parent.mkdir(parents=True, exist_ok=True)
         written = []
-        for i, table in enumerate(self.tables):
+        if self._etc is not None:  # the full tables, to the etc's sparse_models paths
+            written = self._etc.save()
+        for i, table in enumerate(self.tables if self._etc is None else ()):
             adapters.save_table(table, sparse_model_name(prefix, i, iter),
                                 sparse_optimizer_name(prefix, i, iter))
             written.append(sparse_model_name(prefix, i, iter))
@@ -590,7 +614,9 @@ class Model:
             manifest.record([*written, dense_path, dense_path + NONTRAINABLE_SUFFIX])
         if self._dist is not None:
             self._dist.barrier("save_params_to_files")
-        return [*written, *(sparse_optimizer_name(prefix, i, iter) for i in range(len(self.tables))),
+        opt_files = [] if self._etc is not None else [
+            sparse_optimizer_name(prefix, i, iter) for i in range(len(self.tables))]
+        return [*written, *opt_files,
                 dense_path, dense_path + NONTRAINABLE_SUFFIX, dense_optimizer_name(prefix, iter)]
 
     def _dense_opt_arrays(self) -> list[np.ndarray]:
@@ -720,7 +746,13 @@ class Model:
         """Kept for HugeCTR scripts; evaluation reads the training weights directly."""
 
     def get_embedding_training_cache(self):
-        raise ConfigError("the embedding training cache is not supported")
+        """The model's :class:`~tierserve.trainer.etc.EmbeddingTrainingCache` (``update``)."""
+        self._require_compiled("get_embedding_training_cache")
+        if self._etc is None:
+            raise ConfigError("get_embedding_training_cache: the model has no embedding "
+                              "training cache; build it with Model(..., etc=hugectr.CreateETC("
+                              "...))")
+        return self._etc
 
     def dense_parameters(self) -> list[np.ndarray]:
         """The dense weights in dense-file order (host copies)."""

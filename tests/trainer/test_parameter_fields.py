@@ -163,8 +163,8 @@ def test_unhonoured_settings_warn_once():
 
 
 def test_refused_settings_say_why():
-    with pytest.raises(ConfigError, match="embedding training cache"):
-        hugectr.CreateETC(ps_types=[hugectr.TrainPSType_t.Staged])
+    with pytest.raises(ConfigError, match="1 ps_types for 0 sparse_models"):
+        hugectr.CreateETC(ps_types=[hugectr.TrainPSType_t.Staged], sparse_models=[])
     with pytest.raises(ConfigError, match="HybridSparseEmbedding"):
         hugectr.SparseEmbedding(hugectr.Embedding_t.HybridSparseEmbedding, 1, 4, "sum", "e", "d")
     with pytest.raises(ConfigError, match="algorithm 'stl'"):

@@ -145,8 +145,9 @@ class DataReaderParams(ParamsModel):
                       "at every evaluation", stacklevel=5)
         if self.keyset:
             warn_once("DataReaderParams.keyset",
-                      "keyset files are read only by HugeCTR's embedding training cache, "
-                      "which tierserve does not have (tables live in memory); not read",
+                      "keyset files are read only by the embedding training cache: a Model "
+                      "built with etc=CreateETC(...) trains each file list with its keyset; "
+                      "without etc they are not read",
                       stacklevel=5)
         if self.data_source_params is not None:
             from .source import check_data_source

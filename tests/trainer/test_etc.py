@@ -1,0 +1,285 @@
+"""The embedding training cache (trainer/etc.py): a model trained a keyset at a time through
+a Staged (hash map) or Cached (RocksDB + bounded host cache) parameter server ends exactly
+where the same model trained with whole tables in memory ends; the full tables are saved to
+``sparse_models`` and load back (incremental training); epoch-mode ``set_source`` with keysets
+trains each file list with its keyset; memory stays bounded for a table 4x the budget; bad
+settings are refused naming them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tierserve.trainer as hugectr
+from tierserve.ps.errors import ConfigError
+from tierserve.ps.sparse_file import read_sparse_model
+from tierserve.trainer.data.reader import DataReader
+
+SLOTS = 4
+DIM = 8
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """Two Norm file lists (different seeds, overlapping keys) and their keyset files."""
+    out = tmp_path_factory.mktemp("etc_data")
+    pairs = []
+    for i in range(2):
+        folder = out / f"part{i}"
+        hugectr.tools.DataGenerator(hugectr.tools.DataGeneratorParams(
+            format=hugectr.DataReaderType_t.Norm, label_dim=1, dense_dim=3, num_slot=SLOTS,
+            i64_input_key=True, source=str(folder / "file_list.txt"),
+            eval_source=str(folder / "file_list_test.txt"), slot_size_array=[300] * SLOTS,
+            nnz_array=[1] * SLOTS, check_type=hugectr.Check_t.Sum, num_files=1,
+            eval_num_files=1, num_samples_per_file=1024, seed=11 + i)).generate()
+        with DataReader("Norm", folder / "file_list.txt", 1024, 1, 3,
+                        [hugectr.DataReaderSparseParam("s", 1, True, SLOTS)],
+                        i64_input_key=True, check_type="Sum") as reader:
+            keys = np.unique(np.concatenate([b.sparse[0].keys for b in reader]))
+        keys.astype("<i8").tofile(folder / "keyset")
+        pairs.append((str(folder / "file_list.txt"), str(folder / "keyset")))
+    return pairs
+
+
+def _model(source, etc=None, optimizer="Adam", update="Local"):
+    solver = hugectr.CreateSolver(batchsize=128, batchsize_eval=128, lr=0.01,
+                                  repeat_dataset=False, i64_input_key=True, seed=5)
+    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm,
+                                      source=[source], check_type=hugectr.Check_t.Sum)
+    opt = hugectr.CreateOptimizer(optimizer_type=getattr(hugectr.Optimizer_t, optimizer),
+                                  update_type=getattr(hugectr.Update_t, update),
+                                  initial_accu_value=0.01)
+    model = hugectr.Model(solver, reader, opt, etc)
+    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=3, dense_name="dense",
+                            data_reader_sparse_param_array=[
+                                hugectr.DataReaderSparseParam("s", 1, True, SLOTS)]))
+    model.add(hugectr.SparseEmbedding(
+        embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash,
+        workspace_size_per_gpu_in_mb=1, embedding_vec_size=DIM, combiner="sum",
+        sparse_embedding_name="emb", bottom_name="s", optimizer=opt))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape, bottom_names=["emb"],
+                                 top_names=["flat"], leading_dim=SLOTS * DIM))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Concat,
+                                 bottom_names=["flat", "dense"], top_names=["cat"]))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct, bottom_names=["cat"],
+                                 top_names=["fc"], num_output=1))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
+                                 bottom_names=["fc", "label"], top_names=["loss"]))
+    model.compile()
+    return model
+
+
+def _train_source(model, source):
+    model.get_data_reader_train().set_source(source)
+    steps = 0
+    while model.train():
+        steps += 1
+    return steps
+
+
+def _etc(kind, tmp_path, n_tables=1):
+    types = [getattr(hugectr.TrainPSType_t, kind)] * n_tables
+    models = [str(tmp_path / f"etc_table{i}.model") for i in range(n_tables)]
+    if kind == "Staged":
+        return hugectr.CreateETC(ps_types=types, sparse_models=models)
+    return hugectr.CreateETC(ps_types=types, sparse_models=models,
+                             local_paths=[str(tmp_path / "ssd")],
+                             hmem_cache_configs=[hugectr.CreateHMemCache(1, block_size_mb=0.01)])
+
+
+def _whole_table(model):
+    t = model.tables[0].export()
+    order = np.argsort(t.keys)
+    state = {k: v[order] for k, v in model.tables[0].export_optimizer_state().items()}
+    return t.keys[order], t.embeddings[order], t.slot_ids[order], state
+
+
+@pytest.mark.parametrize("kind", ["Staged", "Cached"])
+@pytest.mark.parametrize("optimizer,update", [("Adam", "Local"), ("Adam", "LazyGlobal"),
+                                              ("AdaGrad", "Local")])
+def test_training_through_the_cache_equals_whole_tables(kind, optimizer, update, sources,
+                                                        tmp_path):
+    plain = _model(sources[0][0], optimizer=optimizer, update=update)
+    cached = _model(sources[0][0], _etc(kind, tmp_path), optimizer, update)
+    etc = cached.get_embedding_training_cache()
+    for source, keyset in [*sources, *sources]:  # two rounds: rows come back from the server
+        _train_source(plain, source)
+        etc.update(keyset)
+        _train_source(cached, source)
+        assert cached.tables[0].num_rows == len(np.fromfile(keyset, "<i8"))  # the working set
+    np.testing.assert_allclose(cached.dense_parameters()[0], plain.dense_parameters()[0],
+                               rtol=1e-6)
+    cached.save_params_to_files(str(tmp_path / "m"), 4)
+    saved = read_sparse_model(tmp_path / "etc_table0.model", DIM)
+    keys, vectors, slots, state = _whole_table(plain)
+    np.testing.assert_array_equal(saved.keys, keys)
+    np.testing.assert_allclose(saved.embeddings, vectors, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(saved.slot_ids, slots)
+    name = type(plain.tables[0].optimizer).__name__
+    for k, v in state.items():
+        dtype = np.int64 if v.dtype == np.int64 else np.float32
+        got = np.fromfile(tmp_path / "etc_table0.model" / f"{name}.{k}", dtype).reshape(v.shape)
+        np.testing.assert_allclose(got, v, rtol=1e-6, atol=1e-7)
+    assert (tmp_path / "m_dense_4.model").is_file()
+
+
+def test_a_saved_cache_table_is_trained_on_incrementally(sources, tmp_path):
+    plain = _model(sources[0][0])
+    first = _model(sources[0][0], _etc("Staged", tmp_path))
+    for source, keyset in sources:
+        _train_source(plain, source)
+        first.get_embedding_training_cache().update(keyset)
+        _train_source(first, source)
+    first.save_params_to_files(str(tmp_path / "m"), 1)
+    # a new model finds etc_table0.model and continues from it
+    second = _model(sources[0][0], _etc("Staged", tmp_path))
+    second.load_dense_weights(str(tmp_path / "m_dense_1.model"))
+    second.load_dense_optimizer_states(str(tmp_path / "m_opt_dense_1.model"))
+    second._step = first._step
+    source, keyset = sources[0]
+    _train_source(plain, source)
+    second.get_embedding_training_cache().update(keyset)
+    _train_source(second, source)
+    second.get_embedding_training_cache().flush()
+    keys, vectors, _, _ = _whole_table(plain)
+    second.save_params_to_files(str(tmp_path / "m"), 2)
+    saved = read_sparse_model(tmp_path / "etc_table0.model", DIM)
+    np.testing.assert_array_equal(saved.keys, keys)
+    np.testing.assert_allclose(saved.embeddings, vectors, rtol=1e-6, atol=1e-7)
+
+
+def test_fit_trains_each_file_list_with_its_keyset(sources, tmp_path):
+    plain = _model(sources[0][0])
+    for source, _ in sources:
+        _train_source(plain, source)
+    model = _model(sources[0][0], _etc("Cached", tmp_path))
+    model.set_source(source=[s for s, _ in sources], keyset=[k for _, k in sources])
+    model.fit(num_epochs=1, display=1000, eval_interval=0, snapshot=0)
+    np.testing.assert_allclose(model.dense_parameters()[0], plain.dense_parameters()[0],
+                               rtol=1e-6)
+    assert model.tables[0].num_rows == len(np.fromfile(sources[1][1], "<i8"))
+
+
+def test_bad_cache_settings_are_refused(tmp_path, sources):
+    with pytest.raises(ConfigError, match="2 ps_types for 1 sparse_models"):
+        hugectr.CreateETC(ps_types=[hugectr.TrainPSType_t.Staged] * 2, sparse_models=["a"])
+    with pytest.raises(ConfigError, match="Cached table needs local_paths"):
+        hugectr.CreateETC(ps_types=[hugectr.TrainPSType_t.Cached], sparse_models=["a"],
+                          hmem_cache_configs=[hugectr.CreateHMemCache(1)])
+    with pytest.raises(ConfigError, match="target_hit_rate is not supported"):
+        hugectr.CreateHMemCache(2, 0.5)
+    with pytest.raises(ConfigError, match="ps_types entries must be"):
+        hugectr.CreateETC(ps_types=["SSD"], sparse_models=["a"])
+    model = _model(sources[0][0], _etc("Staged", tmp_path))
+    etc = model.get_embedding_training_cache()
+    with pytest.raises(ConfigError, match="2 keyset files for 1 embedding tables"):
+        etc.update([sources[0][1], sources[1][1]])
+    with pytest.raises(ConfigError, match="keyset file .*missing.keyset does not exist"):
+        etc.update(str(tmp_path / "missing.keyset"))
+    (tmp_path / "odd.keyset").write_bytes(b"123")
+    with pytest.raises(ConfigError, match="not a whole number of int64 keys"):
+        etc.update(str(tmp_path / "odd.keyset"))
+    with pytest.raises(ConfigError, match="no embedding training cache"):
+        _model(sources[0][0]).get_embedding_training_cache()
+    with pytest.raises(ConfigError, match="takes what hugectr.CreateETC returns"):
+        _model(sources[0][0], etc={"ps_types": ["Staged"]})
+
+
+# A table of 4x the memory budget trained through a Cached server, one keyset at a time, in
+# a process of its own so the peak RSS (VmHWM) is this run's, measured from after the code
+# (hash-map kernels, RocksDB) is loaded.  Budget = the working table's workspace + the host
+# cache.
+_BOUNDED = textwrap.dedent("""
+    import os, sys, json
+    import numpy as np
+    import tierserve.trainer as hugectr
+    from tierserve.trainer.data.batch import Batch, SparseInput
+
+    tmp, workspace_mb, cache_mb, passes = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    SLOTS, DIM, B = 26, 16, 2048
+    def status(field):
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field))
+    etc = hugectr.CreateETC(ps_types=[hugectr.TrainPSType_t.Cached],
+                            sparse_models=[os.path.join(tmp, "table.model")],
+                            local_paths=[os.path.join(tmp, "ssd")],
+                            hmem_cache_configs=[hugectr.CreateHMemCache(1, block_size_mb=cache_mb)])
+    solver = hugectr.CreateSolver(batchsize=B, lr=0.01, i64_input_key=True)
+    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm,
+                                      source=["unused.txt"])
+    opt = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.AdaGrad,
+                                  update_type=hugectr.Update_t.Local, initial_accu_value=0.01)
+    model = hugectr.Model(solver, reader, opt, etc)
+    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=1, dense_name="dense",
+                            data_reader_sparse_param_array=[
+                                hugectr.DataReaderSparseParam("s", 1, True, SLOTS)]))
+    model.add(hugectr.SparseEmbedding(
+        embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+        workspace_size_per_gpu_in_mb=workspace_mb, embedding_vec_size=DIM, combiner="sum",
+        sparse_embedding_name="emb", bottom_name="s", optimizer=opt))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape, bottom_names=["emb"],
+                                 top_names=["flat"], leading_dim=SLOTS * DIM))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct,
+                                 bottom_names=["flat"], top_names=["fc"], num_output=1))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
+                                 bottom_names=["fc", "label"], top_names=["loss"]))
+    model.compile()
+    cache = model.get_embedding_training_cache()
+    rows = model.tables[0].max_rows * 9 // 10   # a keyset fills 90% of the workspace
+    rng = np.random.default_rng(0)
+    # code, not data: compile the hash map's kernels and load RocksDB before measuring
+    from tierserve.ps.config import HashMapConfig
+    from tierserve.ps.hash_map import HashMapTier
+    from tierserve.trainer.etc import _bounded_rocksdb
+    for tier in (HashMapTier(HashMapConfig(overflow_margin=100, overflow_policy="evict_least_used")),
+                 _bounded_rocksdb(os.path.join(tmp, "warm"))):
+        tier.create_table("t", 4)
+        tier.insert("t", np.arange(200, dtype=np.int64), np.ones((200, 4), np.float32))
+        tier.lookup("t", np.arange(300, dtype=np.int64))
+        tier.close()
+    start = status("VmRSS")
+    for p in range(passes):
+        keys = np.arange(p * rows, (p + 1) * rows, dtype=np.int64)
+        keys.tofile(os.path.join(tmp, "keyset"))
+        cache.update(os.path.join(tmp, "keyset"))
+        for lo in range(0, rows, B * SLOTS):
+            chunk = keys[lo : lo + B * SLOTS]
+            n = len(chunk) // SLOTS
+            chunk = chunk[: n * SLOTS]
+            batch = Batch(label=(rng.random((n, 1)) < 0.5).astype(np.float32),
+                          dense=np.zeros((n, 1), np.float32),
+                          sparse=(SparseInput(chunk, np.arange(n * SLOTS + 1), SLOTS),))
+            model.train_on_batch(batch)
+    cache.flush()
+    total = cache.total_rows(0)
+    print(json.dumps({"start": start, "peak": status("VmHWM"), "rows": total,
+                      "row_bytes": 4 * DIM * 2}))
+""")
+
+
+@pytest.mark.slow
+def test_a_table_four_times_the_budget_trains_in_bounded_memory(tmp_path):
+    workspace_mb, cache_mb, passes = 24.0, 8.0, 6
+    budget = (workspace_mb + cache_mb) * (1 << 20)
+    done = subprocess.run([sys.executable, "-c", _BOUNDED, str(tmp_path), str(workspace_mb),
+                           str(cache_mb), str(passes)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TIERSERVE_FORCE_CPU": "1",
+                                            "OPENBLAS_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    table_bytes = r["rows"] * r["row_bytes"]
+    growth = r["peak"] - r["start"]
+    print(f"table {table_bytes / 2**20:.0f} MB = {table_bytes / budget:.1f}x the budget "
+          f"{budget / 2**20:.0f} MB; peak RSS growth {growth / 2**20:.0f} MB "
+          f"({growth / budget:.2f}x the budget)")
+    assert table_bytes >= 4 * budget
+    # beyond the budget: RocksDB's memtables and block cache (12 MB, trainer/etc.py), the
+    # working table's key index and one batch's temporaries
+    fixed = 48 << 20
+    assert growth <= 1.5 * budget + fixed
+    assert growth < table_bytes  # the table does not sit in memory

@@ -1,0 +1,540 @@
+"""HugeCTR's Embedding Training Cache (ETC): train tables larger than memory, a keyset at a time.
+
+``Model(solver, reader, optimizer, etc=CreateETC(...))`` keeps each table's full contents
+(vectors and optimizer state) in a parameter server built from the project's own tiers:
+
+* ``TrainPSType_t.Staged``: the in-process hash map (:class:`tierserve.ps.hash_map.HashMapTier`);
+  the whole table sits in host memory.
+* ``TrainPSType_t.Cached``: RocksDB on disk (:class:`tierserve.ps.rocksdb_tier.RocksDBTier`,
+  at ``local_paths[rank]``) behind a host-memory cache of at most
+  ``num_blocks * block_size_mb`` MB (:func:`CreateHMemCache`; an in-process hash map that
+  evicts the least used rows).  Writes go to both, so RocksDB always holds the whole table.
+
+The model's embedding table holds only the working set: ``get_embedding_training_cache().update
+(keyset)`` writes the working set back to the parameter server, empties the table and loads
+the rows of the keyset's keys (keys not yet in the server start as a fresh key does).  So
+memory holds one keyset's rows (bounded by ``workspace_size_per_gpu_in_mb``) plus, for
+``Cached``, the host cache.  ``set_source(source=[...], keyset=[...])`` with ``fit`` does the
+same for each file list in turn (HugeCTR's epoch-mode ETC training).
+
+``save_params_to_files`` writes each full table (working set written back first) to its
+``sparse_models`` path, streamed from the server: the sparse model folder (``key``,
+``emb_vector``[, ``slot_id``]) and the optimizer state beside its vectors as
+``<Optimizer>.<state>`` files in the same row order, as HugeCTR's ETC writes them; the dense
+files go to the prefix as usual.  An existing ``sparse_models`` folder is loaded at start
+(incremental training).  Keyset files are HugeCTR's: the keys as raw little-endian int64.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierserve.ps.atomic import atomic_directory
+from tierserve.ps.errors import ConfigError
+from tierserve.ps.sparse_file import KEY_FILE, SLOT_FILE, VECTOR_FILE, SparseTable
+
+#: Rows moved between the working table and the parameter server per call.
+CHUNK_ROWS = 1 << 14
+
+
+class TrainPSType_t(enum.Enum):  # noqa: N801 - HugeCTR's name
+    """Where an ETC table lives: ``Staged`` (host memory) or ``Cached`` (disk + host cache)."""
+
+    Staged = "Staged"
+    Cached = "Cached"
+
+
+@dataclass(frozen=True)
+class HMemCacheConfig:
+    """The host-memory cache of a ``Cached`` table: ``num_blocks`` blocks of
+    ``block_size_mb`` MB (vectors and optimizer state)."""
+
+    num_blocks: int = 1
+    block_size_mb: float = 64.0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(self.num_blocks * self.block_size_mb * (1 << 20))
+
+
+def CreateHMemCache(num_blocks: int = 1, target_hit_rate: float | None = None,  # noqa: N802
+                    max_num_evict: int | None = None,
+                    block_size_mb: float = 64.0) -> HMemCacheConfig:
+    """HugeCTR's ``CreateHMemCache``: a host cache of ``num_blocks`` x ``block_size_mb`` MB.
+
+    ``target_hit_rate`` and ``max_num_evict`` (HugeCTR's block-eviction tuning) are refused:
+    this cache evicts the least used rows whenever it is full."""
+    for name, value in (("target_hit_rate", target_hit_rate), ("max_num_evict", max_num_evict)):
+        if value is not None:
+            raise ConfigError(f"CreateHMemCache: {name} is not supported (the host cache evicts "
+                              "its least used rows when full); leave it out")
+    if int(num_blocks) < 1 or float(block_size_mb) <= 0:
+        raise ConfigError(f"CreateHMemCache: num_blocks must be >= 1 and block_size_mb > 0, "
+                          f"got {num_blocks}, {block_size_mb}")
+    return HMemCacheConfig(int(num_blocks), float(block_size_mb))
+
+
+@dataclass(frozen=True)
+class EmbeddingTrainingCacheParams:
+    """What :func:`CreateETC` returns (HugeCTR's ``EmbeddingTrainingCacheParams``)."""
+
+    ps_types: list[TrainPSType_t]
+    sparse_models: list[str]
+    local_paths: list[str] = field(default_factory=list)
+    hmem_cache_configs: list[HMemCacheConfig] = field(default_factory=list)
+
+    def cache_config(self, table: int) -> HMemCacheConfig:
+        """The host cache of table ``table`` (a ``Cached`` one): the only config, or the one
+        for this table's occurrence among the ``Cached`` tables."""
+        if len(self.hmem_cache_configs) == 1:
+            return self.hmem_cache_configs[0]
+        nth = sum(t is TrainPSType_t.Cached for t in self.ps_types[:table])
+        return self.hmem_cache_configs[nth]
+
+
+def CreateETC(ps_types: list[Any], sparse_models: list[str],  # noqa: N802 - HugeCTR's name
+              local_paths: list[str] | None = None,
+              hmem_cache_configs: list[HMemCacheConfig] | None = None
+              ) -> EmbeddingTrainingCacheParams:
+    """HugeCTR's ``CreateETC``: one parameter-server type and sparse model path per embedding
+    table; ``local_paths`` (one per rank) and ``hmem_cache_configs`` (one, or one per
+    ``Cached`` table) when a table is ``Cached``."""
+    types = []
+    for t in ps_types:
+        try:
+            types.append(t if isinstance(t, TrainPSType_t) else TrainPSType_t(str(t)))
+        except ValueError:
+            raise ConfigError(f"CreateETC: ps_types entries must be TrainPSType_t.Staged or "
+                              f"Cached, got {t!r}") from None
+    models = [os.fspath(p) for p in sparse_models]
+    if not types or len(types) != len(models):
+        raise ConfigError(f"CreateETC: {len(types)} ps_types for {len(models)} sparse_models; "
+                          "give one of each per embedding table")
+    paths = [os.fspath(p) for p in (local_paths or [])]
+    caches = list(hmem_cache_configs or [])
+    cached = sum(t is TrainPSType_t.Cached for t in types)
+    if cached:
+        if not paths:
+            raise ConfigError("CreateETC: a Cached table needs local_paths (one per rank)")
+        if len(caches) not in (1, cached):
+            raise ConfigError(f"CreateETC: hmem_cache_configs must hold 1 or {cached} entries "
+                              f"(one per Cached table), got {len(caches)}")
+        if not all(isinstance(c, HMemCacheConfig) for c in caches):
+            raise ConfigError("CreateETC: hmem_cache_configs entries come from CreateHMemCache")
+    return EmbeddingTrainingCacheParams(types, models, paths, caches)
+
+
+# -- the parameter server of one table --------------------------------------------------------
+
+
+class _RowLayout:
+    """How a table row (vector, optimizer state, prev_time, slot id) packs into float32s."""
+
+    def __init__(self, table: Any) -> None:
+        self.dim = table.dim
+        self.states = list(table.optimizer.state_names)
+        self.row_states = list(table.optimizer.row_state_names)
+        self.has_slots = table._slot_ids is not None
+        self.width = (self.dim * (1 + len(self.states)) + 2 * len(self.row_states)
+                      + (2 if self.has_slots else 0))
+
+    def pack(self, vectors: np.ndarray, states: dict[str, np.ndarray],
+             slot_ids: np.ndarray | None) -> np.ndarray:
+        n = vectors.shape[0]
+        out = np.empty((n, self.width), dtype=np.float32)
+        d, at = self.dim, self.dim
+        out[:, :d] = vectors
+        for name in self.states:
+            out[:, at : at + d] = states[name]
+            at += d
+        for name in self.row_states:
+            out[:, at : at + 2] = np.ascontiguousarray(states[name], dtype=np.int64).view(
+                np.float32).reshape(n, 2)
+            at += 2
+        if self.has_slots:
+            out[:, at : at + 2] = np.ascontiguousarray(slot_ids, dtype=np.int64).view(
+                np.float32).reshape(n, 2)
+        return out
+
+    def unpack(self, rows: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray],
+                                                np.ndarray | None]:
+        d, at = self.dim, self.dim
+        vectors = rows[:, :d]
+        states: dict[str, np.ndarray] = {}
+        for name in self.states:
+            states[name] = rows[:, at : at + d]
+            at += d
+        for name in self.row_states:
+            states[name] = np.ascontiguousarray(rows[:, at : at + 2]).view(np.int64).reshape(-1)
+            at += 2
+        slot_ids = None
+        if self.has_slots:
+            slot_ids = np.ascontiguousarray(rows[:, at : at + 2]).view(np.int64).reshape(-1)
+        return vectors, states, slot_ids
+
+
+class TableServer:
+    """One table's full rows in a tier (Staged) or RocksDB behind a bounded cache (Cached)."""
+
+    def __init__(self, name: str, ps_type: TrainPSType_t, layout: _RowLayout,
+                 local_path: str | None = None, cache: HMemCacheConfig | None = None) -> None:
+        from tierserve.ps.config import HashMapConfig
+        from tierserve.ps.hash_map import HashMapTier
+
+        self.tag = f"etc.{name}"
+        self.layout = layout
+        self.ps_type = ps_type
+        self.cache = None
+        if ps_type is TrainPSType_t.Staged:
+            self.store = HashMapTier(HashMapConfig())
+        else:
+            self.store = _bounded_rocksdb(os.fspath(local_path))
+            # the cache's real footprint stays within its capacity: a hash-map row costs its
+            # key and floats over the map's fill (0.7 after growth), and an eviction rebuilds
+            # the arrays while the old ones are alive (x2)
+            row_bytes = (4 * layout.width + 8) / 0.7 * 2
+            self.cache_rows = max(1, int(cache.capacity_bytes // row_bytes))
+            self.cache = HashMapTier(HashMapConfig(overflow_margin=self.cache_rows,
+                                                   overflow_policy="evict_least_used"))
+            self.cache.create_table(self.tag, layout.width)
+        self.store.create_table(self.tag, layout.width)
+
+    def get(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows [n, width], found [n])`` of ``keys``."""
+        if self.cache is None:
+            return self.store.lookup(self.tag, keys)
+        rows, found = self.cache.lookup(self.tag, keys)
+        missing = np.flatnonzero(~found)
+        if missing.shape[0]:
+            disk, on_disk = self.store.lookup(self.tag, keys[missing])
+            rows[missing[on_disk]] = disk[on_disk]
+            found[missing[on_disk]] = True
+            if on_disk.any():
+                self.cache.insert(self.tag, keys[missing[on_disk]], disk[on_disk])
+        return rows, found
+
+    def put(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        self.store.insert(self.tag, keys, rows)
+        if self.cache is not None:
+            self.cache.insert(self.tag, keys, rows)
+
+    def keys(self) -> np.ndarray:
+        return self.store.list_keys(self.tag)
+
+    def size(self) -> int:
+        return self.store.size(self.tag)
+
+    def close(self) -> None:
+        self.store.close()
+        if self.cache is not None:
+            self.cache.close()
+
+
+#: RocksDB's own memory for a Cached table: memtables (two of this size at most) and the block
+#: cache.  RocksDB's defaults (64 MB memtables, a 32 MB block cache) would dwarf a small budget.
+ROCKSDB_WRITE_BUFFER_BYTES = 4 << 20
+ROCKSDB_BLOCK_CACHE_BYTES = 4 << 20
+
+
+def _bounded_rocksdb(path: str) -> Any:
+    """The project's RocksDB tier with RocksDB's own memory bounded (see above)."""
+    from tierserve.ps.config import RocksDBConfig
+    from tierserve.ps.rocksdb_tier import RocksDBTier
+
+    class BoundedRocksDBTier(RocksDBTier):
+        def _options(self):
+            options = super()._options()
+            options.set_write_buffer_size(ROCKSDB_WRITE_BUFFER_BYTES)
+            options.set_max_write_buffer_number(2)
+            table = self._rd.BlockBasedOptions()
+            table.set_bloom_filter(10, False)
+            table.set_block_cache(self._rd.Cache(ROCKSDB_BLOCK_CACHE_BYTES))
+            options.set_block_based_table_factory(table)
+            return options
+
+    return BoundedRocksDBTier(RocksDBConfig(path=path))
+
+
+# -- the cache ----------------------------------------------------------------------------------
+
+
+class EmbeddingTrainingCache:
+    """The ETC of a compiled model (``Model.get_embedding_training_cache()``)."""
+
+    def __init__(self, model: Any, params: EmbeddingTrainingCacheParams) -> None:
+        if len(params.ps_types) != len(model.tables):
+            raise ConfigError(f"CreateETC gives {len(params.ps_types)} ps_types but the model "
+                              f"has {len(model.tables)} embedding tables")
+        if getattr(model, "_dist", None) is not None:
+            raise ConfigError("the embedding training cache (etc) runs in one process; "
+                              "several MPI ranks with etc are not supported")
+        self.model = model
+        self.params = params
+        self.servers: list[TableServer] = []
+        _map_large_allocations()
+        for i, table in enumerate(model.tables):
+            if table._index is None:
+                raise ConfigError(f"etc: embedding {table.name!r} is one-hot "
+                                  "(LocalizedSlotSparseEmbeddingOneHot), which has no keys to "
+                                  "page; use a hash embedding")
+            ps_type = params.ps_types[i]
+            local = cache = None
+            if ps_type is TrainPSType_t.Cached:
+                local = os.path.join(params.local_paths[0], f"etc_table{i}")
+                cache = params.cache_config(i)
+            server = TableServer(table.name, ps_type, _RowLayout(table), local, cache)
+            self.servers.append(server)
+            if os.path.isdir(params.sparse_models[i]):
+                self._load_model(i, params.sparse_models[i])
+        self._sources: list[tuple[Any, Any]] = []
+
+    # -- moving rows ------------------------------------------------------------------------
+
+    def _write_back(self, i: int) -> None:
+        """Write table ``i``'s working rows to its server, then empty the working table."""
+        table = self.model.tables[i]
+        server = self.servers[i]
+        n = table.num_rows
+        keys = np.asarray(table.keys)
+        for lo in range(0, n, CHUNK_ROWS):
+            hi = min(n, lo + CHUNK_ROWS)
+            states = {k: np.asarray(a[lo:hi]) for k, a in table.state.items()}
+            slots = None if table._slot_ids is None else np.asarray(table._slot_ids[lo:hi])
+            server.put(keys[lo:hi], server.layout.pack(np.asarray(table.values[lo:hi]), states,
+                                                       slots))
+        del table, keys
+        self._reset_table(i)
+        _release_freed_memory()
+
+    def _reset_table(self, i: int) -> None:
+        from . import adapters
+
+        old = self.model.tables[i]
+        spec = self.model.embedding_specs[i]
+        fresh = adapters.make_table(spec, self.model._table_optimizer(spec), self.model.solver,
+                                    self.model.xp)
+        if old.frozen:
+            fresh.freeze()
+        self.model.tables[i] = fresh
+
+    def _fill(self, i: int, keys: np.ndarray) -> None:
+        """Load the server's rows of ``keys`` into the (empty) working table ``i``."""
+        table, server = self.model.tables[i], self.servers[i]
+        keys = np.unique(np.asarray(keys, dtype=np.int64))
+        table._check_capacity(int(keys.shape[0]))
+        table._reserve(int(keys.shape[0]))  # once: no doubling (old and new arrays) mid-pass
+        for lo in range(0, keys.shape[0], CHUNK_ROWS):
+            chunk = keys[lo : lo + CHUNK_ROWS]
+            rows, found = server.get(chunk)
+            if not found.any():
+                continue
+            have = chunk[found]
+            vectors, states, slots = server.layout.unpack(rows[found])
+            table.load(SparseTable(keys=have, embeddings=vectors, slot_ids=slots))
+            table.load_optimizer_state(have, states)
+        table._dirty[: table.num_rows] = False
+
+    def _load_model(self, i: int, folder: str) -> None:
+        """Put an existing sparse model (and its optimizer state, when beside it) into the
+        server of table ``i``."""
+        from tierserve.ps.sparse_file import read_sparse_model
+
+        table, server = self.model.tables[i], self.servers[i]
+        model = read_sparse_model(folder, table.dim)
+        opt = table.optimizer
+        n = len(model)
+        files = {name: Path(folder) / f"{type(opt).__name__}.{name}"
+                 for name in [*opt.state_names, *opt.row_state_names]}
+        have_state = all(p.is_file() for p in files.values())
+        for lo in range(0, n, CHUNK_ROWS):
+            hi = min(n, lo + CHUNK_ROWS)
+            keys = np.asarray(model.keys[lo:hi], dtype=np.int64)
+            states = {}
+            for name in opt.state_names:
+                states[name] = (_read_rows(files[name], np.float32, lo, hi, table.dim)
+                                if have_state else opt.init_state((hi - lo, table.dim))[name])
+            for name in opt.row_state_names:
+                states[name] = (_read_rows(files[name], np.int64, lo, hi, 1).reshape(-1)
+                                if have_state else np.ones(hi - lo, dtype=np.int64))
+            slots = None
+            if server.layout.has_slots:
+                slots = (np.asarray(model.slot_ids[lo:hi]) if model.slot_ids is not None
+                         else np.zeros(hi - lo, dtype=np.int64))
+            server.put(keys, server.layout.pack(np.asarray(model.embeddings[lo:hi]), states,
+                                                slots))
+
+    # -- HugeCTR's API ----------------------------------------------------------------------
+
+    def update(self, keyset: Any) -> None:
+        """Make the keyset's rows the working set: a keyset file (every table), or a list
+        of keyset files (one per table).  The current working set is written back first."""
+        files = [keyset] * len(self.servers) if isinstance(keyset, (str, os.PathLike)) \
+            else list(keyset)
+        if len(files) != len(self.servers):
+            raise ConfigError(f"EmbeddingTrainingCache.update: {len(files)} keyset files for "
+                              f"{len(self.servers)} embedding tables")
+        keysets = [read_keyset(f) for f in files]
+        for i, keys in enumerate(keysets):
+            self._write_back(i)
+            self._fill(i, keys)
+
+    def flush(self) -> None:
+        """Write every working set back (the working tables stay loaded)."""
+        for i in range(len(self.model.tables)):
+            keys = np.asarray(self.model.tables[i].keys).copy()
+            self._write_back(i)
+            self._fill(i, keys)
+
+    def total_rows(self, i: int) -> int:
+        """Rows table ``i`` has in all (its server, after a flush)."""
+        return self.servers[i].size()
+
+    def save(self) -> list[str]:
+        """Write every full table to its ``sparse_models`` path (streamed from the server);
+        returns the folders."""
+        self.flush()
+        return [self._save_table(i, self.params.sparse_models[i])
+                for i in range(len(self.servers))]
+
+    def _save_table(self, i: int, folder: str) -> str:
+        server, table = self.servers[i], self.model.tables[i]
+        opt = table.optimizer
+        keys = np.sort(server.keys())
+        state_files = [f"{type(opt).__name__}.{n}" for n in
+                       [*opt.state_names, *opt.row_state_names]]
+        with atomic_directory(folder) as tmp:
+            names = [KEY_FILE, VECTOR_FILE, *state_files]
+            if server.layout.has_slots:
+                names.append(SLOT_FILE)
+            handles = {n: open(tmp / n, "wb") for n in names}  # noqa: SIM115 - closed below
+            try:
+                for chunk, rows in _chunks(server, keys):
+                    vectors, states, slots = server.layout.unpack(rows)
+                    handles[KEY_FILE].write(chunk.astype("<i8").tobytes())
+                    handles[VECTOR_FILE].write(np.ascontiguousarray(vectors, "<f4").tobytes())
+                    for n in opt.state_names:
+                        handles[f"{type(opt).__name__}.{n}"].write(
+                            np.ascontiguousarray(states[n], "<f4").tobytes())
+                    for n in opt.row_state_names:
+                        handles[f"{type(opt).__name__}.{n}"].write(
+                            np.ascontiguousarray(states[n], "<i8").tobytes())
+                    if slots is not None:
+                        handles[SLOT_FILE].write(slots.astype("<i8").tobytes())
+            finally:
+                for f in handles.values():
+                    f.flush()
+                    os.fsync(f.fileno())
+                    f.close()
+        return folder
+
+    def set_sources(self, sources: list[Any], keysets: list[Any]) -> None:
+        """The (file list, keyset) pairs an epoch trains in turn (``Model.set_source``)."""
+        if len(sources) != len(keysets):
+            raise ConfigError(f"set_source: {len(sources)} sources but {len(keysets)} keysets; "
+                              "give one keyset per file list")
+        self._sources = list(zip(sources, keysets))
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+
+def _map_large_allocations() -> None:
+    """Serve allocations of 1 MB and more with their own mappings, returned to the system when
+    freed.  glibc otherwise raises that threshold as large blocks are freed and then carves
+    the next working tables out of a heap that never shrinks, so RSS would climb pass after
+    pass although the live data does not."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _release_freed_memory() -> None:
+    """Hand memory freed by the old working table back to the system (glibc keeps freed
+    heap memory otherwise, and RSS would not fall between keysets)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _chunks(server: TableServer, keys: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for lo in range(0, keys.shape[0], CHUNK_ROWS):
+        chunk = keys[lo : lo + CHUNK_ROWS]
+        rows, found = server.get(chunk)
+        yield chunk[found], rows[found]
+
+
+def _read_rows(path: Path, dtype: Any, lo: int, hi: int, width: int) -> np.ndarray:
+    item = np.dtype(dtype).itemsize * width
+    with open(path, "rb") as f:
+        f.seek(lo * item)
+        data = f.read((hi - lo) * item)
+    return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(
+        hi - lo, width)
+
+
+def read_keyset(path: Any) -> np.ndarray:
+    """The keys of a HugeCTR keyset file (raw little-endian int64)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"keyset file {path} does not exist")
+    size = path.stat().st_size
+    if size % 8:
+        raise ConfigError(f"keyset file {path} has {size} bytes, not a whole number of int64 keys")
+    return np.fromfile(path, dtype="<i8").astype(np.int64)
+
+
+class KeysetReader:
+    """A reader handle that trains the (file list, keyset) pairs of ``set_source`` one after
+    the other, calling ``update(keyset)`` before each file list; the end of the last is the
+    end of the epoch, and ``set_source()`` starts again from the first."""
+
+    def __init__(self, inner: Any, cache: EmbeddingTrainingCache) -> None:
+        self.inner, self.cache = inner, cache
+        self._next = 0
+        self._start_pair()
+
+    def _start_pair(self) -> bool:
+        pairs = self.cache._sources
+        if self._next >= len(pairs):
+            return False
+        source, keyset = pairs[self._next]
+        self._next += 1
+        self.cache.update(keyset)
+        self.inner.set_source(source)
+        return True
+
+    def next_batch(self):
+        while True:
+            batch = self.inner.next_batch()
+            if batch is not None or not self._start_pair():
+                return batch
+
+    def is_eof(self) -> bool:
+        while self.inner.is_eof():
+            if not self._start_pair():
+                return True
+        return False
+
+    def set_source(self, file_name: Any = "") -> None:
+        if file_name not in ("", None):
+            raise ConfigError("with keysets, set the sources with Model.set_source(source, "
+                              "keyset)")
+        self._next = 0
+        self._start_pair()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
