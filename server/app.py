@@ -85,6 +85,8 @@ def create_app(
     if hasattr(loader, "tier_stats"):
         metrics.add_tier_source(loader.tier_stats)
     if pool is not None:
+        # A version commits when every worker has staged it (see server/workers.py).
+        repository.before_commit = pool.wait_for_peers
         # Readiness is the pool's: this worker reports its own, and answers for all of them.
         own_ready = plane.ready
         plane.ready = lambda: own_ready() and pool.all_ready()  # type: ignore[method-assign]

@@ -183,6 +183,9 @@ class ModelRepository:
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load at a time: tiers are shared
         self._seen: dict[tuple[str, str], tuple] = {}
+        #: Called with (model, version) once a version is staged, before it is committed
+        #: (worker processes wait there until every worker has staged it).
+        self.before_commit: Callable[[str, str], None] | None = None
 
     def subscribe(self, on_swap: Callable[[ModelEntry, Handle | None], None]) -> None:
         """Call ``on_swap(entry, old_handle)`` after a model's serving handle changed (a new
@@ -308,6 +311,8 @@ class ModelRepository:
                 servable = self.loader(entry.name, version, self._version_dir(entry.name, version),
                                        self.ps_config())  # fmt: skip
                 try:
+                    if self.before_commit is not None:
+                        self.before_commit(entry.name, version)
                     servable.commit()
                 except BaseException:
                     Handle(servable).retire()

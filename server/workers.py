@@ -18,10 +18,12 @@ Tables: with an in-process tier (``hash_map``, ``parallel_hash_map``) each worke
 own copy; with ``multi_process_hash_map`` (:mod:`tierserve.ps.shm_hash_map`) the workers share
 one copy in ``/dev/shm`` (the first to load a version's table fills it, the others attach;
 one worker applies each Kafka update to it and every worker's cache hears of it; a table
-stays while any worker uses it).  Each worker polls the repository on its own, so after a new
-version appears the workers switch to it one by one, each within its poll interval and load
-time; every answer is wholly one version's, but the pool does not stage and commit a version
-for all workers at once.  Tiers that the workers would share and write otherwise cannot be
+stays while any worker uses it).  Each worker polls the repository on its own and stages a
+new version when it sees it; a staged version then waits (:meth:`PoolState.wait_for_peers`)
+until every running worker has staged it too, and the workers commit it together, within
+milliseconds of each other (after :data:`COMMIT_BARRIER_S` a worker commits alone, with a
+warning naming the workers it waited for).  Every answer is wholly one version's.  A
+repository load or unload request reaches the one worker that answers it.  Tiers that the workers would share and write otherwise cannot be
 served by several workers yet: a writable RocksDB opens in one process only, and a Redis tier
 would be loaded, and its replaced tables dropped, by each worker on its own under the same
 names.  With such a ``ps.json`` the default is one worker, and ``--workers`` above one is
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -136,18 +139,67 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class PoolState:
-    """What a worker knows of its pool: its index and the pool's readiness slots."""
+#: Versions each worker remembers having staged (for workers that start later).
+STAGED_RING = 16
+#: How long a staged version waits for the other workers before it commits anyway.
+COMMIT_BARRIER_S = 60.0
 
-    def __init__(self, index: int, ready) -> None:
+
+def version_token(model: str, version: str) -> int:
+    """A nonzero 63-bit token naming a model version in the pool's shared arrays."""
+    digest = hashlib.blake2b(f"{model}\0{version}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1 or 1
+
+
+class PoolState:
+    """What a worker shares with its pool: readiness, liveness and the versions staged.
+
+    ``ready``: one byte per worker, 1 while it reports ready; ``alive``: one byte per worker,
+    set by the parent while its process runs; ``staged``: per worker, a ring of
+    :data:`STAGED_RING` tokens of the versions it staged (:func:`version_token`).
+    """
+
+    def __init__(self, index: int, ready, alive=None, staged=None) -> None:
         self.index = index
-        self.ready = ready  # one byte per worker: 1 while it reports ready
+        self.ready = ready
+        self.alive = alive
+        self.staged = staged
+        self._next = 0
 
     def report(self, ready: bool) -> None:
         self.ready[self.index] = 1 if ready else 0
 
     def all_ready(self) -> bool:
         return all(self.ready)
+
+    def _has_staged(self, worker: int, token: int) -> bool:
+        ring = self.staged[worker * STAGED_RING : (worker + 1) * STAGED_RING]
+        return token in ring
+
+    def wait_for_peers(self, model: str, version: str, timeout: float = COMMIT_BARRIER_S) -> bool:
+        """Record that this worker staged ``model`` ``version`` and wait until every other
+        running worker has staged it too, so the pool commits it together; False (after a
+        warning) when ``timeout`` seconds pass first."""
+        if self.staged is None:
+            return True
+        token = version_token(model, version)
+        self.staged[self.index * STAGED_RING + self._next] = token
+        self._next = (self._next + 1) % STAGED_RING
+        deadline = time.monotonic() + timeout
+        while True:
+            waiting = [
+                j for j in range(len(self.ready))
+                if j != self.index and self.alive[j] and not self._has_staged(j, token)
+            ]  # fmt: skip
+            if not waiting:
+                return True
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "model %s version %s: workers %s have not staged it after %.0f s; "
+                    "committing it here anyway", model, version, waiting, timeout,
+                )  # fmt: skip
+                return False
+            time.sleep(0.02)
 
 
 class WorkerPool:
@@ -165,6 +217,8 @@ class WorkerPool:
         self.count = count
         self._ctx = multiprocessing.get_context("spawn")  # no fork after grpc or threads
         self.ready = self._ctx.RawArray("b", count)
+        self.alive = self._ctx.RawArray("b", count)
+        self.staged = self._ctx.RawArray("q", count * STAGED_RING)
         self.procs: list = [None] * count
         self.started_at = [0.0] * count
         self.quick_exits = [0] * count
@@ -175,10 +229,19 @@ class WorkerPool:
     def _start(self, index: int) -> None:
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(self.settings.model_dump_json(), index, self.ready, str(self.metrics_dir)),
+            args=(
+                self.settings.model_dump_json(),
+                index,
+                self.ready,
+                self.alive,
+                self.staged,
+                str(self.metrics_dir),
+            ),
             name=f"tierserve-worker-{index}",
             daemon=False,
         )
+        self.staged[index * STAGED_RING : (index + 1) * STAGED_RING] = [0] * STAGED_RING
+        self.alive[index] = 1
         proc.start()
         self.procs[index] = proc
         self.started_at[index] = time.monotonic()
@@ -217,7 +280,7 @@ class WorkerPool:
             proc = self.procs[i]
             proc.join()
             self.procs[i] = None
-            self.ready[i] = 0
+            self.ready[i] = self.alive[i] = 0
             if self._stopping:
                 continue
             quick = time.monotonic() - self.started_at[i] < QUICK_EXIT_S
@@ -264,7 +327,7 @@ def _die_with_parent() -> None:
 REPLICA_ENV = "TIERSERVE_REPLICA_ID"
 
 
-def _worker_main(settings_json: str, index: int, ready, metrics_dir: str) -> None:
+def _worker_main(settings_json: str, index: int, ready, alive, staged, metrics_dir: str) -> None:
     _die_with_parent()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     if os.environ.get(REPLICA_ENV) and index > 0:
@@ -279,5 +342,5 @@ def _worker_main(settings_json: str, index: int, ready, metrics_dir: str) -> Non
     from .app import serve
 
     with contextlib.suppress(KeyboardInterrupt):
-        serve(settings, pool=PoolState(index, ready))
+        serve(settings, pool=PoolState(index, ready, alive, staged))
     sys.exit(0)

@@ -335,3 +335,31 @@ def test_an_update_reaches_both_workers_over_one_shared_memory_table(
     finally:
         pool.stop()
     assert not (SHM_ROOT / shm).exists()  # the last worker out removed the table
+
+
+def test_a_staged_version_commits_when_every_running_worker_has_staged_it():
+    import multiprocessing
+    import threading
+
+    from tierserve.server.workers import STAGED_RING, PoolState
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, alive = ctx.RawArray("b", 3), ctx.RawArray("b", 3)
+    staged = ctx.RawArray("q", 3 * STAGED_RING)
+    alive[0] = alive[1] = 1  # worker 2 is not running: nobody waits for it
+    first, second = PoolState(0, ready, alive, staged), PoolState(1, ready, alive, staged)
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(first.wait_for_peers("m", "2", 10)))
+    waiter.start()
+    time.sleep(0.3)
+    assert not done  # worker 1 has not staged version 2
+    assert second.wait_for_peers("m", "2", 10) is True  # worker 0 had: no wait
+    waiter.join(timeout=5)
+    assert done == [True]
+    # a worker that starts later finds the version staged by the others: no wait
+    alive[2] = 1
+    late = PoolState(2, ready, alive, staged)
+    started = time.monotonic()
+    assert late.wait_for_peers("m", "2", 10) is True and time.monotonic() - started < 1
+    # a version no other worker stages commits after the timeout, saying so
+    assert first.wait_for_peers("m", "3", timeout=0.2) is False
