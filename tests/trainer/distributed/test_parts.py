@@ -145,3 +145,41 @@ def test_a_rank_loads_only_the_rows_it_owns():
     slots = keys % 5
     local.load(SparseTable(keys=keys, embeddings=vectors, slot_ids=slots))
     assert sorted(local.local.keys.tolist()) == keys[slots % 2 == 1].tolist()
+
+
+def test_launcher_environment_and_timeout_setting(monkeypatch):
+    from tierserve.trainer.distributed import comm
+
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert comm.launched_size() == 1
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    assert comm.launched_size() == 3
+    monkeypatch.setenv(comm.TIMEOUT_VAR, "soon")
+    with pytest.raises(ConfigError, match="TIERSERVE_COLLECTIVE_TIMEOUT_S must be a number"):
+        comm._timeout()
+    monkeypatch.setenv(comm.TIMEOUT_VAR, "0")
+    with pytest.raises(ConfigError, match="TIERSERVE_COLLECTIVE_TIMEOUT_S must be positive"):
+        comm._timeout()
+    monkeypatch.setenv(comm.TIMEOUT_VAR, "12.5")
+    assert comm._timeout() == 12.5
+
+
+def test_a_killed_process_is_not_alive_even_as_a_zombie():
+    import signal
+    import subprocess
+    import sys
+
+    from tierserve.trainer.distributed.comm import _alive
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert _alive(child.pid)
+        child.send_signal(signal.SIGKILL)
+        from polling import until
+
+        assert until(lambda: not _alive(child.pid), timeout=10)  # a zombie until reaped
+    finally:
+        child.kill()
+        child.wait()
+    assert not _alive(child.pid)
