@@ -8,9 +8,10 @@ is given to a client as its ``logger`` and ``error_cb`` (:meth:`KafkaLog.client_
   DEBUG; its warnings and errors at WARNING, at most one line per facility (``FAIL``,
   ``REQTMOUT``, ...) per :data:`LOG_INTERVAL_S`, with the count of lines left out since;
 - a broker that cannot be reached (connection refused, all brokers down, name resolution,
-  timeouts) is an *outage*: tierserve logs it once when it starts and once when the client
-  reaches a broker again (:meth:`KafkaLog.recovered`, which the client's owner calls when it
-  sees the broker answer), with how long it lasted.
+  timeouts) for :data:`OUTAGE_AFTER_S` is an *outage* (one failed connection between
+  successes, as while a broker starts, is not): tierserve logs it once when it starts and once
+  when the client reaches a broker again (:meth:`KafkaLog.recovered`, which the client's owner
+  calls when it sees the broker answer), with how long it lasted.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ rdkafka_log = logging.getLogger("tierserve.kafka.rdkafka")
 
 #: The least time between two lines of one librdkafka facility at WARNING or above.
 LOG_INTERVAL_S = 30.0
+#: How long connection errors must go on before they are an outage.
+OUTAGE_AFTER_S = 1.0
+#: Connection errors further apart than this are not one failure going on.
+_ERRORS_APART_S = 5.0
 #: librdkafka error names that mean "no broker can be reached right now".
 _OUTAGE_ERRORS = {
     "_TRANSPORT", "_ALL_BROKERS_DOWN", "_RESOLVE", "_TIMED_OUT", "_MSG_TIMED_OUT",
-    "_AUTHENTICATION", "_SSL", "_DESTROY", "NETWORK_EXCEPTION", "REQUEST_TIMED_OUT",
+    "_AUTHENTICATION", "_SSL", "NETWORK_EXCEPTION", "REQUEST_TIMED_OUT",
 }  # fmt: skip
 
 
@@ -39,6 +44,8 @@ class KafkaLog:
         self.name = name
         self.interval_s = interval_s
         self.down_since: float | None = None  # time.monotonic() of the outage's first error
+        self._failing_since: float | None = None  # first of the connection errors going on
+        self._last_failure = 0.0
         self.outages = 0
         self.last_error: str | None = None
         self._last: dict[str, float] = {}  # facility -> time of its last line
@@ -83,19 +90,31 @@ class KafkaLog:
         self.last_error = text
         name = error.name() if hasattr(error, "name") else ""
         if name in _OUTAGE_ERRORS:
-            self.outage(text)
+            self._failure(text)
             return
         left_out = self._allowed(f"error:{name}")
         if left_out is not None:
             suffix = f" ({left_out} similar errors left out)" if left_out else ""
             log.warning("%s: Kafka error: %s%s", self.name, text, suffix)
 
-    def outage(self, reason: str) -> None:
-        """Note that no broker answers; logged once per outage."""
+    def _failure(self, reason: str) -> None:
+        """A connection error: an outage once they have gone on for OUTAGE_AFTER_S."""
+        now = time.monotonic()
+        with self._lock:
+            if self._failing_since is None or now - self._last_failure > _ERRORS_APART_S:
+                self._failing_since = now
+            self._last_failure = now
+            if self.down_since is not None or now - self._failing_since < OUTAGE_AFTER_S:
+                return
+        self.outage(reason, since=self._failing_since)
+
+    def outage(self, reason: str, since: float | None = None) -> None:
+        """Note that no broker answers (since ``since``, a ``time.monotonic()``; default
+        now); logged once per outage."""
         with self._lock:
             first = self.down_since is None
             if first:
-                self.down_since = time.monotonic()
+                self.down_since = time.monotonic() if since is None else since
                 self.outages += 1
         if first:
             log.warning("%s: Kafka brokers unreachable (%s); retrying in the background, "
@@ -105,6 +124,7 @@ class KafkaLog:
         """Note that a broker answered; ends (and logs the end of) an outage."""
         with self._lock:
             since, self.down_since = self.down_since, None
+            self._failing_since = None
         if since is not None:
             log.warning("%s: Kafka brokers reachable again after %.1f s", self.name,
                         time.monotonic() - since)  # fmt: skip

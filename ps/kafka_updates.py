@@ -497,7 +497,7 @@ class UpdateConsumer:
                 log.warning("kafka updates (%s): consume failed: %s", self.level, exc)
                 self._stop.wait(self.config.failure_backoff_ms / 1000)
                 continue
-            if messages and self.kafka_log.down:
+            if self.kafka_log.down and any(m.error() is None for m in messages):
                 self.kafka_log.recovered()
             self._reread.clear()
             run: list[_Update] = []  # consecutive updates of one topic and dim: one insert

@@ -194,7 +194,7 @@ def test_a_broker_down_at_start_is_logged_once_and_caught_up(tmp_path, kafka_bro
             consumer.close()
     ours = [r.getMessage() for r in caplog.records if r.name == "tierserve.kafka"
             and "volatile, apply" in r.getMessage()]  # fmt: skip
-    assert len([m for m in ours if "unreachable" in m]) == 1, ours
+    assert len([m for m in ours if "unreachable" in m]) == 1, "\n".join(ours)
     assert len([m for m in ours if "reachable again" in m]) == 1, ours
     rdkafka = [r for r in caplog.records if r.name == "tierserve.kafka.rdkafka"
                and r.levelno >= logging.WARNING and "volatile, apply" in r.getMessage()]  # fmt: skip
