@@ -559,9 +559,11 @@ def main() -> int:
         "'--workers 2' --compare-args '--workers 1'",
     )  # fmt: skip
     parser.add_argument(
-        "--volatile", choices=["hash_map", "redis_cluster"], default="hash_map",
+        "--volatile", choices=["hash_map", "multi_process_hash_map", "redis_cluster"],
+        default="hash_map",
         help="volatile tier; redis_cluster starts a three-node cluster on loopback with the "
-        "test suite's helpers (tests/services)",
+        "test suite's helpers (tests/services); multi_process_hash_map shares one copy of the "
+        "table between worker processes (/dev/shm)",
     )  # fmt: skip
     args = parser.parse_args()
     global GRPC_CHANNELS
@@ -592,6 +594,11 @@ def main() -> int:
             cluster = RedisCluster(dirs, [Path(tmp) / f"redis-{i}.log" for i in range(3)])
             cluster.start()
             volatile = {"type": "redis_cluster", "address": cluster.addresses}
+        elif args.volatile == "multi_process_hash_map":
+            volatile = {
+                "type": args.volatile,
+                "shared_memory_name": f"tierserve-bench-{os.getpid()}",
+            }
         version = make_repository(out, args.iterations, repo, volatile)
         data = batches_from(version, work / "data")
         results: dict = {
