@@ -87,6 +87,16 @@ def create_app(
     if pool is not None:
         # A version commits when every worker has staged it (see server/workers.py).
         repository.before_commit = pool.wait_for_peers
+
+        async def one_worker_only(name: str) -> None:
+            raise ConfigError(
+                f"repository load and unload are not available with --workers "
+                f"{len(pool.ready)}: the request would reach one worker process only; "
+                "add or remove version folders (the workers pick them up together) or serve "
+                "with --workers 1"
+            )
+
+        plane.load = plane.unload = one_worker_only  # type: ignore[method-assign]
         # Readiness is the pool's: this worker reports its own, and answers for all of them.
         own_ready = plane.ready
         plane.ready = lambda: own_ready() and pool.all_ready()  # type: ignore[method-assign]

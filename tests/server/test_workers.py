@@ -134,6 +134,10 @@ def test_two_workers_answer_alike_a_killed_one_is_replaced_and_sigterm_drains(po
             assert answered < 2000, pool.text()
         assert survivor in pool.workers() and victim not in pool.workers()
         np.testing.assert_allclose(pool.infer(), expected, rtol=1e-6)
+        # load and unload would reach one worker: refused, naming why
+        r = httpx.post(f"{pool.url}/v2/repository/models/dlrm/unload", timeout=10)
+        assert r.status_code == 400 and "--workers 2" in r.json()["error"], r.text
+        np.testing.assert_allclose(pool.infer(), expected, rtol=1e-6)
         # SIGTERM drains: a request whose body is still coming in finishes, then all exit
         body = json.dumps(REQUEST).encode()
         with socket.create_connection(("127.0.0.1", pool.http), timeout=10) as s:
