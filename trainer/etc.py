@@ -40,6 +40,8 @@ from tierserve.ps.atomic import atomic_directory
 from tierserve.ps.errors import ConfigError
 from tierserve.ps.sparse_file import KEY_FILE, SLOT_FILE, VECTOR_FILE, SparseTable
 
+from .device import to_numpy
+
 #: Rows moved between the working table and the parameter server per call.
 CHUNK_ROWS = 1 << 14
 
@@ -302,12 +304,12 @@ class EmbeddingTrainingCache:
         table = self.model.tables[i]
         server = self.servers[i]
         n = table.num_rows
-        keys = np.asarray(table.keys)
-        for lo in range(0, n, CHUNK_ROWS):
+        keys = to_numpy(table.keys)
+        for lo in range(0, n, CHUNK_ROWS):  # device arrays come to the host a chunk at a time
             hi = min(n, lo + CHUNK_ROWS)
-            states = {k: np.asarray(a[lo:hi]) for k, a in table.state.items()}
-            slots = None if table._slot_ids is None else np.asarray(table._slot_ids[lo:hi])
-            server.put(keys[lo:hi], server.layout.pack(np.asarray(table.values[lo:hi]), states,
+            states = {k: to_numpy(a[lo:hi]) for k, a in table.state.items()}
+            slots = None if table._slot_ids is None else to_numpy(table._slot_ids[lo:hi])
+            server.put(keys[lo:hi], server.layout.pack(to_numpy(table.values[lo:hi]), states,
                                                        slots))
         del table, keys
         self._reset_table(i)
@@ -388,7 +390,7 @@ class EmbeddingTrainingCache:
     def flush(self) -> None:
         """Write every working set back (the working tables stay loaded)."""
         for i in range(len(self.model.tables)):
-            keys = np.asarray(self.model.tables[i].keys).copy()
+            keys = to_numpy(self.model.tables[i].keys).copy()
             self._write_back(i)
             self._fill(i, keys)
 

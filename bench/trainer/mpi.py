@@ -14,6 +14,9 @@ keys), bottom MLP 13-512-256-16, dot interaction, top MLP 512-256-1, Adagrad, gl
   buffer) against the minimum: the distinct keys it looked up on other ranks x dim x 4 bytes
   x 2 (vectors in, gradients out) plus the dense gradients (an allreduce of G bytes sends
   2 (N-1)/N G per rank).
+* CPU seconds per 1,000 samples summed over the ranks (reader threads included): what the
+  work costs whatever the machine's load, so equal figures mean N ranks add no work, and a
+  speed-up short of N comes from cores the ranks did not get;
 * the final dense weights' largest relative difference from the 1-rank run (4 ranks on 2
   cores is a correctness run, its speed is not a figure).
 
@@ -91,11 +94,13 @@ def _worker(args) -> None:
     table = model.tables[0]
     comm.barrier()
     sent0, keys0 = comm.bytes_sent, getattr(table, "remote_keys", 0)
+    cpu0 = _cpu_seconds()
     start = time.perf_counter()
     for _ in range(args.steps):
         model.train()
     comm.barrier()
     elapsed = time.perf_counter() - start
+    cpu, _ = comm.allgatherv(np.asarray([_cpu_seconds() - cpu0]))
     sent = (comm.bytes_sent - sent0) / args.steps
     remote = (getattr(table, "remote_keys", 0) - keys0) / args.steps
     dense_bytes = 4 * sum(int(np.prod(p.shape)) for p in model.dense_parameters())
@@ -105,8 +110,18 @@ def _worker(args) -> None:
         np.save(args.out, np.concatenate([p.ravel() for p in model.dense_parameters()]))
         print(json.dumps({"ranks": n, "samples_s": args.steps * args.batch / elapsed,
                           "bytes_per_step": sent, "min_bytes_per_step": minimum,
-                          "dense_bytes": dense_bytes, "remote_keys_per_step": remote}),
+                          "dense_bytes": dense_bytes, "remote_keys_per_step": remote,
+                          "cpu_s_per_1k_samples": float(cpu.sum()) / (args.steps * args.batch)
+                          * 1000}),
               flush=True)
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process (all its threads: the reader's too)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _generate(folder: Path) -> None:
@@ -177,7 +192,8 @@ def main() -> None:
             print(f"{n} rank(s): {r['samples_s']:,.0f} samples/s "
                   f"({r['samples_s'] / base['samples_s']:.2f}x), sent/step "
                   f"{r['bytes_per_step'] / 1e6:.2f} MB vs minimum "
-                  f"{r['min_bytes_per_step'] / 1e6:.2f} MB ({ratio:.2f}x), dense weights vs "
+                  f"{r['min_bytes_per_step'] / 1e6:.2f} MB ({ratio:.2f}x), CPU "
+                  f"{r['cpu_s_per_1k_samples']:.3f} s per 1k samples (all ranks), dense weights vs "
                   f"{base['ranks']} rank: {diff:.1e} relative")
 
 
