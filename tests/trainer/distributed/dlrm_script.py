@@ -85,6 +85,8 @@ for it in range(start + 1, ITERS + 1):
     if snapshot and it % snapshot == 0:
         model.save_params_to_files(env("SNAPSHOT_PREFIX"), it)
 
+# the rows each rank changed since the start (its own rows only)
+changed, _ = world().allgatherv(model.get_incremental_model()[0][0])
 for _ in range(solver.max_eval_batches):
     model.eval()
 metrics = dict(model.get_eval_metrics())
@@ -95,7 +97,7 @@ rank_keys, rank_rows = world().allgatherv(np.asarray(model.tables[0].keys, dtype
 if world().rank == 0:
     table = read_sparse_model(f"{prefix}0_sparse_{ITERS}.model", EMB_DIM)
     order = np.argsort(table.keys)
-    np.savez(env("OUT"), rank_keys=rank_keys, rank_rows=rank_rows,
+    np.savez(env("OUT"), rank_keys=rank_keys, rank_rows=rank_rows, changed=np.sort(changed),
              dense=np.concatenate([p.ravel() for p in model.dense_parameters()]),
              keys=np.asarray(table.keys)[order], vectors=np.asarray(table.embeddings)[order],
              losses=np.asarray(losses), auc=metrics["AUC"], avg_loss=metrics["AverageLoss"])

@@ -56,6 +56,8 @@ def test_two_ranks_equal_one_rank(emb_type, opt, update, data_dir, tmp_path):
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-4)
     assert abs(float(two["auc"]) - float(one["auc"])) < 0.002
     assert float(two["avg_loss"]) == pytest.approx(float(one["avg_loss"]), rel=1e-4)
+    # get_incremental_model on each rank: its own changed rows, together the one process's
+    np.testing.assert_array_equal(two["changed"], one["changed"])
     # each rank held only its own rows, placed as the embedding type says
     counts = two["rank_rows"]
     assert len(counts) == 2 and all(c > 0 for c in counts)
