@@ -50,7 +50,10 @@ class Distributed:
         model._train_reader = ShardedReader(model._train_reader, self.rank, self.size)
         if model._eval_reader is not None:
             model._eval_reader = ShardedReader(model._eval_reader, self.rank, self.size)
-        model._metrics = GatheredMetrics(model.solver.metrics_spec, self.comm)
+        eval_reader = model._eval_reader
+        model._metrics = GatheredMetrics(
+            model.solver.metrics_spec, self.comm,
+            skip=None if eval_reader is None else (lambda: eval_reader.placeholder))
 
     def reopen_readers(self, model: Any) -> None:
         """Wrap readers a model opened again."""

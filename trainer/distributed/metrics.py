@@ -18,10 +18,12 @@ from ..metrics import AverageLoss, Metrics, _as_2d
 class GatheredMetrics(Metrics):
     """:class:`~tierserve.trainer.metrics.Metrics` whose results span all ranks."""
 
-    def __init__(self, metrics_spec: dict[Any, float] | None, comm: Any) -> None:
+    def __init__(self, metrics_spec: dict[Any, float] | None, comm: Any,
+                 skip: Any = None) -> None:
         super().__init__(metrics_spec)
         self.spec = metrics_spec
         self.comm = comm
+        self.skip = skip  # says when the batch evaluated was a placeholder (not counted)
         self.reset()
 
     def reset(self) -> None:
@@ -31,6 +33,9 @@ class GatheredMetrics(Metrics):
         self._losses: list[tuple[float, float]] = []
 
     def update(self, labels: Any, predictions: Any, loss: float | None = None) -> None:
+        if self.skip is not None and self.skip():
+            self._losses.append((0.0, 0.0))  # the batch still counts as one per rank
+            return
         labels, predictions = _as_2d(labels), _as_2d(predictions)
         self._labels.append(labels)
         self._preds.append(predictions)

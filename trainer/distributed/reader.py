@@ -2,7 +2,10 @@
 
 The source is read as one process would read it and each global batch of ``batchsize``
 samples is cut by sample index: rank ``r`` of ``N`` keeps rows ``[r*B/N, (r+1)*B/N)`` (the
-``numpy.array_split`` shares, so shares differ by at most one sample).  The ranks together
+``numpy.array_split`` shares, so shares differ by at most one sample).  A rank whose share is
+empty (the last batch of an epoch holding fewer samples than there are ranks) gets the
+batch's first sample as a :class:`Placeholder`: it runs the step (every rank must join the
+exchanges) with weight 0, and its keys are the batch's, so no row changes because of it.  The ranks together
 therefore train on exactly the batches one process would, which is what makes an N-rank run
 equal a one-rank run with the same global batch.  Each rank decodes the whole source; its
 reader threads run beside training.
@@ -36,18 +39,32 @@ def slice_batch(batch: Batch, lo: int, hi: int) -> Batch:
     return Batch(label=batch.label[lo:hi], dense=batch.dense[lo:hi], sparse=tuple(sparse))
 
 
+class Placeholder(Batch):
+    """One sample standing in for an empty share: weighs nothing (``batch_size`` 0)."""
+
+    @property
+    def batch_size(self) -> int:
+        return 0
+
+
 class ShardedReader:
     """A model's reader handle (``next_batch``, ``set_source``, ``is_eof``) that yields this
     rank's share of each batch."""
 
     def __init__(self, inner: Any, rank: int, size: int) -> None:
         self.inner, self.rank, self.size = inner, rank, size
+        #: whether the last batch handed out was a placeholder (metrics skip it)
+        self.placeholder = False
 
     def next_batch(self) -> Batch | None:
         batch = self.inner.next_batch()
         if batch is None:
             return None
         lo, hi = share(batch.batch_size, self.rank, self.size)
+        self.placeholder = hi == lo
+        if self.placeholder:
+            first = slice_batch(batch, 0, 1)
+            return Placeholder(label=first.label, dense=first.dense, sparse=first.sparse)
         return slice_batch(batch, lo, hi)
 
     def __getattr__(self, name: str) -> Any:  # set_source, is_eof, close, reader

@@ -3,7 +3,7 @@ one process.  Settings from the environment: ``DATA_DIR`` (Norm data, file_list.
 file_list_test.txt), ``OUT`` (an .npz the first rank writes: dense weights, the tables sorted
 by key, the loss per iteration and the evaluation metrics), ``EMB_TYPE``, ``OPT``
 (``Adam`` or ``AdaGrad``), ``UPDATE`` (Local / Global / LazyGlobal), ``ITERS``, ``BATCH``, ``EVAL_BATCH``, ``LR``,
-``SLOTS``, ``VVGPU`` (JSON), ``SNAPSHOT_PREFIX`` (with ``SNAPSHOT``: write model files then), ``RESUME_ITER``
+``SLOTS``, ``VVGPU`` (JSON), ``EPOCH`` (one pass, the last batch short), ``SNAPSHOT_PREFIX`` (with ``SNAPSHOT``: write model files then), ``RESUME_ITER``
 (load that snapshot first and skip that many batches), ``DIE_AT`` / ``DIE_RANK`` (that rank
 kills itself at that iteration)."""
 
@@ -27,7 +27,8 @@ ranks = launched_size()
 
 solver = hugectr.CreateSolver(
     model_name="dlrm", max_eval_batches=2, batchsize_eval=int(env("EVAL_BATCH", "1024")), batchsize=BATCH, lr=float(env("LR", "0.01")),
-    vvgpu=json.loads(env("VVGPU", "null")) or [list(range(ranks))], repeat_dataset=True, i64_input_key=True,
+    vvgpu=json.loads(env("VVGPU", "null")) or [list(range(ranks))],
+    repeat_dataset=not env("EPOCH"), i64_input_key=True,
     metrics_spec={hugectr.MetricsType.AUC: 1.0, hugectr.MetricsType.AverageLoss: 0.0},
 )
 reader = hugectr.DataReaderParams(
@@ -80,7 +81,8 @@ losses = []
 for it in range(start + 1, ITERS + 1):
     if env("DIE_AT") and it == int(env("DIE_AT")) and world().rank == int(env("DIE_RANK", "1")):
         os.kill(os.getpid(), signal.SIGKILL)
-    model.train()
+    if not model.train():  # epoch mode: the end of the source
+        break
     losses.append(model.get_current_loss())
     if snapshot and it % snapshot == 0:
         model.save_params_to_files(env("SNAPSHOT_PREFIX"), it)

@@ -118,3 +118,18 @@ def test_criteo_sample_two_ranks_reach_one_ranks_auc(tmp_path):
     print(f"Criteo sample AUC: 1 rank {float(one['auc']):.4f}, 2 ranks {float(two['auc']):.4f}")
     assert float(one["auc"]) >= 0.70
     assert abs(float(two["auc"]) - float(one["auc"])) < 0.005
+
+
+def test_an_epoch_ending_in_fewer_samples_than_ranks(data_dir, tmp_path):
+    """The last training and evaluation batches hold one sample: the second rank joins the
+    step with a placeholder that changes nothing and counts in no metric."""
+    mpiexec()
+    settings = dict(EPOCH=1, BATCH=8191, EVAL_BATCH=4095, ITERS=3)
+    one = _train(0, tmp_path / "one", data_dir, **settings)
+    two = _train(2, tmp_path / "two", data_dir, **settings)
+    assert len(one["losses"]) == len(two["losses"]) == 2
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-4)
+    assert _relative(two["dense"], one["dense"]) < 1e-4
+    assert _relative(two["vectors"], one["vectors"]) < 1e-4
+    assert float(two["auc"]) == pytest.approx(float(one["auc"]), abs=1e-6)
+    assert float(two["avg_loss"]) == pytest.approx(float(one["avg_loss"]), rel=1e-5)
