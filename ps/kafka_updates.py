@@ -551,9 +551,18 @@ class UpdateConsumer:
         if served is None:
             self._hold(key, message.offset())
             return _WAIT
-        if self._synced_to.get(key) is not served and self._sync(key, served):
-            self._reread.add(key)  # seeked back: the rest of this batch comes again
-            return _WAIT
+        if self._synced_to.get(key) is not served:
+            try:
+                seeked = self._sync(key, served)
+            except _kafka().KafkaException as exc:  # the broker did not answer: later
+                log.warning("kafka updates (%s): finding where %s partition %s starts for "
+                            "model %s generation %d failed (%s); trying again", self.level,
+                            *key, served.name, served.generation, exc)  # fmt: skip
+                self._consumer.seek(_kafka().TopicPartition(*key, message.offset()))
+                seeked = True
+            if seeked:
+                self._reread.add(key)  # the rest of this batch comes again
+                return _WAIT
         kind, ms = message.timestamp()
         if kind != _kafka().TIMESTAMP_NOT_AVAILABLE and ms < update_replay.version_time_ms(served):
             return _STALE

@@ -92,9 +92,11 @@ def test_updates_older_than_the_version_files_are_skipped(tmp_path, kafka_broker
     ):
         old = np.full((1, DIM), 1.25, np.float32)
         new = np.full((1, DIM), 2.25, np.float32)
-        # Taken a minute before the files were written: the files hold that row, or newer.
-        _publish(kafka_broker, name, [3], old, timestamp_ms=int(time.time() * 1000) - 60_000)
+        # The second was taken a minute before the files were written (the files hold that
+        # row, or newer); it comes after a new one, so the consumer reads it whenever it
+        # joins (a replay starts at the first update as new as the files).
         _publish(kafka_broker, name, [4], new)
+        _publish(kafka_broker, name, [3], old, timestamp_ms=int(time.time() * 1000) - 60_000)
         assert until(lambda: c.stats.messages == 1 and c.stats.stale == 1), c.stats
         np.testing.assert_array_equal(ps.lookup(name, TABLE, [3, 4]),
                                       np.concatenate([expected([3], DIM), new]))  # fmt: skip
