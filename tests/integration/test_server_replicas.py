@@ -68,7 +68,7 @@ def _serve(repo, port: int, env: dict, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository", str(repo),
          "--http-port", str(port), "--no-grpc", "--poll-interval", "0", "--log-level", "warning",
-         *args],
+         "--workers", "1", *args],  # one process per server: two replicas, not worker pools
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
