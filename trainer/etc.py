@@ -332,6 +332,7 @@ class EmbeddingTrainingCache:
         keys = np.unique(np.asarray(keys, dtype=np.int64))
         table._check_capacity(int(keys.shape[0]))
         table._reserve(int(keys.shape[0]))  # once: no doubling (old and new arrays) mid-pass
+        table._index.reserve(int(keys.shape[0]))
         for lo in range(0, keys.shape[0], CHUNK_ROWS):
             chunk = keys[lo : lo + CHUNK_ROWS]
             rows, found = server.get(chunk)

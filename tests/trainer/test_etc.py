@@ -215,3 +215,18 @@ def test_a_table_four_times_the_budget_trains_in_bounded_memory():
     fixed = 48 << 20
     assert growth <= 1.5 * budget + r["dense_bytes"] + fixed
     assert growth < table  # the table does not sit in memory
+
+
+def test_key_index_reserve_sizes_the_index_once():
+    from tierserve.trainer.embedding import KeyIndex
+
+    index = KeyIndex()
+    index.insert(np.array([7, 3], dtype=np.int64))
+    index.reserve(5000)
+    slots, row_keys = index._slots, index._row_keys
+    keys = np.arange(100, 5098, dtype=np.int64)
+    rows = index.insert(keys)
+    assert index._slots is slots and index._row_keys is row_keys  # nothing regrown
+    np.testing.assert_array_equal(index.lookup(np.array([7, 3], dtype=np.int64)), [0, 1])
+    np.testing.assert_array_equal(index.lookup(keys), rows)
+    np.testing.assert_array_equal(rows, np.arange(2, 5000))

@@ -47,6 +47,21 @@ class KeyIndex:
         """The keys by row: ``keys[r]`` owns row ``r`` (a view; do not modify)."""
         return self._row_keys[: self._n]
 
+    def reserve(self, n: int) -> None:
+        """Size the arrays for ``n`` keys now, so inserting up to ``n`` keys never grows them
+        (growing keeps the old and the new arrays alive together for a moment)."""
+        xp = self.xp
+        bits = self._bits
+        while _SLOTS_PER_KEY * n > (1 << bits):
+            bits += 1
+        if n > self._row_keys.shape[0]:
+            grown = xp.empty(n, dtype=xp.int64)
+            grown[: self._n] = self._row_keys[: self._n]
+            self._row_keys = grown
+        if bits > self._bits:
+            self._alloc(bits)
+            self._rebuild(self._row_keys[: self._n])
+
     def _alloc(self, bits: int) -> None:
         xp = self.xp
         self._bits = bits
