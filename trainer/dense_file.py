@@ -40,9 +40,15 @@ def write_dense_file(path: str | os.PathLike, arrays: Sequence[np.ndarray]) -> P
 
 
 def read_dense_file(
-    path: str | os.PathLike, shapes: Sequence[tuple[int, ...]], what: str = "dense model file"
+    path: str | os.PathLike,
+    shapes: Sequence[tuple[int, ...]],
+    what: str = "dense model file",
+    mmap: bool = False,
 ) -> list[np.ndarray]:
     """Split the file at ``path`` into arrays of ``shapes`` (in order).
+
+    ``mmap``: the arrays are read-only views of the file mapped into memory, so processes
+    serving the same version share its pages (serving); else writable copies (training).
 
     The file must hold exactly the number of floats the shapes need, else
     :class:`CorruptModelFileError` gives the file, what it holds and what was expected.
@@ -62,7 +68,11 @@ def read_dense_file(
         raise CorruptModelFileError(
             f"{what} {path} holds {found} float32 values; the graph needs {expected}"
         )
-    flat = np.fromfile(path, dtype=DENSE_DTYPE)
+    flat = (
+        np.memmap(path, dtype=DENSE_DTYPE, mode="r")
+        if mmap
+        else np.fromfile(path, dtype=DENSE_DTYPE)
+    )
     if not np.isfinite(flat).all():
         raise CorruptModelFileError(f"{what} {path} holds NaN or infinite values")
     out, offset = [], 0

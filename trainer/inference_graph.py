@@ -148,7 +148,7 @@ class InferenceGraph:
         if isinstance(weights, (str, os.PathLike)):
             if nontrainable is None and sshapes:
                 nontrainable = os.fspath(weights) + NONTRAINABLE_SUFFIX
-            weights = read_dense_file(weights, pshapes)
+            weights = read_dense_file(weights, pshapes, mmap=True)  # shared by worker processes
         if isinstance(nontrainable, (str, os.PathLike)):
             nontrainable = read_dense_file(nontrainable, sshapes, "non-trainable dense file")
         if len(weights) != len(pshapes):

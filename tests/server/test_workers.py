@@ -367,3 +367,26 @@ def test_a_staged_version_commits_when_every_running_worker_has_staged_it():
     assert late.wait_for_peers("m", "2", 10) is True and time.monotonic() - started < 1
     # a version no other worker stages commits after the timeout, saying so
     assert first.wait_for_peers("m", "3", timeout=0.2) is False
+
+
+def test_dense_weights_are_read_only_maps_of_the_dense_file(tiny_dlrm):
+    """Served weights are pages of the dense file (shared by every worker serving it), not
+    copies; the trainer's reader still gives writable copies."""
+    from tierserve.trainer.dense_file import read_dense_file
+    from tierserve.trainer.inference_graph import InferenceGraph
+
+    graph = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
+    weights = [w for layer in graph.params for w in (layer or [])]
+    assert weights
+
+    def mapped(array) -> bool:
+        while array is not None:
+            if isinstance(array, np.memmap) and Path(array.filename) == tiny_dlrm.dense_file:
+                return True
+            array = array.base if isinstance(array, np.ndarray) else None
+        return False
+
+    assert all(mapped(w) and not w.flags.writeable for w in weights)
+    shapes = graph.network.flat_param_shapes()
+    copies = read_dense_file(tiny_dlrm.dense_file, shapes)
+    assert all(c.flags.writeable and not mapped(c) for c in copies)
