@@ -293,22 +293,33 @@ def grpc_request_bytes(des: np.ndarray, cat: np.ndarray) -> bytes:
     return request.SerializeToString()
 
 
+#: The 64-client HTTP load sends JSON tensors instead of the binary extension (for peers
+#: without it, as MLServer).
+HTTP_JSON = False
+
+
 def http_request_bytes(des: np.ndarray, cat: np.ndarray, host: str) -> bytes:
-    """A whole HTTP/1.1 KServe v2 infer request (binary tensor extension), as tritonclient.http
-    sends it."""
+    """A whole HTTP/1.1 KServe v2 infer request (binary tensor extension, or JSON tensors
+    with :data:`HTTP_JSON`), as tritonclient.http sends it."""
     import tritonclient.http as th
 
     inputs = []
     for name, array, datatype in (("DES", des, "FP32"), ("CATCOLUMN", cat, "INT64")):
         inp = th.InferInput(name, list(array.shape), datatype)
-        inp.set_data_from_numpy(array, binary_data=True)
+        inp.set_data_from_numpy(array, binary_data=not HTTP_JSON)
         inputs.append(inp)
     body, header_length = th.InferenceServerClient.generate_request_body(inputs)
+    if isinstance(body, str):
+        body = body.encode()
     head = (
         f"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: {host}\r\n"
-        f"Content-Type: application/octet-stream\r\n"
-        f"Inference-Header-Content-Length: {header_length}\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        + (
+            f"Content-Type: application/octet-stream\r\n"
+            f"Inference-Header-Content-Length: {header_length}\r\n"
+            if header_length is not None
+            else "Content-Type: application/json\r\n"
+        )
+        + f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
