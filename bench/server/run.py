@@ -158,7 +158,10 @@ def _stats(times: list[float], rows: int) -> dict:
     times = sorted(times)
     p50 = times[len(times) // 2]
     p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-    return {"p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3, "rows_per_s": rows / statistics.mean(times)}
+    return {
+        "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3, "rows_per_s": rows / statistics.mean(times),
+        "over_3x_p50": sum(t > 3 * p50 for t in times) / len(times),  # the tail: calls >3x p50
+    }  # fmt: skip
 
 
 def predictor(version: Path, volatile: dict | None = None):
@@ -677,14 +680,15 @@ def main() -> int:
         "at the end (other jobs on the machine slow the paths unevenly)"
     )
     if not args.concurrency_only:
-        print(f"{'path':<10}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'overhead':>10}")
+        print(f"{'path':<10}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'overhead':>10}"
+              f"{'>3x p50':>9}")  # fmt: skip
     for path in ("predict", "http", "grpc") if not args.concurrency_only else ():
         for b in BATCHES:
             r = results[path][b]
             base = results["predict"][b]["p50_ms"]
             over = "" if path == "predict" else f"{(r['p50_ms'] - base) / base:>9.0%}"
             print(f"{path:<10}{b:>6}{r['rows_per_s']:>12,.0f}{r['p50_ms']:>9.3f}"
-                  f"{r['p99_ms']:>9.3f}{over:>10}")  # fmt: skip
+                  f"{r['p99_ms']:>9.3f}{over:>10}{r['over_3x_p50']:>9.1%}")  # fmt: skip
     if args.baseline or args.compare_args:
         other = "baseline" if args.baseline else "compared"
         against = args.baseline or args.compare_args
