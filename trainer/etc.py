@@ -258,6 +258,7 @@ def _bounded_rocksdb(path: str) -> Any:
             table = self._rd.BlockBasedOptions()
             table.set_bloom_filter(10, False)
             table.set_block_cache(self._rd.Cache(ROCKSDB_BLOCK_CACHE_BYTES))
+            table.set_cache_index_and_filter_blocks(True)  # charged to that cache, not beside
             options.set_block_based_table_factory(table)
             return options
 
@@ -451,13 +452,16 @@ class EmbeddingTrainingCache:
 
 def _map_large_allocations() -> None:
     """Serve allocations of 1 MB and more with their own mappings, returned to the system when
-    freed.  glibc otherwise raises that threshold as large blocks are freed and then carves
-    the next working tables out of a heap that never shrinks, so RSS would climb pass after
-    pass although the live data does not."""
+    freed, and keep RocksDB's background threads to two malloc arenas.  glibc otherwise raises
+    the mapping threshold as large blocks are freed and carves the next working tables out of
+    a heap that never shrinks, and gives each compaction thread an arena that keeps what it
+    freed: RSS would climb pass after pass although the live data does not."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-8, 2)  # M_ARENA_MAX
     except (OSError, AttributeError):
         pass
 
