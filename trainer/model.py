@@ -480,8 +480,9 @@ class Model:
         if not epoch_mode and max_iter < 1:
             raise ConfigError("fit: non-epoch mode (repeat_dataset=True) needs max_iter >= 1")
         threshold = adapters.auc_threshold(self.solver.metrics_spec)
+        quiet = self._dist is not None and self._dist.rank != 0  # rank 0 speaks for all
         bar = tqdm(total=None if epoch_mode else max_iter, unit="it", mininterval=1.0,
-                   disable=os.environ.get("TIERSERVE_NO_PROGRESS") == "1")
+                   disable=quiet or os.environ.get("TIERSERVE_NO_PROGRESS") == "1")
         it, start, samples = 0, time.perf_counter(), 0
         try:
             epoch = 0
@@ -506,17 +507,19 @@ class Model:
                     rate = samples / max(time.perf_counter() - start, 1e-9)
                     bar.set_postfix(loss=f"{self._loss:.5f}", lr=f"{self._lr:.3g}",
                                     samples_s=f"{rate:,.0f}")
-                    if bar.disable and it % max(display, 1) == 0:
+                    if bar.disable and not quiet and it % max(display, 1) == 0:
                         print(f"[tierserve] iter {it}: loss {self._loss:.6f}, lr {self._lr:.6g}, "
                               f"{rate:,.0f} samples/s", flush=True)
                 if eval_interval > 0 and it % eval_interval == 0 and self._eval_reader is not None:
                     metrics = self._evaluate()
-                    bar.write(f"[tierserve] iter {it}: eval " + ", ".join(
-                        f"{k} = {v:.6f}" for k, v in metrics))
+                    if not quiet:
+                        bar.write(f"[tierserve] iter {it}: eval " + ", ".join(
+                            f"{k} = {v:.6f}" for k, v in metrics))
                     auc = dict(metrics).get("AUC")
                     if threshold is not None and auc is not None and auc >= threshold:
-                        bar.write(f"[tierserve] AUC {auc:.6f} reached the threshold "
-                                  f"{threshold}: training stops at iteration {it}")
+                        if not quiet:
+                            bar.write(f"[tierserve] AUC {auc:.6f} reached the threshold "
+                                      f"{threshold}: training stops at iteration {it}")
                         break
                 if snapshot > 0 and it % snapshot == 0 and snapshot_prefix is not None:
                     written = self.save_params_to_files(snapshot_prefix, it)

@@ -3,7 +3,7 @@ one process.  Settings from the environment: ``DATA_DIR`` (Norm data, file_list.
 file_list_test.txt), ``OUT`` (an .npz the first rank writes: dense weights, the tables sorted
 by key, the loss per iteration and the evaluation metrics), ``EMB_TYPE``, ``OPT``
 (``Adam`` or ``AdaGrad``), ``UPDATE`` (Local / Global / LazyGlobal), ``ITERS``, ``BATCH``, ``EVAL_BATCH``, ``LR``,
-``SLOTS``, ``VVGPU`` (JSON), ``EPOCH`` (one pass, the last batch short), ``SNAPSHOT_PREFIX`` (with ``SNAPSHOT``: write model files then), ``RESUME_ITER``
+``SLOTS``, ``VVGPU`` (JSON), ``EPOCH`` (one pass, the last batch short), ``FIT`` (train with ``Model.fit``), ``SNAPSHOT_PREFIX`` (with ``SNAPSHOT``: write model files then), ``RESUME_ITER``
 (load that snapshot first and skip that many batches), ``DIE_AT`` / ``DIE_RANK`` (that rank
 kills itself at that iteration)."""
 
@@ -78,7 +78,10 @@ if env("RESUME_ITER"):
         model.get_data_reader_train().next_batch()
 snapshot = int(env("SNAPSHOT", "0"))
 losses = []
-for it in range(start + 1, ITERS + 1):
+if env("FIT"):  # the high-level loop instead of the one below
+    model.fit(max_iter=ITERS, display=2, eval_interval=ITERS, snapshot=0)
+    losses.append(model.get_current_loss())
+for it in range(start + 1, 0 if env("FIT") else ITERS + 1):
     if env("DIE_AT") and it == int(env("DIE_AT")) and world().rank == int(env("DIE_RANK", "1")):
         os.kill(os.getpid(), signal.SIGKILL)
     if not model.train():  # epoch mode: the end of the source

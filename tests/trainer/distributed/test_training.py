@@ -133,3 +133,17 @@ def test_an_epoch_ending_in_fewer_samples_than_ranks(data_dir, tmp_path):
     assert _relative(two["vectors"], one["vectors"]) < 1e-4
     assert float(two["auc"]) == pytest.approx(float(one["auc"]), abs=1e-6)
     assert float(two["avg_loss"]) == pytest.approx(float(one["avg_loss"]), rel=1e-5)
+
+
+def test_fit_on_two_ranks_trains_the_same_and_reports_once(data_dir, tmp_path):
+    mpiexec()
+    one = _train(0, tmp_path / "one", data_dir, FIT=1, ITERS=6)
+    (tmp_path / "two").mkdir()
+    done = run(2, SCRIPT, DATA_DIR=data_dir, OUT=tmp_path / "two" / "r.npz", FIT=1, ITERS=6)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = np.load(tmp_path / "two" / "r.npz")
+    assert _relative(two["dense"], one["dense"]) < 1e-4
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-4)
+    out = done.stdout + done.stderr
+    assert out.count("[tierserve] iter 2: loss") == 1  # rank 0 speaks for the job
+    assert out.count("[tierserve] iter 6: eval AUC") == 1
