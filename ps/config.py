@@ -174,6 +174,16 @@ class MultiProcessHashMapConfig(_VolatileBase):
 
     _algorithm = field_validator("algorithm")(_check_algorithm)
 
+    @model_validator(mode="after")
+    def _loads_itself(self):
+        if not self.initialize_after_startup:
+            raise ValueError(
+                "initialize_after_startup false is not available for multi_process_hash_map: "
+                "the first process that loads a version fills its tables and the others attach "
+                "to them; there are no tables of an earlier run to attach to"
+            )
+        return self
+
 
 class _RedisBase(_VolatileBase):
     """Settings of both Redis tiers.

@@ -158,3 +158,9 @@ def test_ps_json_names_it_as_hugectr_does(tmp_path):
     )
     with pytest.raises(ConfigError, match="heart_beat"):
         load_ps_config(path)
+    path.write_text(
+        '{"volatile_db": {"type": "multi_process_hash_map", "initialize_after_startup": false},'
+        ' "models": []}'
+    )
+    with pytest.raises(ConfigError, match="initialize_after_startup false is not available"):
+        load_ps_config(path)
