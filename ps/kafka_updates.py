@@ -240,9 +240,12 @@ def check_replica_id(value: str, source: str) -> str:
     return value
 
 
-def group_id(level: str, shared: bool, replica: str | None = None) -> str:
+def group_id(level: str, shared: bool | str, replica: str | None = None) -> str:
     """``hps.<level>``, plus ``.<replica>`` (default :func:`replica_id`) when the level's tier
-    is not ``shared`` between replicas."""
+    is not ``shared`` between replicas, or ``.<host>`` when it is shared by the processes of
+    one host only (``shared == "host"``: multi_process_hash_map)."""
+    if shared == "host":
+        return f"hps.{level}.{re.sub(r'[^A-Za-z0-9._-]', '_', socket.gethostname()) or 'host'}"
     if shared:
         return f"hps.{level}"
     return f"hps.{level}.{replica or replica_id()}"
@@ -827,7 +830,7 @@ class InvalidationConsumer(UpdateConsumer):
     def __init__(self, ps, config: KafkaUpdateSourceConfig, level: str,
                  replica: str | None = None, **kwargs) -> None:  # fmt: skip
         super().__init__(ps, config, level, replica, **kwargs)
-        self.applier_group = group_id(level, True)
+        self.applier_group = group_id(level, ps.tiers[level].shared)
         self._applier = _kafka().Consumer({**self._settings, "group.id": self.applier_group})
 
     def _group(self, tier) -> str:

@@ -307,7 +307,9 @@ def fingerprint(keys: np.ndarray, embeddings: np.ndarray) -> int:
 class SharedHashMapTier(HashMapTier):
     """``multi_process_hash_map``: see the module docstring."""
 
-    shared = True  # every process of the host reads and writes the same tables
+    # every process of the host reads and writes the same tables: one process per host
+    # applies each Kafka update (consumer group hps.<level>.<host>), the others' caches hear
+    shared = "host"
 
     def __init__(self, config: MultiProcessHashMapConfig) -> None:
         super().__init__(config)

@@ -42,7 +42,9 @@ class Tier(abc.ABC):
     #: Whether every replica of a server sees the same data (HugeCTR's ``is_shared``): then
     #: one replica applies each online update for all, and the others only learn of it.
     #: An unshared tier lives in this process or on this machine; each replica updates its own.
-    shared: bool = False
+    #: ``"host"``: shared by the processes of one host (multi_process_hash_map): one process
+    #: per host applies each update.
+    shared: bool | str = False
 
     def __init__(self) -> None:
         self.stats = TierStats(self.kind)

@@ -336,6 +336,13 @@ def test_an_update_reaches_both_workers_over_one_shared_memory_table(
         after = answer()
         for _ in range(30):  # every worker answers with the update (connections spread)
             np.testing.assert_allclose(answer(), after, rtol=1e-5)
+        # one applier per host (its group names the host), an invalidation group per worker
+        import re
+        import socket
+
+        host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())
+        groups = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
+        assert f"hps.volatile.{host}" in groups, sorted(groups)
     finally:
         pool.stop()
     assert not (SHM_ROOT / shm).exists()  # the last worker out removed the table
