@@ -11,6 +11,7 @@ NVRTC has no ``-Werror``: a compile whose log holds a warning fails here all the
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -39,7 +40,30 @@ class Compiled:
     cubin_bytes: int
 
 
+@functools.cache
+def _preload_cuda12_nvrtc() -> None:
+    """Load the CUDA 12 NVRTC of the ``nvidia-cuda-nvrtc-cu12`` wheel before the bindings
+    look for one: cuda-pathfinder takes the first NVRTC it finds in site-packages, and with
+    PyTorch's CUDA 13 wheels installed beside ours that is libnvrtc.so.13, which cuda-python
+    12's bindings then drive (and which compiles for other architectures)."""
+    import ctypes
+    from importlib import metadata
+
+    try:
+        files = metadata.files("nvidia-cuda-nvrtc-cu12") or []
+    except metadata.PackageNotFoundError:
+        return
+    for f in files:
+        if f.name.startswith("libnvrtc.so.12"):
+            try:
+                ctypes.CDLL(str(f.locate()), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+            return
+
+
 def _nvrtc():
+    _preload_cuda12_nvrtc()
     try:
         from cuda.bindings import nvrtc
     except ImportError:
