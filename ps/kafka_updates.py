@@ -343,6 +343,9 @@ class UpdateConsumer:
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             **metadata_settings(config),
+            # A fetch waits at most this long for data: requests behind it on the connection
+            # (the offset lookups of a replay) wait no longer (librdkafka's default: 500 ms).
+            "fetch.wait.max.ms": min(100, config.poll_timeout_ms),
             **self.kafka_log.client_config(),
             **options,
         }
@@ -595,10 +598,10 @@ class UpdateConsumer:
             self._synced_to[key] = served
             return False
         kafka = _kafka()
-        tp = kafka.TopicPartition(*key)
-        _, high = self._consumer.get_watermark_offsets(tp, timeout=5)
         found = self._consumer.offsets_for_times([kafka.TopicPartition(*key, when)], timeout=5)
-        offset = found[0].offset if found and found[0].offset >= 0 else high
+        offset = found[0].offset if found else -1
+        if offset < 0:  # nothing since: from the end as it was then (what comes later is newer)
+            _, offset = self._consumer.get_watermark_offsets(kafka.TopicPartition(*key), timeout=5)
         self._consumer.seek(kafka.TopicPartition(*key, offset))
         self._synced_to[key] = served
         update_replay.mark_synced(served, self.level, key)
