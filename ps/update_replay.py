@@ -14,10 +14,12 @@ none published after.  So, for each committed version of a model and each tier l
 - while no version of the model is committed, its partitions wait (paused, offsets not
   committed) and are read once one is.
 
-A version's creation time is the oldest modification time of its sparse files' ``emb_vector``
-(the trainer writes them after the rows were taken; copies made with ``cp -p``, ``rsync -t``
-or ``shutil.copy2`` keep it).  A version that attached to tables another process loaded
-(``initialize_after_startup: false``) has no creation time: it is never replayed.
+A version's creation time is what its folder's :data:`STAMP` file says (milliseconds since
+the epoch, written by the trainer's ``fit(repository=...)`` by the clock that stamps its
+update messages, before it takes the rows), else the oldest modification time of its sparse
+files' ``emb_vector`` (written after the rows were taken; copies made with ``cp -p``,
+``rsync -t`` or ``shutil.copy2`` keep it).  A version that attached to tables another process
+loaded (``initialize_after_startup: false``) has no creation time: it is never replayed.
 
 :func:`mark_synced` / :func:`synced` remember, per version and tier level, the partitions a
 consumer of this process already brought up to date, so a consumer restarted in the same
@@ -31,6 +33,8 @@ import threading
 import weakref
 from pathlib import Path
 
+#: The file of a version folder that holds its creation time in ms (see the module docstring).
+STAMP = "tierserve.created"
 _lock = threading.Lock()
 _synced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ServedModel -> set
 _times: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ServedModel -> ms
@@ -42,19 +46,26 @@ def version_time_ms(served) -> int:
         cached = _times.get(served)
     if cached is not None:
         return cached
-    value = 0
-    if not getattr(served, "attached", False):
-        times = []
-        for folder in served.config.sparse_files:
-            path = Path(folder) / "emb_vector"
-            try:
-                times.append(os.stat(path).st_mtime_ns // 1_000_000)
-            except OSError:
-                continue
-        value = min(times) if times else 0
+    value = 0 if getattr(served, "attached", False) else _creation_ms(served.config.sparse_files)
     with _lock:
         _times[served] = value
     return value
+
+
+def _creation_ms(sparse_files: list[str]) -> int:
+    """The version folder's stamp, else its oldest ``emb_vector``'s mtime; 0 when neither."""
+    if sparse_files:
+        try:
+            return int((Path(sparse_files[0]).parent / STAMP).read_text().strip())
+        except (OSError, ValueError):
+            pass
+    times = []
+    for folder in sparse_files:
+        try:
+            times.append(os.stat(Path(folder) / "emb_vector").st_mtime_ns // 1_000_000)
+        except OSError:
+            continue
+    return min(times, default=0)
 
 
 def synced(served, level: str, partition: tuple[str, int]) -> bool:

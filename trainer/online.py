@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from tierserve.ps.errors import BackendUnavailableError, ConfigError
+from tierserve.ps.update_replay import STAMP
 
 log = logging.getLogger("tierserve.trainer.online")
 
@@ -200,6 +201,9 @@ def export_version(model, repository: str | Path, model_name: str, iteration: in
         shutil.rmtree(staging)
     staging.mkdir()
     try:
+        # By the clock that stamps the update messages, before the rows are read: what was
+        # published before it is in these files (tierserve.ps.update_replay).
+        (staging / STAMP).write_text(f"{int(time.time() * 1000)}\n")
         model.graph_to_json(str(staging / f"{model_name}.json"))
         model.save_params_to_files(str(staging / model_name), iteration)
         staging.rename(home / str(version))

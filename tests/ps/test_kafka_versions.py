@@ -106,6 +106,28 @@ def test_updates_older_than_the_version_files_are_skipped(tmp_path, kafka_broker
                                       np.concatenate([expected([3], DIM), new]))  # fmt: skip
 
 
+def test_a_version_folder_stamp_is_its_creation_time(tmp_path, kafka_broker):
+    from pathlib import Path
+
+    from tierserve.ps.update_replay import STAMP
+
+    name = _name()
+    entry = write_model(tmp_path, name, [(np.arange(10), DIM)])
+    now = int(time.time() * 1000)
+    # The trainer's clock said a minute later than the files' modification times.
+    (Path(entry["sparse_files"][0]).parent / STAMP).write_text(f"{now + 60_000}\n")
+    with (
+        _ps(entry) as ps,
+        UpdateConsumer(ps, _config(kafka_broker), "volatile", replica=_name("r")) as c,
+    ):
+        later = np.full((1, DIM), 5.5, np.float32)
+        _publish(kafka_broker, name, [5], later, timestamp_ms=now + 120_000)
+        _publish(kafka_broker, name, [4], later + 1)  # older than the stamp
+        assert until(lambda: c.stats.messages == 1 and c.stats.stale == 1), c.stats
+        np.testing.assert_array_equal(ps.lookup(name, TABLE, [4, 5]),
+                                      np.concatenate([expected([4], DIM), later]))  # fmt: skip
+
+
 def test_a_new_version_gets_the_updates_published_since_its_files_were_written(
     tmp_path, kafka_broker
 ):

@@ -75,6 +75,9 @@ def test_fit_exports_whole_versions_the_loader_reads(demo, tmp_path):
     np.testing.assert_array_equal(dense, np.concatenate([p.ravel() for p in
                                                          demo.model.dense_parameters()]))  # fmt: skip
     assert json.loads((last / "dlrm.json").read_text())["layers"]
+    # taken before the rows were written, by the clock that stamps the update messages
+    stamp = int((last / "tierserve.created").read_text())
+    assert stamp <= (last / "dlrm0_sparse_5.model" / "emb_vector").stat().st_mtime_ns // 10**6
 
 
 def test_publishing_failures_are_raised_by_the_next_fit(demo, capsys):
