@@ -245,7 +245,7 @@ class OnlineLoop:
             self.publisher = _publisher_of(model, update_source)
             self.publisher.raise_errors()  # what the last fit left undelivered
         self.versions: list[Path] = []
-        self._published = self._exported = 0
+        self._published = self._exported = self._shown = 0
 
     def step(self, it: int) -> None:
         if self.publisher is not None and it % self.publish_interval == 0:
@@ -256,8 +256,10 @@ class OnlineLoop:
     def _publish(self, it: int) -> None:
         publish_updates(self.model, self.publisher, self.name)
         self._published = it
-        for error in self.publisher.errors[-1:]:
+        errors = self.publisher.errors
+        for error in errors[self._shown :]:  # each failure once, when it is known
             print(f"[tierserve] iter {it}: online update publishing failed: {error}", flush=True)
+        self._shown = len(errors)
 
     def _export(self, it: int) -> None:
         self.versions.append(export_version(self.model, self.repository, self.name, it))
