@@ -598,10 +598,10 @@ class UpdateConsumer:
             self._synced_to[key] = served
             return False
         kafka = _kafka()
+        # The end first: a message written between the two lookups is past it, not skipped.
+        _, high = self._consumer.get_watermark_offsets(kafka.TopicPartition(*key), timeout=5)
         found = self._consumer.offsets_for_times([kafka.TopicPartition(*key, when)], timeout=5)
-        offset = found[0].offset if found else -1
-        if offset < 0:  # nothing since: from the end as it was then (what comes later is newer)
-            _, offset = self._consumer.get_watermark_offsets(kafka.TopicPartition(*key), timeout=5)
+        offset = found[0].offset if found and found[0].offset >= 0 else high
         self._consumer.seek(kafka.TopicPartition(*key, offset))
         self._synced_to[key] = served
         update_replay.mark_synced(served, self.level, key)
