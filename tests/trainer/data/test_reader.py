@@ -166,7 +166,12 @@ def test_key_beyond_slot_size_names_file_record_and_slot(tmp_path):
     assert err.value.file == read_file_list(norm.train.source)[0]
 
 
+def _reading_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("data-reader")}
+
+
 def test_epoch_and_repeat_modes(tmp_path, from_batches):
+    earlier = _reading_threads()  # readers of other tests' models, alive until collected
     generator, dataset = generate(tmp_path, "Norm")
     want = expected(generator)
     with create_data_reader(reader_params(dataset), 256, 1, 3, sparse()) as reader:
@@ -183,8 +188,8 @@ def test_epoch_and_repeat_modes(tmp_path, from_batches):
     assert all(b.batch_size == 256 for b in batches)
     cycled = Records.concat([want, want, want])
     assert from_batches(batches, 4).equals(cycled.slice(0, 1792))
-    # closing stops the reading threads
-    assert not [t for t in threading.enumerate() if t.name.startswith("data-reader")]
+    # closing stops the reading threads (this test's; others' may still be alive)
+    assert not _reading_threads() - earlier
 
 
 def test_set_source_and_is_eof(tmp_path, from_batches):
