@@ -202,24 +202,18 @@ def write_repository(
 ) -> Path:
     """Copy the demo model into ``repository/dlrm/<version>/`` and write ``ps.json``, whose
     RocksDB tier lives beside the repository in ``<repository>.rocksdb``."""
-    repository = Path(repository)
-    target = repository / MODEL_NAME / str(version)
-    staging = repository / MODEL_NAME / f".{version}.tmp"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    shutil.copy2(demo.graph, staging / demo.graph.name)
-    shutil.copy2(demo.dense_file, staging / demo.dense_file.name)
-    for extra in demo.dense_file.parent.glob(demo.dense_file.name + ".*"):
-        shutil.copy2(extra, staging / extra.name)
-    for folder in demo.sparse_files:
-        shutil.copytree(folder, staging / folder.name)
-    copied = [demo.graph, demo.dense_file, *demo.sparse_files,
-              *demo.dense_file.parent.glob(demo.dense_file.name + ".*")]  # fmt: skip
     from tierserve.trainer import manifest
+    from tierserve.trainer.version_folder import new_version
 
-    manifest.copy_entries(copied, staging)
-    staging.rename(target)  # a version appears whole, never half-copied
+    repository = Path(repository)
+    extras = list(demo.dense_file.parent.glob(demo.dense_file.name + ".*"))
+    with new_version(repository / MODEL_NAME, version) as (_, staging):
+        for path in (demo.graph, demo.dense_file, *extras):
+            shutil.copy2(path, staging / path.name)
+        for folder in demo.sparse_files:
+            shutil.copytree(folder, staging / folder.name)
+        manifest.copy_entries([demo.graph, demo.dense_file, *demo.sparse_files, *extras], staging)
+    target = repository / MODEL_NAME / str(version)
     config = repository / "ps.json"
     if not config.exists():
         names = [p.name for p in demo.sparse_files]

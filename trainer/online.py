@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -35,6 +34,8 @@ import numpy as np
 
 from tierserve.ps.errors import BackendUnavailableError, ConfigError
 from tierserve.ps.update_replay import STAMP
+
+from .version_folder import new_version
 
 log = logging.getLogger("tierserve.trainer.online")
 
@@ -177,13 +178,6 @@ def publish_updates(model, publisher, model_name: str | None = None) -> int:
     return sum(int(len(keys)) for _, keys, _ in tables)
 
 
-def next_version(folder: Path) -> int:
-    """One more than the highest numbered version in ``folder`` (1 when none)."""
-    numbers = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()] \
-        if folder.is_dir() else []  # fmt: skip
-    return max(numbers, default=0) + 1
-
-
 def export_version(model, repository: str | Path, model_name: str, iteration: int) -> Path:
     """Write ``model`` as a new version ``repository/<model_name>/<n>/`` and return it.
 
@@ -194,22 +188,12 @@ def export_version(model, repository: str | Path, model_name: str, iteration: in
 
     check_name(model_name, "model name")
     home = Path(repository) / model_name
-    home.mkdir(parents=True, exist_ok=True)
-    version = next_version(home)
-    staging = home / f".{version}.tmp"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
-    try:
+    with new_version(home) as (version, staging):
         # By the clock that stamps the update messages, before the rows are read: what was
         # published before it is in these files (tierserve.ps.update_replay).
         (staging / STAMP).write_text(f"{int(time.time() * 1000)}\n")
         model.graph_to_json(str(staging / f"{model_name}.json"))
         model.save_params_to_files(str(staging / model_name), iteration)
-        staging.rename(home / str(version))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return home / str(version)
 
 

@@ -47,6 +47,7 @@ from .. import manifest
 from ..compat import warn_once
 from ..dense_file import NONTRAINABLE_SUFFIX, write_dense_file
 from ..graph_json import save_graph_json
+from ..version_folder import new_version
 from .graph import DENSE, LABEL, Tensor
 from .layer_types import EXPORT_LOSS
 from .spec import ModeKeys
@@ -194,12 +195,6 @@ def _model_name(estimator: Any, model_name: str | None) -> str:
     return name
 
 
-def _next_version(folder: Path) -> int:
-    versions = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()] \
-        if folder.is_dir() else []
-    return max(versions, default=0) + 1
-
-
 def export_model(estimator: Any, export_dir_base: str | os.PathLike,
                  serving_input_receiver_fn: Callable, checkpoint_path: str | None = None,
                  model_name: str | None = None, assets_extra: Any = None,
@@ -243,12 +238,19 @@ def export_model(estimator: Any, export_dir_base: str | os.PathLike,
     name = _model_name(estimator, model_name)
     base = Path(export_dir_base)
     model_root = base / name
-    model_root.mkdir(parents=True, exist_ok=True)
-    version = _next_version(model_root)
-    staging = model_root / f".{version}.tmp"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
+    with new_version(model_root) as (version, staging):
+        graph_path, dense_path, sparse_paths = _write_version(
+            staging, name, estimator, prog, graph, out, width, max_batch_size
+        )
+    target = model_root / str(version)
+    _write_ps_json(base, name, version, graph, graph_path.name, dense_path.name,
+                   [p.name for p in sparse_paths], width, max_batch_size)
+    return os.fsencode(str(target))
+
+
+def _write_version(staging: Path, name: str, estimator, prog, graph, out, width: int,
+                   max_batch_size: int) -> tuple[Path, Path, list[Path]]:
+    """The graph, dense file, sparse folders and serving spec of an export, in ``staging``."""
     step = estimator._store.global_step
     layers = [_data_layer(graph, width)]
     for group in graph.groups:
@@ -284,11 +286,7 @@ def export_model(estimator: Any, export_dir_base: str | os.PathLike,
     spec_path.write_text(json.dumps(_serving_spec(graph, out), indent=1) + "\n")
     manifest.record([graph_path, dense_path, Path(str(dense_path) + NONTRAINABLE_SUFFIX),
                      *sparse_paths, spec_path])
-    target = model_root / str(version)
-    staging.rename(target)
-    _write_ps_json(base, name, version, graph, graph_path.name, dense_path.name,
-                   [p.name for p in sparse_paths], width, max_batch_size)
-    return os.fsencode(str(target))
+    return graph_path, dense_path, sparse_paths
 
 
 def _data_layer(graph, label_dim: int) -> dict:
