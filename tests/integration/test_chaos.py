@@ -35,6 +35,7 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
 from frozen import frozen
+from kafka_clients import raw_producer
 from polling import until
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
@@ -226,9 +227,7 @@ print(json.dumps({"latencies": latencies, "failures": failures}))
 
 def _poison(broker, topic: str) -> None:
     """A header claiming vectors of 2^32-4 bytes, then nothing (issue 12's message)."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer = raw_producer(broker.bootstrap)
     producer.produce(topic, value=b"HCTR" + struct.pack("<I", 2**32 - 4))
     producer.produce(topic, value=os.urandom(37))
     producer.flush(30)

@@ -11,6 +11,7 @@ import uuid
 import numpy as np
 import pytest
 import tritonclient.http as th
+from kafka_clients import raw_producer
 from polling import until
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
@@ -105,8 +106,6 @@ def _hostile_values(rng, dim: int) -> list[bytes]:
 
 
 def test_hostile_messages_do_not_stop_updates_nor_health(tmp_path, kafka_broker):
-    from confluent_kafka import Producer
-
     demo = train_demo_model(tmp_path / "train", iterations=5, batch_size=256, seed=5)
     repo = tmp_path / "repo"
     write_repository(demo, repo)
@@ -121,7 +120,7 @@ def test_hostile_messages_do_not_stop_updates_nor_health(tmp_path, kafka_broker)
     dim = config["models"][0]["embedding_vecsize_per_table"][0]
     rng = np.random.default_rng(5)
     topic = f"hps_et.dlrm.{table}"
-    raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    raw = raw_producer(kafka_broker.bootstrap)
     hostile = _hostile_values(rng, dim)
     for value in hostile:  # all before the good update, on one partition: read first
         raw.produce(topic, value=value, partition=0)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kafka_clients import raw_producer
 from services.triton import site_packages_parameter
 
 
@@ -71,7 +72,7 @@ def test_redis_cluster_survives_a_node_restart(redis_cluster):
 
 
 def test_kafka_produce_consume(kafka_broker):
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = _unique("hps_et.smoke.table")
@@ -79,7 +80,7 @@ def test_kafka_produce_consume(kafka_broker):
     admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
 
     payload = b"HCTR" + bytes(range(256))
-    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    producer = raw_producer(kafka_broker.bootstrap)
     producer.produce(topic, value=payload)
     assert producer.flush(30) == 0
 

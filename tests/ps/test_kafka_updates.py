@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka_clients import raw_producer
 from polling import until
 from ps_helpers import expected, write_model
 
@@ -79,8 +80,6 @@ def test_subscription_and_groups():
 
 
 def test_updates_reach_every_replica_and_bad_messages_are_skipped(tmp_path, kafka_broker):
-    from confluent_kafka import Producer
-
     name = _name("m")
     tag = table_tag(name, "sparse_embedding1")
     _create_topic(kafka_broker, tag)
@@ -92,7 +91,7 @@ def test_updates_reach_every_replica_and_bad_messages_are_skipped(tmp_path, kafk
     try:
         keys = np.array([1, 50, 99, 1000], np.int64)  # 1000: a key the model did not have
         new = np.arange(keys.size * DIM, dtype=np.float32).reshape(-1, DIM) + 0.25
-        raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+        raw = raw_producer(kafka_broker.bootstrap)
         raw.produce(tag, value=b"HCTR\x10\x00\x00\x00" + b"\x01" * 7)  # truncated record
         raw.produce(tag, value=b"not an update")
         raw.produce(table_tag(name, "no_such_table"), value=b"HCTR\x10\x00\x00\x00")
@@ -181,8 +180,6 @@ def test_a_refused_message_among_good_ones_is_skipped_alone(tmp_path, kafka_brok
     # Published before the consumer starts, the three messages arrive in one batch, which is
     # applied with one insert; the tier refuses the reserved key of the middle one, so the
     # batch is applied message by message and only that one is skipped.
-    from confluent_kafka import Producer
-
     from tierserve.ps.update_message import encode_update
 
     name = _name("m")
@@ -191,7 +188,7 @@ def test_a_refused_message_among_good_ones_is_skipped_alone(tmp_path, kafka_brok
     values = [np.full((1, DIM), v, np.float32) for v in (1.5, 2.5, 3.5)]
     keys = [np.array([k], np.int64) for k in (7, -(2**63), 8)]
     with _server(tmp_path, name) as ps:  # the model's files first: older updates are stale
-        raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+        raw = raw_producer(kafka_broker.bootstrap)
         for k, v in zip(keys, values):
             raw.produce(tag, value=encode_update(k, v), partition=0)
         assert raw.flush(30) == 0
@@ -231,12 +228,10 @@ def test_no_message_stops_the_updates_behind_it(tmp_path, kafka_broker):
     # Fuzz of the consumer loop through the real broker: each example publishes random
     # values and then one good update (all on one partition, so in this order); the good
     # update must apply, every random message must be counted, and the loop never fails.
-    from confluent_kafka import Producer
-
     name = _name("m")
     tag = table_tag(name, "sparse_embedding1")
     _create_topic(kafka_broker, tag)
-    raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    raw = raw_producer(kafka_broker.bootstrap)
     sent = 0
     replica = _name("r")
     with _server(tmp_path, name) as ps, UpdateConsumer(ps, _config(kafka_broker), "volatile",
@@ -307,8 +302,6 @@ def test_a_failed_loop_restarts_and_rereads_what_it_had_not_done(tmp_path, kafka
 
 
 def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
-    from confluent_kafka import Producer
-
     from tierserve.ps.kafka_updates import MAX_FAILURES_PER_MESSAGE
     from tierserve.ps.update_message import encode_update
 
@@ -318,7 +311,7 @@ def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
     poison = encode_update(np.array([1]), np.full((1, DIM), 9.0, np.float32))
     good = np.full((1, DIM), 2.5, np.float32)
     with _server(tmp_path, name) as ps:  # the model's files first: older updates are stale
-        raw = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+        raw = raw_producer(kafka_broker.bootstrap)
         raw.produce(tag, value=poison, partition=0)
         raw.produce(tag, value=encode_update(np.array([2]), good), partition=0)
         assert raw.flush(30) == 0
