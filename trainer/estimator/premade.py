@@ -239,6 +239,19 @@ class _Canned(Estimator):
     def _prepare_labels(self, labels: Any) -> Any:
         return self.head.prepare_labels(labels)
 
+    def _linear(self, feature_columns, optimizer, model_dir, config, warm_start_from,
+                sparse_combiner: str) -> None:
+        """Build a linear model over ``self.head`` (the two linear estimators' one body)."""
+        cols = _columns(feature_columns, "feature_columns")
+        opt = get_optimizer(optimizer, _linear_lr(cols), f"{type(self).__name__} optimizer")
+
+        def model_fn(features, labels, mode, config):
+            logits = _linear_logits(features, cols, self.head.logits_dimension, sparse_combiner)
+            return self.head.spec(features, labels, mode, logits,
+                                  lambda loss: opt.minimize(loss, var_list=["linear/"]))
+
+        Estimator.__init__(self, model_fn, model_dir, config, warm_start_from=warm_start_from)
+
 
 class LinearRegressor(_Canned):
     def __init__(self, feature_columns, model_dir=None, label_dimension: int = 1,
@@ -248,15 +261,8 @@ class LinearRegressor(_Canned):
         _check_loss_reduction(loss_reduction)
         self.head = Head("regression", label_dimension=label_dimension,
                          weight_column=weight_column)
-        cols = _columns(feature_columns, "feature_columns")
-        opt = get_optimizer(optimizer, _linear_lr(cols), "LinearRegressor optimizer")
-
-        def model_fn(features, labels, mode, config):
-            logits = _linear_logits(features, cols, self.head.logits_dimension, sparse_combiner)
-            return self.head.spec(features, labels, mode, logits,
-                                  lambda loss: opt.minimize(loss, var_list=["linear/"]))
-
-        super().__init__(model_fn, model_dir, config, warm_start_from=warm_start_from)
+        self._linear(feature_columns, optimizer, model_dir, config, warm_start_from,
+                     sparse_combiner)
 
 
 class LinearClassifier(_Canned):
@@ -267,15 +273,8 @@ class LinearClassifier(_Canned):
         _check_loss_reduction(loss_reduction)
         self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
                          label_vocabulary=label_vocabulary)
-        cols = _columns(feature_columns, "feature_columns")
-        opt = get_optimizer(optimizer, _linear_lr(cols), "LinearClassifier optimizer")
-
-        def model_fn(features, labels, mode, config):
-            logits = _linear_logits(features, cols, self.head.logits_dimension, sparse_combiner)
-            return self.head.spec(features, labels, mode, logits,
-                                  lambda loss: opt.minimize(loss, var_list=["linear/"]))
-
-        super().__init__(model_fn, model_dir, config, warm_start_from=warm_start_from)
+        self._linear(feature_columns, optimizer, model_dir, config, warm_start_from,
+                     sparse_combiner)
 
 
 class DNNRegressor(_Canned):
