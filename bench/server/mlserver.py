@@ -7,9 +7,10 @@ its workers crash with uvloop 0.22 and later, its open issue 2286; plus ``pip in
 this checkout for the runtime), with a custom runtime that calls the same
 ``InferenceModel.predict_batch`` as ``bench.server.run``'s peer, adaptive batching
 ``max_batch_size`` 64 and ``max_batch_time`` 1 ms.  tierserve runs ``tierserve serve
---workers 1`` (and, with ``--workers 2``, a second turn).  Both get the 64-client batch-1 load
-of ``bench.server.run`` (JSON tensors over HTTP, since MLServer has no binary extension; the
-same serialized request over gRPC), alternating turns, and one client at batch 1, 64 and 1024
+--workers 1`` (``--server-args`` for others, e.g. ``'--workers 2'``).  Both get the 64-client batch-1 load
+of ``bench.server.run`` (:mod:`bench.server.loadgen`: wrk and h2load by default, ``--loadgen
+python`` for asyncio; JSON tensors over HTTP, since MLServer has no binary extension; the same
+serialized request over gRPC), alternating turns, and one client at batch 1, 64 and 1024
 over HTTP JSON; answers are checked equal first.
 """
 
@@ -115,7 +116,13 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--calls", type=int, default=60, help="one-client calls per batch size")
+    parser.add_argument(
+        "--server-args", default="--workers 1", metavar="ARGS",
+        help="arguments for tierserve serve (default '--workers 1')",
+    )  # fmt: skip
+    R.add_load_arguments(parser)
     args = parser.parse_args()
+    generator = R.use_load_arguments(args)
     from tierserve.server.app import free_port
 
     out = args.train_dir / "out"
@@ -128,7 +135,9 @@ def main() -> int:
         _, predict = R.predictor(version)
         t_http, t_grpc = free_port(), free_port()
         m_http, m_grpc = free_port(), free_port()
-        ours = R.start_server(repo, t_http, t_grpc, batching=True, extra=("--workers", "1"))
+        ours = R.start_server(
+            repo, t_http, t_grpc, batching=True, extra=R._with_workers(args.server_args)
+        )
         peer = start_mlserver(args.mlserver_venv, Path(tmp) / "mlserver", version, m_http,
                               m_grpc, free_port())  # fmt: skip
         try:
@@ -149,7 +158,6 @@ def main() -> int:
                 for name in calls:
                     latency[name][b] = statistics.median(times[name]) * 1e3
             R.HTTP_JSON = True
-            R.GRPC_CHANNELS = 1
             both = R.concurrency_runs(
                 {"tierserve": (ours, t_http, t_grpc), "mlserver": (peer, m_http, m_grpc)},
                 data, args.seconds,
@@ -158,6 +166,7 @@ def main() -> int:
             for proc in (ours, peer):
                 proc.terminate()
                 proc.wait()
+    print(f"tierserve serve {args.server_args}, load generator {generator}")
     print("one client, HTTP JSON, p50 ms:")
     for b in R.BATCHES:
         t, m = latency["tierserve"][b], latency["mlserver"][b]
@@ -168,6 +177,8 @@ def main() -> int:
             f"64 concurrent batch-1 {protocol} clients: tierserve {t['rows_s']:,.0f} rows/s, "
             f"MLServer {m['rows_s']:,.0f} ({t['rows_s'] / m['rows_s']:.2f}x); server CPU ms per "
             f"request {t['server_cpu_ms_per_request']:.3f} / {m['server_cpu_ms_per_request']:.3f}"
+            f"; load generator {t['client_cpu_ms_per_request']:.3f} / "
+            f"{m['client_cpu_ms_per_request']:.3f}"
         )
     return 0
 

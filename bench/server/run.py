@@ -17,12 +17,13 @@
    (tritonclient.http, binary tensors) and gRPC (tritonclient.grpc): throughput and p50/p99.
    Overhead = end-to-end p50 minus predict p50, over predict p50.
 4. 64 concurrent batch-1 clients against the server with dynamic batching on and a second one
-   with it off, in alternating turns: throughput ratio, over gRPC and over HTTP.  The load generator must cost little CPU
-   per request, since it shares the cores with the server: it sends real KServe v2 requests
-   (the same bytes tritonclient sends, built once) on a raw ``grpc.aio`` channel (one
-   connection, as tritonclient's aio client) and on 64 raw HTTP/1.1 keep-alive connections
-   (binary tensor extension), and checks each reply's status.  It is the same for batched
-   and unbatched.
+   with it off, in alternating turns: throughput ratio, over gRPC and over HTTP.  The load
+   generator must cost little CPU per request, since it shares the cores with the server:
+   :mod:`bench.server.loadgen` sends real KServe v2 requests (the same bytes tritonclient
+   sends, built once), by default with the native ``wrk`` (64 HTTP/1.1 keep-alive
+   connections, binary tensor extension) and ``h2load`` (64 HTTP/2 connections, one call in
+   flight on each), ``--loadgen python`` with asyncio in this process; every reply is checked
+   (a run with a failed one stops the benchmark).  It is the same for batched and unbatched.
 5. The same load against servers that answer without doing any work (``bench.server.floors``:
    uvicorn + httptools, and grpc.aio): the transport's own CPU per request.  The unbatched
    server's CPU per request over that floor plus predict's time per row at batch 64 bounds
@@ -35,7 +36,6 @@ Prints a table (and with ``--json FILE`` writes the figures there).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -53,6 +53,8 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 
 import numpy as np  # noqa: E402
+
+from bench.server import loadgen  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCHES = (1, 64, 1024)
@@ -301,9 +303,9 @@ def grpc_request_bytes(des: np.ndarray, cat: np.ndarray) -> bytes:
 HTTP_JSON = False
 
 
-def http_request_bytes(des: np.ndarray, cat: np.ndarray, host: str) -> bytes:
-    """A whole HTTP/1.1 KServe v2 infer request (binary tensor extension, or JSON tensors
-    with :data:`HTTP_JSON`), as tritonclient.http sends it."""
+def http_request(des: np.ndarray, cat: np.ndarray) -> loadgen.HttpRequest:
+    """A KServe v2 infer request (binary tensor extension, or JSON tensors with
+    :data:`HTTP_JSON`) as tritonclient.http sends it."""
     import tritonclient.http as th
 
     inputs = []
@@ -314,82 +316,63 @@ def http_request_bytes(des: np.ndarray, cat: np.ndarray, host: str) -> bytes:
     body, header_length = th.InferenceServerClient.generate_request_body(inputs)
     if isinstance(body, str):
         body = body.encode()
-    head = (
-        f"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: {host}\r\n"
-        + (
-            f"Content-Type: application/octet-stream\r\n"
-            f"Inference-Header-Content-Length: {header_length}\r\n"
-            if header_length is not None
-            else "Content-Type: application/json\r\n"
-        )
-        + f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
+    headers = (
+        {"Content-Type": "application/octet-stream",
+         "Inference-Header-Content-Length": str(header_length)}
+        if header_length is not None
+        else {"Content-Type": "application/json"}
+    )  # fmt: skip
+    return loadgen.HttpRequest("/v2/models/dlrm/infer", headers, body)
 
 
-#: gRPC connections the load generator spreads its clients over (--grpc-channels): one, as
-#: tritonclient's aio client; worker processes need several (the kernel gives each
-#: connection to one worker).
-GRPC_CHANNELS = 1
+def http_request_bytes(des: np.ndarray, cat: np.ndarray, host: str) -> bytes:
+    """The whole HTTP/1.1 request of :func:`http_request`, as sent on the wire."""
+    return http_request(des, cat).raw(host)
 
 
-async def _grpc_load(url: str, payload: bytes, clients: int, seconds: float) -> int:
-    import grpc
-
-    # a local subchannel pool: each channel its own connection
-    channels = [
-        grpc.aio.insecure_channel(url, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(GRPC_CHANNELS)
-    ]
-    try:
-        calls = [c.unary_unary("/inference.GRPCInferenceService/ModelInfer") for c in channels]
-        for call in calls:
-            await call(payload)  # connected, and the model answers
-        done = 0
-        stop = time.perf_counter() + seconds
-
-        async def worker(call):
-            nonlocal done
-            while time.perf_counter() < stop:
-                reply = await call(payload)
-                if not reply:
-                    raise RuntimeError("empty gRPC reply")
-                done += 1
-
-        await asyncio.gather(*(worker(calls[i % len(calls)]) for i in range(clients)))
-        return done
-    finally:
-        for channel in channels:
-            await channel.close()
+#: The load generator of the concurrency runs (--loadgen): ``auto`` (native, wrk and h2load,
+#: where installed; else python), ``native`` or ``python`` (see :mod:`bench.server.loadgen`).
+LOADGEN = "auto"
+#: gRPC connections the load generator spreads its clients over (--grpc-channels); None: the
+#: generator's default (native: one per client; python: one, as tritonclient's aio client).
+#: Worker processes need several: the kernel gives each connection to one worker.
+GRPC_CHANNELS: int | None = None
 
 
-async def _http_load(url: str, payload: bytes, clients: int, seconds: float) -> int:
-    host, port = url.rsplit(":", 1)
-    stop = time.perf_counter() + seconds
-    counts = [0] * clients
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The load generator's options (--loadgen, --grpc-channels), for every serving bench."""
+    parser.add_argument(
+        "--loadgen", choices=loadgen.GENERATORS, default="auto",
+        help="load generator of the concurrency runs: native (wrk and h2load; install with "
+        f"`{loadgen.INSTALL}`), python (asyncio in this process), auto (native where "
+        "installed, the default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grpc-channels", type=int, default=None, metavar="N",
+        help="gRPC connections of the 64-client load (default: native one per client, python "
+        "1 as tritonclient's aio client; worker processes need several: each connection goes "
+        "to one worker)",
+    )  # fmt: skip
 
-    async def worker(i: int) -> None:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            first = True
-            while first or time.perf_counter() < stop:
-                writer.write(payload)
-                head = await reader.readuntil(b"\r\n\r\n")
-                if not head.startswith(b"HTTP/1.1 200"):
-                    raise RuntimeError(f"HTTP reply {head[:40]!r}")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line[:15].lower() == b"content-length:":
-                        length = int(line[15:])
-                await reader.readexactly(length)
-                if not first:
-                    counts[i] += 1
-                first = False
-        finally:
-            writer.close()
 
-    await asyncio.gather(*(worker(i) for i in range(clients)))
-    return sum(counts)
+def use_load_arguments(args: argparse.Namespace) -> str:
+    """Apply :func:`add_load_arguments`' options; returns the generator that will run."""
+    global LOADGEN, GRPC_CHANNELS
+    LOADGEN = loadgen.resolve(args.loadgen)
+    GRPC_CHANNELS = args.grpc_channels
+    return LOADGEN
+
+
+def concurrent_load(
+    protocol: str, url: str, data: dict, clients: int, seconds: float
+) -> loadgen.LoadResult:
+    """``clients`` concurrent batch-1 clients over ``protocol`` for ``seconds`` with the
+    load generator of :data:`LOADGEN` (replies checked)."""
+    des, cat = data[1]
+    if protocol == "grpc":
+        return loadgen.grpc_load(url, grpc_request_bytes(des, cat), clients, seconds,
+                                 LOADGEN, GRPC_CHANNELS)  # fmt: skip
+    return loadgen.http_load(url, http_request(des, cat), clients, seconds, LOADGEN)
 
 
 def concurrent_throughput(
@@ -397,15 +380,8 @@ def concurrent_throughput(
 ) -> tuple[float, float]:
     """Requests (= rows) per second of ``clients`` concurrent batch-1 clients over
     ``protocol``, and the load generator's own CPU seconds per request."""
-    des, cat = data[1]
-    if protocol == "grpc":
-        run = _grpc_load(url, grpc_request_bytes(des, cat), clients, seconds)
-    else:
-        run = _http_load(url, http_request_bytes(des, cat, url), clients, seconds)
-    started, cpu = time.perf_counter(), time.process_time()
-    done = asyncio.run(run)
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-    return done / elapsed, cpu / max(done, 1)
+    result = concurrent_load(protocol, url, data, clients, seconds)
+    return result.rate, result.cpu_per_request
 
 
 def _descendants(pid: int) -> list[int]:
@@ -419,38 +395,53 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def server_cpu(proc: subprocess.Popen) -> float:
-    """CPU seconds (user + system) the server process and its worker processes have used so
-    far (what exited workers used is counted once they were waited for)."""
-    total = 0
+def cpu_by_process(proc: subprocess.Popen) -> dict[int, float]:
+    """CPU seconds (user + system) used so far by the server process (with its waited-for
+    children) and by each of its live descendants (worker processes), by pid."""
+    found = {}
     for pid in _descendants(proc.pid):
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += sum(int(f) for f in fields[11:15]) if pid == proc.pid else (
+        ticks = sum(int(f) for f in fields[11:15]) if pid == proc.pid else (
             int(fields[11]) + int(fields[12])
         )  # fmt: skip
-    return total / os.sysconf("SC_CLK_TCK")
+        found[pid] = ticks / os.sysconf("SC_CLK_TCK")
+    return found
+
+
+def server_cpu(proc: subprocess.Popen) -> float:
+    """CPU seconds (user + system) the server process and its worker processes have used so
+    far (what exited workers used is counted once they were waited for)."""
+    return sum(cpu_by_process(proc).values())
 
 
 def concurrency_runs(servers: dict, data: dict, seconds: float, turns: int = 4) -> dict:
     """Both protocols' concurrent throughput on each server (``name: (proc, http, grpc)``),
-    with client and server CPU per request.  The servers take ``turns`` turns of
-    ``seconds / turns`` each, so other jobs' bursts fall on batched and unbatched alike; the
-    figure is the median turn."""
+    with client and server CPU per request, and the cores each server process used (the
+    parent first: how evenly the kernel spread the load over worker processes).  The servers
+    take ``turns`` turns of ``seconds / turns`` each, so other jobs' bursts fall on batched
+    and unbatched alike; the figure is the median turn."""
     runs: dict = {(name, p): [] for name in servers for p in ("grpc", "http")}
+    cores: dict = {(name, p): {} for name in servers for p in ("grpc", "http")}
+    busy: dict = dict.fromkeys(runs, 0.0)
     for _ in range(turns):
         for protocol in ("grpc", "http"):
             for name, (proc, http, grpc) in servers.items():
                 port = grpc if protocol == "grpc" else http
-                before = server_cpu(proc)
+                before = cpu_by_process(proc)
                 started = time.perf_counter()
-                rate, client_cpu = concurrent_throughput(
+                result = concurrent_load(
                     protocol, f"127.0.0.1:{port}", data, 64, seconds / turns)  # fmt: skip
-                requests = rate * (time.perf_counter() - started)
-                server = (server_cpu(proc) - before) / max(requests, 1)
-                runs[(name, protocol)].append((rate, client_cpu, server))
+                busy[(name, protocol)] += time.perf_counter() - started
+                after = cpu_by_process(proc)
+                used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+                server = sum(used.values()) / max(result.requests, 1)
+                for pid, cpu in used.items():
+                    key = "parent" if pid == proc.pid else pid
+                    cores[(name, protocol)][key] = cores[(name, protocol)].get(key, 0.0) + cpu
+                runs[(name, protocol)].append((result.rate, result.cpu_per_request, server))
     out: dict = {name: {} for name in servers}
     for (name, protocol), turns_done in runs.items():
         out[name][protocol] = {
@@ -458,6 +449,9 @@ def concurrency_runs(servers: dict, data: dict, seconds: float, turns: int = 4) 
             "rows_s_turns": [t[0] for t in turns_done],
             "client_cpu_ms_per_request": statistics.median(t[1] for t in turns_done) * 1e3,
             "server_cpu_ms_per_request": statistics.median(t[2] for t in turns_done) * 1e3,
+            "cores_by_process": {
+                str(k): v / busy[(name, protocol)] for k, v in cores[(name, protocol)].items()
+            },
         }
     return out
 
@@ -494,13 +488,12 @@ def floor_runs(seconds: float) -> dict:
                     if time.monotonic() > deadline or proc.poll() is not None:
                         raise RuntimeError(f"the {protocol} floor server did not start") from None
                     time.sleep(0.2)
-            before, started = server_cpu(proc), time.perf_counter()
-            rate, _ = concurrent_throughput(
-                protocol, f"127.0.0.1:{port}", {1: (des, cat)}, 64, seconds)  # fmt: skip
-            requests = rate * (time.perf_counter() - started)
+            before = server_cpu(proc)
+            result = concurrent_load(protocol, f"127.0.0.1:{port}", {1: (des, cat)}, 64, seconds)
             out[protocol] = {
-                "rows_s": rate,
-                "server_cpu_ms_per_request": (server_cpu(proc) - before) / requests * 1e3,
+                "rows_s": result.rate,
+                "server_cpu_ms_per_request": (server_cpu(proc) - before) / result.requests * 1e3,
+                "client_cpu_ms_per_request": result.cpu_per_request * 1e3,
             }
         finally:
             proc.terminate()
@@ -561,11 +554,7 @@ def main() -> int:
         help="extra arguments for this checkout's server (not the baseline's), e.g. "
         "'--workers 2'",
     )  # fmt: skip
-    parser.add_argument(
-        "--grpc-channels", type=int, default=1, metavar="N",
-        help="gRPC connections of the 64-client load (default 1, as tritonclient's aio client; "
-        "worker processes need several: each connection goes to one worker)",
-    )  # fmt: skip
+    add_load_arguments(parser)
     parser.add_argument(
         "--compare-args", default="", metavar="ARGS",
         help="run the concurrency load against this checkout's batched server with "
@@ -580,8 +569,7 @@ def main() -> int:
         "table between worker processes (/dev/shm)",
     )  # fmt: skip
     args = parser.parse_args()
-    global GRPC_CHANNELS
-    GRPC_CHANNELS = args.grpc_channels
+    use_load_arguments(args)
     scale = 0.3 if args.quick else 1.0
     repeats = {1: int(1000 * scale), 64: int(400 * scale), 1024: int(100 * scale)}
     from tierserve.server.app import free_port
@@ -619,6 +607,8 @@ def main() -> int:
             "cpu_count": os.cpu_count(),
             "volatile": args.volatile,
             "load_average_start": os.getloadavg()[0],
+            "loadgen": LOADGEN,
+            "grpc_channels": GRPC_CHANNELS,
         }
         extra: tuple[str, ...] = ()
         if args.no_malloc_tuning:
@@ -675,7 +665,8 @@ def main() -> int:
     results["load_average_end"] = os.getloadavg()[0]
     print(
         f"\nCPU cores: {results['cpu_count']}, volatile tier: {args.volatile}, malloc tuning: "
-        f"{'off' if args.no_malloc_tuning else 'on'} (server and peer), load average "
+        f"{'off' if args.no_malloc_tuning else 'on'} (server and peer), load generator "
+        f"{results['loadgen']}, load average "
         f"{results['load_average_start']:.1f} at the start, {results['load_average_end']:.1f} "
         "at the end (other jobs on the machine slow the paths unevenly)"
     )
@@ -705,8 +696,12 @@ def main() -> int:
                 f"here{' (' + args.server_args + ')' if args.server_args else ''}, "
                 f"{old['rows_s']:,.0f} with {against} ({ratio:.2f}x; turns {turns}); "
                 f"server CPU ms per request {new['server_cpu_ms_per_request']:.3f} here, "
-                f"{old['server_cpu_ms_per_request']:.3f} with {against}"
+                f"{old['server_cpu_ms_per_request']:.3f} with {against}; load generator "
+                f"{new['client_cpu_ms_per_request']:.3f} / {old['client_cpu_ms_per_request']:.3f}"
             )
+            for label, r in (("here", new), (against, old)):
+                print(f"  cores by server process, {label} (parent first): " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in r["cores_by_process"].items()))  # fmt: skip
     for protocol in ("grpc", "http") if other == "unbatched" else ():
         on = results["concurrent_batched"][protocol]
         off = results["concurrent_unbatched"][protocol]
@@ -741,7 +736,8 @@ def main() -> int:
         print(
             f"{protocol}: the batched server's {on:,.0f} rows/s is {on / floor['rows_s']:.2f}x the "
             f"do-nothing server's {floor['rows_s']:,.0f} requests/s "
-            f"({floor['server_cpu_ms_per_request']:.3f} ms CPU per request)"
+            f"({floor['server_cpu_ms_per_request']:.3f} ms server CPU per request, load "
+            f"generator {floor['client_cpu_ms_per_request']:.3f} ms)"
         )
     ex = results["executions"]
     if ex["executions"]:

@@ -11,9 +11,10 @@ functions it uses): the trainer issue's DLRM (26 tables x dim 16, ~1M keys, hash
    process), tierserve serve over HTTP and gRPC, tritonserver over HTTP and gRPC
    (tritonclient, binary tensors), in interleaved turns so machine noise falls on every path
    alike: rows/s, p50, p99.  Triton's overhead = its p50 at batch 1 minus predict's.
-2. 64 concurrent batch-1 clients (bench.server.run's raw grpc.aio and HTTP/1.1 load generator,
-   the same request bytes for both servers), servers in alternating turns: rows/s and the
-   server's CPU per request (tritonserver counted with its Python backend stub processes).
+2. 64 concurrent batch-1 clients (bench.server.run's load generator, :mod:`bench.server.loadgen`:
+   wrk and h2load by default, ``--loadgen python`` for asyncio; the same request bytes for
+   both servers), servers in alternating turns: rows/s, the server's CPU per request
+   (tritonserver counted with its Python backend stub processes) and the generator's.
 
 tritonserver comes from the test setup (tests/services/triton.py: the ``nvidia-pytriton`` wheel,
 installed on first use under ~/.cache/tierserve).  Prints a table; ``--json FILE`` writes it.
@@ -27,7 +28,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 # One BLAS thread per inference thread, as in bench.server.run (set before numpy loads).
@@ -86,12 +86,12 @@ def concurrency(servers: dict, data: dict, seconds: float, turns: int) -> dict:
         for protocol in ("grpc", "http"):
             for name, (pid, http, grpc) in servers.items():
                 port = grpc if protocol == "grpc" else http
-                before, started = tree_cpu(pid), time.perf_counter()
-                rate, client = server_bench.concurrent_throughput(
+                before = tree_cpu(pid)
+                result = server_bench.concurrent_load(
                     protocol, f"127.0.0.1:{port}", data, 64, seconds / turns
                 )
-                requests = rate * (time.perf_counter() - started)
-                runs[(name, protocol)].append((rate, (tree_cpu(pid) - before) / requests, client))
+                server = (tree_cpu(pid) - before) / result.requests
+                runs[(name, protocol)].append((result.rate, server, result.cpu_per_request))
     return {
         f"{name}_{protocol}": {
             "rows_s": statistics.median(t[0] for t in done),
@@ -112,13 +112,24 @@ def main() -> int:
                         help="concurrency test length per server and protocol")  # fmt: skip
     parser.add_argument("--train-dir", default=None,
                         help="keep the trained model here and reuse it on later runs")  # fmt: skip
+    parser.add_argument(
+        "--server-args", default="--workers 1", metavar="ARGS",
+        help="arguments for tierserve serve (default '--workers 1'; on 2 cores '--workers 2' is "
+        "the setting to hold against tritonserver, which uses every core)",
+    )  # fmt: skip
+    server_bench.add_load_arguments(parser)
     args = parser.parse_args()
+    generator = server_bench.use_load_arguments(args)
     scale = 0.3 if args.quick else 1.0
     repeats = {1: int(1000 * scale), 64: int(400 * scale), 1024: int(100 * scale)}
     from tierserve.server.allocator import tune_malloc
     from tierserve.server.app import free_port
 
-    results: dict = {"cpu_count": os.cpu_count(), "load_average_start": os.getloadavg()[0]}
+    results: dict = {
+        "cpu_count": os.cpu_count(),
+        "load_average_start": os.getloadavg()[0],
+        "loadgen": generator,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.train_dir) if args.train_dir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -132,7 +143,10 @@ def main() -> int:
         results["malloc_tuning"] = tune_malloc()  # the peer's allocator as tierserve serve's
         model, predict = server_bench.predictor(version)
         http, grpc = free_port(), free_port()
-        proc = server_bench.start_server(repo, http, grpc, batching=True)
+        results["server_args"] = args.server_args
+        proc = server_bench.start_server(
+            repo, http, grpc, batching=True, extra=server_bench._with_workers(args.server_args)
+        )
         triton = None
         try:
             triton = start_triton(repo, Path(tmp))
@@ -169,8 +183,10 @@ def main() -> int:
 
 def report(results: dict) -> None:
     print(
-        f"\nCPU cores: {results['cpu_count']}, load average {results['load_average_start']:.1f} "
-        f"at the start, {results['load_average_end']:.1f} at the end"
+        f"\nCPU cores: {results['cpu_count']}, tierserve serve {results['server_args']}, load "
+        f"generator {results['loadgen']}, load average "
+        f"{results['load_average_start']:.1f} at the start, {results['load_average_end']:.1f} at "
+        "the end"
     )
     print(f"{'path':<16}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'vs predict':>11}")
     for path in PATHS:
@@ -196,7 +212,8 @@ def report(results: dict) -> None:
             f"64 concurrent batch-1 {protocol} clients: tierserve {ts['rows_s']:,.0f} rows/s, "
             f"Triton {tr['rows_s']:,.0f} (tierserve {ts['rows_s'] / tr['rows_s']:.2f}x); server CPU ms per "
             f"request {ts['server_cpu_ms_per_request']:.3f} vs {tr['server_cpu_ms_per_request']:.3f}"
-            f"; turns {', '.join(f'{a:,.0f}/{b:,.0f}' for a, b in zip(ts['rows_s_turns'], tr['rows_s_turns']))}"
+            f"; load generator {ts['client_cpu_ms_per_request']:.3f} / "
+            f"{tr['client_cpu_ms_per_request']:.3f} ms per request; turns {', '.join(f'{a:,.0f}/{b:,.0f}' for a, b in zip(ts['rows_s_turns'], tr['rows_s_turns']))}"
         )
 
 
