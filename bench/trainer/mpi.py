@@ -94,12 +94,21 @@ def _worker(args) -> None:
     table = model.tables[0]
     comm.barrier()
     sent0, keys0 = comm.bytes_sent, getattr(table, "remote_keys", 0)
+    profile = None
+    if args.profile:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     cpu0 = _cpu_seconds()
     start = time.perf_counter()
     for _ in range(args.steps):
         model.train()
     comm.barrier()
     elapsed = time.perf_counter() - start
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(os.path.join(args.profile, f"rank{comm.rank}of{comm.size}.prof"))
     cpu, _ = comm.allgatherv(np.asarray([_cpu_seconds() - cpu0]))
     sent = (comm.bytes_sent - sent0) / args.steps
     remote = (getattr(table, "remote_keys", 0) - keys0) / args.steps
@@ -142,6 +151,8 @@ def _run(ranks: int, args, data: Path, out: Path) -> dict:
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "bench.trainer.mpi",
            "--worker", "--data", str(data), "--out", str(out), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--batch", str(args.batch)]
+    if args.profile:
+        cmd += ["--profile", str(Path(args.profile).resolve())]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])
     if done.returncode:
@@ -160,6 +171,9 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2,4", help="rank counts to run (first is the base)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs of each rank count, alternating; the median samples/s counts")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="write each rank's cProfile of the timed steps to DIR/rank<r>of<n>.prof "
+                         "(the figures are then not timings to report)")
     args = ap.parse_args()
     if args.worker:
         _worker(args)

@@ -224,6 +224,15 @@ def read_norm_header(path: str | os.PathLike) -> dict[str, int]:
     return {name: int(h[name]) for name in HEADER_DTYPE.names if name != "reserved"}
 
 
+def norm_num_records(path: str | os.PathLike) -> int:
+    """The records a Norm file holds, by its header (decoding checks the header against the
+    file)."""
+    try:
+        return max(0, read_norm_header(path)["number_of_records"])
+    except FileNotFoundError:
+        raise DataFileError(str(path), "data file does not exist") from None
+
+
 class _NormDecoder:
     """Decodes runs of records of one mapped Norm file."""
 

@@ -171,6 +171,17 @@ def iter_parquet_file(
         raise DataFileError(path, f"cannot decode: {exc}", record=first) from None
 
 
+def parquet_num_rows(path: str) -> int:
+    """The rows a Parquet file holds, from its footer (nothing decoded)."""
+    pa, pq = _pa(), _pq()
+    try:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except FileNotFoundError:
+        raise DataFileError(path, "data file does not exist") from None
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataFileError(path, f"not a readable Parquet file: {exc}") from None
+
+
 def _decode_batch(path: str, batch, metadata: ParquetMetadata, first: int) -> Records:
     pa = _pa()
     n, s = batch.num_rows, len(metadata.cats)

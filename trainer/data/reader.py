@@ -27,11 +27,12 @@ from tierserve.ps.errors import ConfigError
 from .batch import Batch
 from .errors import DataFileError
 from .filelist import read_file_list
-from .norm import iter_norm_file
+from .norm import iter_norm_file, norm_num_records
 from .params import Check_t, DataReaderParams, DataReaderSparseParam, DataReaderType_t
-from .parquet import iter_parquet_file, load_parquet_metadata
+from .parquet import iter_parquet_file, load_parquet_metadata, parquet_num_rows
 from .raw import raw_num_records, read_raw_records
 from .records import Records, SlotLayout
+from .shard import BatchShares, Placeholder, take_records
 
 DEFAULT_CHUNK_RECORDS = 16384
 
@@ -40,6 +41,8 @@ DEFAULT_CHUNK_RECORDS = 16384
 class _Task:
     file: str
     decode: Callable[[], Iterator[tuple[int, Records]]]
+    count: Callable[[], int]  # the records decode yields (read from headers, not decoded)
+    first: int = 0  # the file's record number of the first of them
 
 
 class _End:
@@ -58,9 +61,15 @@ class _Pipeline:
     """Worker threads decoding tasks ``t`` (worker ``t % W``) into bounded queues."""
 
     def __init__(
-        self, tasks: list[_Task], layout: SlotLayout, workers: int, repeat: bool, prefetch: int
+        self,
+        tasks: list[_Task],
+        layout: SlotLayout,
+        workers: int,
+        repeat: bool,
+        prefetch: int,
+        shares: BatchShares | None = None,
     ):
-        self.tasks, self.layout, self.repeat = tasks, layout, repeat
+        self.tasks, self.layout, self.repeat, self.shares = tasks, layout, repeat, shares
         self.stop = threading.Event()
         self.queues = [queue.Queue(maxsize=prefetch) for _ in range(workers)]
         self.threads = [
@@ -87,6 +96,10 @@ class _Pipeline:
             try:
                 for first, records in task.decode():
                     records = self.layout.check(records, task.file, first)
+                    if self.shares is not None:  # this rank's records only
+                        records = take_records(
+                            records, self.shares.keep(t, first - task.first, len(records))
+                        )
                     if not self._put(q, records):
                         return
             except BaseException as exc:  # handed to the reading thread, raised there
@@ -111,7 +124,7 @@ class _Pipeline:
                 seen += len(item)
                 yield item
             t += 1
-            if self.repeat and t % n == 0:
+            if self.repeat and t % n == 0 and self.shares is None:  # (shares: counted up front)
                 if not seen:
                     raise DataFileError(self.tasks[0].file, "the source holds no records")
                 seen = 0
@@ -187,6 +200,8 @@ class DataReader:
                     )
         self._source = self._normalize(source)
         self._pipeline: _Pipeline | None = None
+        self._shard: tuple[int, int] | None = None
+        self._shares: BatchShares | None = None
         self._reset_state()
 
     # -- public API -----------------------------------------------------------------------
@@ -196,13 +211,30 @@ class DataReader:
         """The files or file lists of the current source."""
         return list(self._source)
 
+    def shard(self, rank: int, size: int) -> None:
+        """Read only rank ``rank`` of ``size``'s share of every global batch of
+        ``batch_size`` samples (:mod:`.shard`), from the start of the source: each batch
+        holds that share, or a :class:`~.shard.Placeholder` when the share is empty."""
+        if not 0 <= rank < size:
+            raise ConfigError(f"shard: rank {rank} is not one of {size} ranks")
+        self._stop()
+        self._shard = None if size == 1 else (int(rank), int(size))
+        self._reset_state()
+
     def start(self) -> None:
         """Start the reading threads now (otherwise the first read starts them)."""
         if self._pipeline is None and self._chunks is None:
             tasks = self._tasks()
+            self._shares = None
+            if self._shard is not None:
+                self._shares = BatchShares(
+                    [t.count() for t in tasks], self.batch_size, *self._shard, self.repeat_dataset
+                )
+                if self.repeat_dataset and not self._shares.total:
+                    raise DataFileError(tasks[0].file, "the source holds no records")
             workers = max(1, min(self.num_workers, os.cpu_count() or 1, len(tasks)))
             self._pipeline = _Pipeline(
-                tasks, self.layout, workers, self.repeat_dataset, self.prefetch
+                tasks, self.layout, workers, self.repeat_dataset, self.prefetch, self._shares
             )
             self._chunks = self._pipeline.chunks()
 
@@ -271,6 +303,7 @@ class DataReader:
         self._chunks: Iterator[Records] | None = None
         self._pending: Records | None = None
         self._pos = 0
+        self._batches = 0  # global batches handed out this pass (for shares)
         self._done = False
         self._peeked = _NOT_PEEKED
 
@@ -285,7 +318,14 @@ class DataReader:
         if self._done:
             return None
         self.start()
-        parts, need = [], self.batch_size
+        parts, need, placeholder = [], self.batch_size, False
+        if self._shares is not None:
+            need, placeholder = self._shares.need(self._batches)
+            self._batches += 1
+            if not need:  # the pass has ended
+                self._done = True
+                self._stop()
+                return None
         try:
             while need:
                 if self._pending is None or self._pos == len(self._pending):
@@ -306,7 +346,10 @@ class DataReader:
             self._stop()
             if not parts:
                 return None
-        return self.layout.to_batch(Records.concat(parts))
+        batch = self.layout.to_batch(Records.concat(parts))
+        if placeholder:
+            return Placeholder(batch.label, batch.dense, batch.sparse)
+        return batch
 
     def _tasks(self) -> list[_Task]:
         layout, chunk = self.layout, self.chunk_records
@@ -319,7 +362,7 @@ class DataReader:
                     decode = partial(
                         iter_norm_file, path, *dims, self.check_type, self.i64_input_key, chunk
                     )
-                    tasks.append(_Task(path, decode))
+                    tasks.append(_Task(path, decode, partial(norm_num_records, path)))
             elif kind is DataReaderType_t.Parquet:
                 metadata = load_parquet_metadata(src)
                 found = (len(metadata.labels), len(metadata.conts), len(metadata.cats))
@@ -330,7 +373,13 @@ class DataReader:
                         f"reader expects label_dim/dense_dim/slots {dims[0]}/{dims[1]}/{dims[2]}",
                     )
                 for path in read_file_list(src):
-                    tasks.append(_Task(path, partial(iter_parquet_file, path, metadata, chunk)))
+                    tasks.append(
+                        _Task(
+                            path,
+                            partial(iter_parquet_file, path, metadata, chunk),
+                            partial(parquet_num_rows, path),
+                        )
+                    )
             else:
                 if self.num_samples and len(self._source) > 1:
                     raise ConfigError("num_samples applies to a single Raw file, not a list")
@@ -340,7 +389,9 @@ class DataReader:
                     read = partial(
                         read_raw_records, src, start, stop, *dims, self.float_label_dense
                     )
-                    tasks.append(_Task(src, partial(_single, start, read)))
+                    tasks.append(
+                        _Task(src, partial(_single, start, read), partial(int, stop - start), start)
+                    )
         if not tasks:
             raise DataFileError(self._source[0], "the source holds no records")
         return tasks

@@ -1,14 +1,21 @@
-"""Rank-aware reading: each rank trains on its share of every global batch.
+"""Rank-aware reading: each rank reads its own share of every global batch.
 
-The source is read as one process would read it and each global batch of ``batchsize``
-samples is cut by sample index: rank ``r`` of ``N`` keeps rows ``[r*B/N, (r+1)*B/N)`` (the
-``numpy.array_split`` shares, so shares differ by at most one sample).  A rank whose share is
-empty (the last batch of an epoch holding fewer samples than there are ranks) gets the
-batch's first sample as a :class:`Placeholder`: it runs the step (every rank must join the
-exchanges) with weight 0, and its keys are the batch's, so no row changes because of it.  The ranks together
-therefore train on exactly the batches one process would, which is what makes an N-rank run
-equal a one-rank run with the same global batch.  Each rank decodes the whole source; its
-reader threads run beside training.
+Each global batch of ``batchsize`` samples is cut by sample index (:func:`share`): rank ``r``
+of ``N`` trains on rows ``[r*B/N, (r+1)*B/N)`` of it.  The project's data readers select the
+share while decoding (:meth:`~tierserve.trainer.data.reader.DataReader.shard`): from the
+record counts in the files' headers each worker thread knows which global batch a decoded
+record falls in and keeps only this rank's, so no rank decodes, assembles or slices the whole
+batch (:mod:`tierserve.trainer.data.shard`).  A reader without that support is read whole and
+each batch sliced.
+
+A rank whose share is empty (the last batch of an epoch holding fewer samples than there are
+ranks) gets the batch's first sample as a :class:`Placeholder`: it runs the step (every rank
+must join the exchanges) with weight 0, and its keys are the batch's, so no row changes
+because of it.  The ranks together therefore train on exactly the batches one process would,
+which is what makes an N-rank run equal a one-rank run with the same global batch.
+
+The file list is not split by rank: a rank reading whole files of its own would train on
+other global batches than one process does.
 """
 
 from __future__ import annotations
@@ -18,13 +25,10 @@ from typing import Any
 import numpy as np
 
 from ..data.batch import Batch, SparseInput
+from ..data.reader import DataReader
+from ..data.shard import Placeholder, share
 
-
-def share(n: int, rank: int, size: int) -> tuple[int, int]:
-    """Rank ``rank``'s rows ``[lo, hi)`` of a batch of ``n`` samples."""
-    base, extra = divmod(n, size)
-    lo = rank * base + min(rank, extra)
-    return lo, lo + base + (1 if rank < extra else 0)
+__all__ = ["Placeholder", "ShardedReader", "share", "slice_batch"]
 
 
 def slice_batch(batch: Batch, lo: int, hi: int) -> Batch:
@@ -39,14 +43,6 @@ def slice_batch(batch: Batch, lo: int, hi: int) -> Batch:
     return Batch(label=batch.label[lo:hi], dense=batch.dense[lo:hi], sparse=tuple(sparse))
 
 
-class Placeholder(Batch):
-    """One sample standing in for an empty share: weighs nothing (``batch_size`` 0)."""
-
-    @property
-    def batch_size(self) -> int:
-        return 0
-
-
 class ShardedReader:
     """A model's reader handle (``next_batch``, ``set_source``, ``is_eof``) that yields this
     rank's share of each batch."""
@@ -55,11 +51,17 @@ class ShardedReader:
         self.inner, self.rank, self.size = inner, rank, size
         #: whether the last batch handed out was a placeholder (metrics skip it)
         self.placeholder = False
+        reader = getattr(inner, "reader", None)
+        #: whether the data reader selects the share itself (else batches are sliced here)
+        self.selects = size > 1 and isinstance(reader, DataReader)
+        if self.selects:
+            reader.shard(rank, size)
 
     def next_batch(self) -> Batch | None:
         batch = self.inner.next_batch()
-        if batch is None:
-            return None
+        if batch is None or self.selects:
+            self.placeholder = isinstance(batch, Placeholder)
+            return batch
         lo, hi = share(batch.batch_size, self.rank, self.size)
         self.placeholder = hi == lo
         if self.placeholder:
