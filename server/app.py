@@ -188,10 +188,11 @@ def check_sources(settings: Settings) -> None:
             )
 
 
-def http_protocol(settings: Settings | None = None) -> Any:
+def http_protocol(settings: Settings | None = None, infer: Any = None) -> Any:
     """uvicorn's ``http`` setting: httptools writing each response in one send and closing
     connections after the settings' header and body read timeouts (see :mod:`.http_protocol`;
-    default settings when none are given)."""
+    default settings when none are given); given the app's infer endpoint, it answers infer
+    requests itself."""
     settings = settings or Settings()
     try:
         from .http_protocol import GatheringHttpToolsProtocol
@@ -203,6 +204,7 @@ def http_protocol(settings: Settings | None = None) -> Any:
         GatheringHttpToolsProtocol,
         header_timeout=settings.header_timeout_s,
         body_timeout=settings.body_timeout_s,
+        infer=infer,
     )
 
 
@@ -267,8 +269,9 @@ def event_loop(settings: Settings) -> str:
 
 
 def uvicorn_config(app: FastAPI, settings: Settings, log_level: str, **extra) -> uvicorn.Config:
-    """How uvicorn serves ``app``: infer requests by :class:`~.rest.InferFastPath`, on the
-    event loop that grpc.aio shares (:func:`event_loop`), over :func:`http_protocol`."""
+    """How uvicorn serves ``app``: infer requests by the protocol itself (:func:`http_protocol`,
+    given the app's infer endpoint) or, for paths it leaves to the app, by
+    :class:`~.rest.InferFastPath`, on the event loop that grpc.aio shares (:func:`event_loop`)."""
     return uvicorn.Config(
         InferFastPath(app),
         host=settings.host,
@@ -280,7 +283,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, log_level: str, **extra) ->
         timeout_graceful_shutdown=settings.shutdown_grace_s,
         timeout_keep_alive=settings.keep_alive_timeout_s,
         loop=event_loop(settings),
-        http=http_protocol(settings),
+        http=http_protocol(settings, app.state.infer_endpoint),
         **extra,
     )
 

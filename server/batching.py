@@ -20,7 +20,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,11 +29,39 @@ from .servables import Servable
 log = logging.getLogger(__name__)
 
 
-@dataclass
+#: ``callback(outputs, None)`` or ``callback(None, exception)``, called on the event loop.
+Callback = Callable[[Any, BaseException | None], None]
+
+
 class _Pending:
-    unit: Any
-    size: int
-    future: asyncio.Future | None
+    """A request waiting for its batch: it gets its outputs through ``future`` (a coroutine
+    awaits it) or ``callback`` (no coroutine: :meth:`DynamicBatcher.enqueue`)."""
+
+    __slots__ = ("unit", "size", "future", "callback")
+
+    def __init__(
+        self, unit: Any, size: int, future: asyncio.Future | None, callback: Callback | None = None
+    ) -> None:
+        self.unit = unit
+        self.size = size
+        self.future = future
+        self.callback = callback
+
+    def cancelled(self) -> bool:
+        return self.future is not None and self.future.cancelled()
+
+    def resolve(self, outputs: Any, exc: BaseException | None) -> None:
+        if self.callback is not None:
+            callback, self.callback = self.callback, None
+            try:
+                callback(outputs, exc)
+            except Exception:  # one caller's failure never keeps the others' answers
+                log.exception("a batched request's callback failed")
+        elif self.future is not None and not self.future.done():
+            if exc is None:
+                self.future.set_result(outputs)
+            else:
+                self.future.set_exception(exc)
 
 
 class DynamicBatcher:
@@ -86,6 +113,28 @@ class DynamicBatcher:
         self._schedule(loop)
         return await pending.future
 
+    def enqueue(self, unit: Any, callback: Callback) -> None:
+        """Run one prepared unit as :meth:`submit` does, without a coroutine: ``callback``
+        gets its outputs (or the exception) on the event loop.  Call it on the loop."""
+        loop = asyncio.get_running_loop()
+        pending = _Pending(unit, int(unit.batch_size), None, callback)
+        if self._closed:
+            future = loop.run_in_executor(self.executor, self._execute, [pending])
+            future.add_done_callback(lambda f: self._finished_alone(pending, f))
+            return
+        self._pending.append(pending)
+        self._rows += pending.size
+        self._schedule(loop)
+
+    @staticmethod
+    def _finished_alone(pending: _Pending, future: asyncio.Future) -> None:
+        if future.cancelled():
+            pending.resolve(None, asyncio.CancelledError())
+        elif future.exception() is not None:
+            pending.resolve(None, future.exception())
+        else:
+            pending.resolve(future.result()[0], None)
+
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._scheduled is not None or self._running is not None or self._leader is not None:
             return  # a flush is due, or the running execution flushes when it ends
@@ -98,7 +147,7 @@ class DynamicBatcher:
         batch, rows = [], 0
         while self._pending and (not batch or rows + self._pending[0].size <= self.max_batch_size):
             item = self._pending.pop(0)
-            if item.future.cancelled():
+            if item.cancelled():
                 self._rows -= item.size
                 continue
             batch.append(item)
@@ -131,14 +180,12 @@ class DynamicBatcher:
     @staticmethod
     def _deliver(batch: list[_Pending], outputs: list[dict[str, np.ndarray]]) -> None:
         for p, out in zip(batch, outputs):
-            if not p.future.done():
-                p.future.set_result(out)
+            p.resolve(out, None)
 
     @staticmethod
     def _fail(batch: list[_Pending], exc: BaseException) -> None:
         for p in batch:
-            if not p.future.done():
-                p.future.set_exception(exc)
+            p.resolve(None, exc)
 
     async def close(self) -> None:
         """Finish what is pending; later submits run on their own."""

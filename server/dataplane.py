@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,12 @@ SERVER_NAME = "tierserve"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "model_configuration"]
 
 
+def _outcome(future: asyncio.Future) -> tuple[Any, BaseException | None]:
+    """A finished future as ``(result, None)`` or ``(None, exception)``."""
+    if future.cancelled():
+        return None, asyncio.CancelledError()
+    exc = future.exception()
+    return (None, exc) if exc is not None else (future.result(), None)
 
 
 @dataclass
@@ -271,13 +278,9 @@ class DataPlane:
     async def infer(self, name: str, version: str, request: DecodedRequest) -> InferResult:
         """Run one request; raises a TierserveError for anything a caller got wrong."""
         started = time.perf_counter_ns()
-        handle = self.repository.acquire(name, version)
-        servable = handle.servable
+        handle, servable, wanted, unit = self._begin(name, version, request, started)
         ok = False
         try:
-            servable.check(request.inputs, request.declared, self.limits)
-            wanted = self._requested(servable, request)
-            unit = servable.prepare(request.inputs)
             batcher: DynamicBatcher | None = handle.extras.get("batcher")
             t0 = time.perf_counter_ns()
             if batcher is not None:
@@ -292,6 +295,61 @@ class DataPlane:
         finally:
             handle.release()
             self._record(servable, request, ok, started, compute if ok else 0)
+        return self._result(servable, request, outputs, wanted)
+
+    def start_infer(
+        self,
+        name: str,
+        version: str,
+        request: DecodedRequest,
+        done: Callable[[InferResult | None, BaseException | None], None],
+    ) -> None:
+        """:meth:`infer` without a coroutine, for a front end that answers from callbacks:
+        raises a TierserveError at once for a request that cannot run, else ``done(result,
+        None)`` or ``done(None, exception)`` is called later on the event loop."""
+        started = time.perf_counter_ns()
+        handle, servable, wanted, unit = self._begin(name, version, request, started)
+        t0 = time.perf_counter_ns()
+
+        def finish(outputs: dict[str, np.ndarray] | None, exc: BaseException | None) -> None:
+            handle.release()
+            ok = exc is None
+            self._record(servable, request, ok, started, time.perf_counter_ns() - t0 if ok else 0)
+            if ok:
+                done(self._result(servable, request, outputs, wanted), None)
+            else:
+                done(None, exc)
+
+        try:
+            batcher: DynamicBatcher | None = handle.extras.get("batcher")
+            if batcher is not None:
+                batcher.enqueue(unit, finish)
+                return
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(self.executor, self._execute_timed, servable, unit)
+        except BaseException:
+            handle.release()
+            self._record(servable, request, False, started, 0)
+            raise
+        future.add_done_callback(lambda f: finish(*_outcome(f)))
+
+    def _begin(self, name: str, version: str, request: DecodedRequest, started: int):
+        """The handle (acquired), servable, requested outputs and prepared unit of a
+        request; a request that fails its checks is recorded and raises."""
+        handle = self.repository.acquire(name, version)
+        servable = handle.servable
+        try:
+            servable.check(request.inputs, request.declared, self.limits)
+            wanted = self._requested(servable, request)
+            unit = servable.prepare(request.inputs)
+        except BaseException:
+            handle.release()
+            self._record(servable, request, False, started, 0)
+            raise
+        return handle, servable, wanted, unit
+
+    @staticmethod
+    def _result(servable: Servable, request: DecodedRequest, outputs, wanted) -> InferResult:
         return InferResult(
             model_name=servable.name,
             model_version=servable.version,

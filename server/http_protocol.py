@@ -19,9 +19,16 @@ batch-1 request's CPU).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import re
+import time
+from typing import TYPE_CHECKING, Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from tierserve.ps.errors import PayloadTooLargeError
+
+if TYPE_CHECKING:
+    from .rest import InferEndpoint
 
 #: Writes at least this large go out at once (after what is pending).
 LARGE = 1 << 16
@@ -99,17 +106,71 @@ class _Sweep:
 _sweeps: dict[asyncio.AbstractEventLoop, _Sweep] = {}
 
 
+#: ``POST /v2/models/{m}[/versions/{v}]/infer`` as the client sent it (no query string).  A
+#: path with percent escapes or bytes outside printable ASCII is left to the ASGI app, which
+#: unquotes (or refuses) it as for any route.
+_INFER_PATH = re.compile(rb"/v2/models/([!-$&-.0->@-~]+)(?:/versions/([!-$&-.0->@-~]+))?/infer")
+
+
+class _NoEvent:
+    """What uvicorn's ``connection_lost`` sets on a request cycle; an infer cycle waits on
+    nothing."""
+
+    @staticmethod
+    def set() -> None:
+        pass
+
+
+class _InferCycle:
+    """One ``POST .../infer`` served by the protocol itself (see
+    :class:`GatheringHttpToolsProtocol`); it has the attributes uvicorn's protocol reads of
+    its request cycles (``response_complete``, ``disconnected``, ``keep_alive``,
+    ``message_event``)."""
+
+    __slots__ = (
+        "model", "version", "length", "header_length", "encoding", "keep_alive", "expect_100",
+        "chunks", "size", "started", "active", "body_done", "response_complete", "disconnected",
+        "error",
+    )  # fmt: skip
+    message_event = _NoEvent
+
+    def __init__(self, model: str, version: str, keep_alive: bool, expect_100: bool) -> None:
+        self.model = model
+        self.version = version
+        self.keep_alive = keep_alive
+        self.expect_100 = expect_100
+        self.length: str | None = None
+        self.header_length: str | None = None
+        self.encoding: str | None = None
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.started = time.perf_counter()
+        self.active = False  # its turn on the connection came (earlier answers are out)
+        self.body_done = False
+        self.response_complete = False
+        self.disconnected = False
+        self.error: Exception | None = None  # known before its turn: answered when it comes
+
+
 class GatheringHttpToolsProtocol(HttpToolsProtocol):
     """``HttpToolsProtocol`` over a :class:`GatheringTransport`, with read timeouts (see the
-    module docstring; ``None``: no timeout)."""
+    module docstring; ``None``: no timeout).
+
+    Given ``infer`` (the app's :class:`~tierserve.server.rest.InferEndpoint`), it answers
+    ``POST /v2/models/{m}[/versions/{v}]/infer`` itself, from the parser's callbacks into
+    the data plane, without an ASGI scope, task or messages: the same answers, limits,
+    metrics and logging as the app's infer route, at a fraction of the per-request cost.
+    Every other request (and an infer path with percent escapes) goes to the ASGI app.
+    """
 
     def __init__(
         self, *args: Any, header_timeout: float | None = None, body_timeout: float | None = None,
-        **kwargs: Any,
+        infer: InferEndpoint | None = None, **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
+        self.infer = infer
         #: loop time at which this connection is closed (None: never)
         self.deadline: float | None = None
         # "open": no byte yet; "reading": a request's first byte came, its body is not all in;
@@ -132,6 +193,11 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         self.deadline = None
         if self._sweep is not None:
             self._sweep.connections.discard(self)
+        cycle = self._infer_active
+        if cycle is not None and not cycle.response_complete and not cycle.body_done:
+            # gone before its body was in: nginx's 499, as the app's route counts it
+            cycle.response_complete = True
+            self.infer.observe(cycle.model, cycle.started, "499")
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -146,13 +212,46 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         self._phase = "reading"
 
     def on_headers_complete(self) -> None:
-        super().on_headers_complete()
+        cycle = self._infer_cycle() if self.infer is not None else None
+        if cycle is None:
+            super().on_headers_complete()
+        else:
+            existing, self.cycle = self.cycle, cycle  # type: ignore[assignment]
+            if existing is None or existing.response_complete:
+                self._infer_start(cycle)
+            else:  # pipelined behind an answer not sent yet: its turn comes after it
+                self.flow.pause_reading()
+                self.pipeline.appendleft((cycle, None))  # type: ignore[arg-type]
         self._arm(self.body_timeout)
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is not _InferCycle:
+            super().on_body(body)
+            return
+        if cycle.response_complete or cycle.error is not None:
+            return  # answered already (or will be with an error): the rest is dropped
+        cycle.size += len(body)
+        if cycle.size > self.infer.limit:
+            cycle.chunks = []
+            cycle.error = PayloadTooLargeError(
+                f"the request body exceeds the limit of {self.infer.limit} bytes"
+            )
+            if cycle.active:
+                self._infer_fail(cycle)
+            return
+        cycle.chunks.append(body)
 
     def on_message_complete(self) -> None:
         self._phase = "idle"
         self.deadline = None
-        super().on_message_complete()
+        cycle = self.cycle
+        if type(cycle) is not _InferCycle:
+            super().on_message_complete()
+            return
+        cycle.body_done = True
+        if cycle.active and not cycle.response_complete:
+            self._infer_run(cycle)
 
     def on_response_complete(self) -> None:
         # uvicorn's, with the keep-alive timeout as a deadline instead of a timer
@@ -163,9 +262,102 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
-            self._start_asgi_task(cycle, app)
+            if type(cycle) is _InferCycle:
+                self._infer_start(cycle)  # type: ignore[arg-type]
+            else:
+                self._start_asgi_task(cycle, app)
         elif self._phase == "idle":
             self._arm(self.timeout_keep_alive)
+
+    # -- infer requests answered here (see the class docstring) -----------------------------
+
+    _infer_active: _InferCycle | None = None
+
+    def _infer_cycle(self) -> _InferCycle | None:
+        """A cycle for this request when the protocol answers it itself, else None."""
+        parser = self.parser
+        if parser.get_method() != b"POST" or self.root_path or self.limit_concurrency:
+            return None
+        url = self.url
+        query = url.find(b"?")
+        match = _INFER_PATH.fullmatch(url if query < 0 else url[:query])
+        if match is None or parser.should_upgrade():
+            return None
+        model, version = match.group(1), match.group(2)
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        cycle = _InferCycle(
+            model.decode("ascii"), version.decode("ascii") if version else "", keep_alive,
+            self.expect_100_continue,
+        )  # fmt: skip
+        for name, value in self.headers:
+            if name == b"content-length":
+                cycle.length = value.decode("latin-1")
+            elif name == b"inference-header-content-length":
+                cycle.header_length = value.decode("latin-1")
+            elif name == b"content-encoding":
+                cycle.encoding = value.decode("latin-1")
+        return cycle
+
+    def _infer_start(self, cycle: _InferCycle) -> None:
+        """``cycle``'s turn: refuse it early as the app's route does (unknown model, declared
+        size over the limit), else ask for its body (100-continue) or answer it."""
+        cycle.active = True
+        self._infer_active = cycle
+        if cycle.error is None:
+            cycle.error = self.infer.refuse(cycle.model, cycle.version, cycle.length)
+        if cycle.error is not None:
+            self._infer_fail(cycle)
+        elif cycle.body_done:
+            self._infer_run(cycle)
+        elif cycle.expect_100 and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _infer_run(self, cycle: _InferCycle) -> None:
+        chunks = cycle.chunks
+        cycle.chunks = []
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.infer.answer(
+            cycle.model, cycle.version, body, cycle.encoding, cycle.header_length, cycle.started,
+            lambda status, payload, media, json_length: self._infer_reply(
+                cycle, status, payload, media, json_length
+            ),
+        )  # fmt: skip
+
+    def _infer_fail(self, cycle: _InferCycle) -> None:
+        self.infer.fail(
+            cycle.model, cycle.error, cycle.started,
+            lambda status, payload, media, json_length: self._infer_reply(
+                cycle, status, payload, media, json_length
+            ),
+        )  # fmt: skip
+
+    def _infer_reply(
+        self, cycle: _InferCycle, status: int, payload: bytes, media: bytes, json_length
+    ) -> None:
+        """Write ``cycle``'s response as uvicorn writes the app's (its default headers
+        first), then start the next pipelined request."""
+        if cycle.response_complete:
+            return
+        cycle.response_complete = True
+        if self._infer_active is cycle:
+            self._infer_active = None
+        transport = self.transport
+        if cycle.disconnected or transport.is_closing():
+            return
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"content-length: %d\r\ncontent-type: %s\r\n" % (len(payload), media))
+        if json_length is not None:
+            head.append(b"inference-header-content-length: %d\r\n" % json_length)
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        transport.write(b"".join(head))
+        transport.write(payload)
+        if not cycle.keep_alive:
+            transport.close()
+        self.on_response_complete()
 
     def _arm(self, seconds: float | None) -> None:
         self.deadline = None if seconds is None else self.loop.time() + seconds

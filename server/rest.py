@@ -27,6 +27,7 @@ import logging
 import re
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -176,6 +177,87 @@ class InferEndpoint:
         finally:
             label = plane.metrics_label(model)
             plane.metrics.observe_request(label, "http", time.perf_counter() - started, status)
+
+    # -- served by the HTTP protocol itself (server/http_protocol.py), without ASGI ---------
+
+    def refuse(self, model: str, version: str, length: str | None) -> TierserveError | None:
+        """The error an infer request gets before its body is read (unknown model, declared
+        body over the limit), as :meth:`handle` answers it; None when there is none."""
+        try:
+            self.plane.model_ready(model_name(model), version)
+            _check_declared(length, self.limit)
+        except TierserveError as exc:
+            return exc
+        return None
+
+    def answer(
+        self,
+        model: str,
+        version: str,
+        body: bytes,
+        encoding: str | None,
+        header_length: str | None,
+        started: float,
+        reply: Reply,
+    ) -> None:
+        """Answer one infer request whose body is all in, as :meth:`handle` does:
+        ``reply(status, payload, content_type, json_header_length)`` is called once, at
+        once for a request that cannot run, else from the event loop when its batch is done.
+        The request's metrics are recorded.  Never raises."""
+        plane = self.plane
+        decoded: DecodedRequest | None = None
+        size = len(body)
+
+        def done(result, exc: BaseException | None) -> None:
+            try:
+                if exc is None:
+                    payload, json_length = encode_rest_response(
+                        result.model_name, result.model_version, result.id, result.outputs,
+                        result.binary,
+                    )  # fmt: skip
+            except Exception as error:
+                exc = error
+            finally:
+                trimmer.after_request(decoded.inputs, size)
+            if exc is not None:
+                self.fail(model, exc, started, reply)
+                return
+            self.observe(model, started, None)
+            reply(200, payload, _JSON if json_length is None else _BINARY, json_length)
+
+        try:
+            body = _decode_body(body, encoding or "", self.limit)
+            size = len(body)
+            decoded = decode_rest_request(body, _parse_header_length(header_length))
+            plane.start_infer(model_name(model), version, decoded, done)
+        except Exception as exc:
+            if decoded is not None:
+                trimmer.after_request(decoded.inputs, size)
+            self.fail(model, exc, started, reply)
+
+    def fail(self, model: str, exc: BaseException, started: float, reply: Reply) -> None:
+        """Answer ``exc`` as :meth:`handle` does: a TierserveError's status and JSON error
+        body, anything else a logged 500."""
+        if isinstance(exc, TierserveError):
+            status = exc.http_status
+            payload = _error_bytes(error_body(exc))
+        else:
+            status, payload = 500, _error_bytes(INTERNAL_ERROR)
+            log.error("infer request to model %r failed", model[:120], exc_info=exc)
+        self.observe(model, started, str(status))
+        reply(status, payload, _JSON, None)
+
+    def observe(self, model: str, started: float, status: str | None) -> None:
+        """Record one infer request's metrics (``status``: None when it succeeded)."""
+        plane = self.plane
+        plane.metrics.observe_request(
+            plane.metrics_label(model), "http", time.perf_counter() - started, status
+        )
+
+
+#: ``reply(status, payload, content_type, json_header_length)``: how :meth:`InferEndpoint.answer`
+#: hands its response to the HTTP protocol.
+Reply = Callable[[int, bytes, bytes, "int | None"], None]
 
 
 def _error_bytes(body: dict[str, str]) -> bytes:
