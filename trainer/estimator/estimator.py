@@ -136,7 +136,14 @@ class Estimator:
         self._config = config.replace(model_dir=self._model_dir)
         self._model_fn_impl = model_fn
         self._params = dict(params or {})
-        self._store = VariableStore(self._config.tf_random_seed or 0)
+        from ..distributed.estimator import for_estimator
+
+        # under mpiexec with several ranks: how this rank takes part (None: one process)
+        self._dist = for_estimator()
+        seed = self._config.tf_random_seed or 0
+        self._store = VariableStore(seed) if self._dist is None else self._dist.store(seed)
+        # evaluate's metric merge over the ranks (set on the distributed run's copy)
+        self._gather_eval: Callable | None = None
         self._programs: dict[Any, Program] = {}
         self._loaded: str | None = None
         self._loaded_signature: dict[str, Any] = {}
@@ -273,8 +280,11 @@ class Estimator:
 
     def _save(self, directory: str | None = None, basename: str = "model.ckpt") -> Path:
         directory = directory or self._model_dir
-        path = ckpt.save(directory, self._store.arrays(), self._store.global_step,
-                         self._config.keep_checkpoint_max, basename)
+        if self._dist is not None:  # every rank's rows, written by the chief
+            path = self._dist.save(self, directory, basename)
+        else:
+            path = ckpt.save(directory, self._store.arrays(), self._store.global_step,
+                             self._config.keep_checkpoint_max, basename)
         if os.path.abspath(directory) == os.path.abspath(self._model_dir):
             self._loaded = str(path)
             self._loaded_signature = self._store.signature()
@@ -324,10 +334,12 @@ class Estimator:
 
     # -- input -----------------------------------------------------------------------------
 
-    def _call_input_fn(self, input_fn: Any, mode: str) -> Any:
+    def _call_input_fn(self, input_fn: Any, mode: str, input_context: Any = None) -> Any:
         if not callable(input_fn):
             return input_fn
         kwargs: dict[str, Any] = {}
+        if input_context is not None:
+            kwargs["input_context"] = input_context
         if _accepts(input_fn, "params"):
             kwargs["params"] = self._params
         if _accepts(input_fn, "config"):
@@ -338,7 +350,18 @@ class Estimator:
 
     def _batches(self, input_fn: Any, mode: str, repeat_single: bool
                  ) -> Iterator[tuple[dict, Any]]:
-        result = self._call_input_fn(input_fn, mode)
+        if self._dist is not None:  # this rank's share
+            yield from self._dist.batches(self, input_fn, mode, repeat_single)
+            return
+        from ..distributed.estimator import InputContext, takes_input_context
+
+        # an input_fn that reads its share (input_context) is the only one in one process
+        context = InputContext() if takes_input_context(input_fn) else None
+        yield from self._input_batches(self._call_input_fn(input_fn, mode, context),
+                                       repeat_single)
+
+    def _input_batches(self, result: Any, repeat_single: bool) -> Iterator[tuple[dict, Any]]:
+        """The batches an input_fn's return value stands for."""
         single = _as_batch(result)
         from ..data.dataset import NextFeatures
 
@@ -402,8 +425,9 @@ class Estimator:
                     raise InvalidInputError("train: the input_fn gave no labels")
                 if prog is None:
                     prog = self._program(ModeKeys.TRAIN, features, labels)
-                    hooks = hooks + list(prog.spec.training_chief_hooks) + list(
-                        prog.spec.training_hooks)
+                    chief_hooks = prog.spec.training_chief_hooks if self._config.is_chief \
+                        else []
+                    hooks = hooks + list(chief_hooks) + list(prog.spec.training_hooks)
                     hooks.append(self._saver_hook(saving_listeners))
                     for h in hooks:
                         h.begin()
@@ -435,7 +459,10 @@ class Estimator:
                 sumsteps = self._config.save_summary_steps
                 if writer is not None and sumsteps and step % sumsteps == 0:
                     writer.scalars({"loss": result.loss, **prog.learning_rates()}, step)
-                if ctx.stop_requested or session.stop or (last is not None and step >= last):
+                stop = ctx.stop_requested or session.stop or (last is not None and step >= last)
+                if self._dist is not None:  # a hook's stop on one rank stops every rank
+                    stop = self._dist.any(stop, "training stop")
+                if stop:
                     break
         finally:
             progress.close()
@@ -457,10 +484,10 @@ class Estimator:
         else:
             hook = CheckpointSaverHook(self._model_dir, save_secs=c.save_checkpoints_secs,
                                        listeners=listeners)
-        return hook
+        return hook if self._dist is None else self._dist.saver_hook(hook)
 
     def _writer(self, name: str):
-        if not self._config.save_summary_steps:
+        if not self._config.save_summary_steps or not self._config.is_chief:
             return None
         from ..summary import SummaryWriter
 
@@ -492,6 +519,8 @@ class Estimator:
         ``eval_metric_ops``."""
         if steps is not None and int(steps) <= 0:
             raise ConfigError(f"evaluate: steps must be positive, got {steps}")
+        if self._dist is not None:  # each rank its share, metrics over all of them
+            return self._dist.evaluate(self, input_fn, steps, hooks, checkpoint_path, name)
         self._restore(checkpoint_path)
         if self.latest_checkpoint() is None and self._store.global_step == 0:
             log.warning("evaluate: no checkpoint in %s; evaluating the initial model",
@@ -504,6 +533,9 @@ class Estimator:
         weighted_sum = 0.0
         examples = 0
         ops: dict[str, Any] = {}
+        gather = self._gather_eval
+        recorded: dict[str, list] = {}  # what the merge over ranks recomputes the ops from
+        batch_losses: list[tuple[float, int]] = []
         try:
             for features, labels in self._batches(input_fn, ModeKeys.EVAL, steps is not None):
                 labels = self._labels_for(labels)
@@ -524,8 +556,13 @@ class Estimator:
                 ctx = SessionRunContext(session=session)
                 requests = [h.before_run(ctx) for h in hooks]
                 result = p.run(features, labels, training=False)
-                for op in ops.values():
-                    op.update([_value(t, result) for t in op.tensors])
+                for key, op in ops.items():
+                    values = [_value(t, result) for t in op.tensors]
+                    op.update(values)
+                    if gather is not None:
+                        recorded.setdefault(key, []).append(values)
+                if gather is not None:
+                    batch_losses.append((result.loss, result.batch_size))
                 loss_sum += result.loss
                 weighted_sum += result.loss * result.batch_size
                 examples += result.batch_size
@@ -540,11 +577,14 @@ class Estimator:
             if prog is not None:
                 for h in hooks:
                     h.end(session)
-        if n_batches == 0:
+        if gather is not None:  # collective: every rank's batches
+            metrics: dict[str, Any] = gather(ops, recorded, batch_losses)
+        elif n_batches == 0:
             raise InvalidInputError("evaluate: the input_fn gave no batches")
-        metrics: dict[str, Any] = {k: op.result() for k, op in ops.items()}
-        metrics["loss"] = loss_sum / n_batches
-        metrics["average_loss"] = weighted_sum / max(examples, 1)
+        else:
+            metrics = {k: op.result() for k, op in ops.items()}
+            metrics["loss"] = loss_sum / n_batches
+            metrics["average_loss"] = weighted_sum / max(examples, 1)
         metrics["global_step"] = self._store.global_step
         writer = self._writer("eval" if name is None else f"eval_{name}")
         if writer is not None:
@@ -562,7 +602,12 @@ class Estimator:
                 checkpoint_path: str | None = None, yield_single_examples: bool = True
                 ) -> Iterator[Any]:
         """Predictions for ``input_fn``'s features: a dict per example (a value when the
-        model_fn's predictions is one tensor), only ``predict_keys`` when given."""
+        model_fn's predictions is one tensor), only ``predict_keys`` when given.  Under
+        mpiexec each rank predicts what its input_fn gives, from the newest checkpoint."""
+        if self._dist is not None:
+            yield from self._dist.twin(self).predict(input_fn, predict_keys, hooks,
+                                                     checkpoint_path, yield_single_examples)
+            return
         self._restore(checkpoint_path)
         if isinstance(predict_keys, str):
             predict_keys = [predict_keys]
@@ -624,6 +669,8 @@ class Estimator:
     def get_variable_names(self) -> list[str]:
         """Every variable's name (dense, non-trainable, each column's embedding weights,
         ``global_step``), from the newest checkpoint."""
+        if self._dist is not None:
+            return self._dist.twin(self).get_variable_names()
         self._restore()
         names = set(self._store.dense) | set(self._store.state) | {"global_step"}
         for info in self._store.table_info.values():
@@ -633,6 +680,8 @@ class Estimator:
     def get_variable_value(self, name: str) -> np.ndarray:
         """A variable's value; a column's embedding weights as the full
         ``[num_buckets, dimension]`` matrix (ids never trained: their initial vectors)."""
+        if self._dist is not None:  # the whole table, from the newest checkpoint
+            return self._dist.twin(self).get_variable_value(name)
         self._restore()
         if name == "global_step":
             return np.asarray(self._store.global_step, dtype=np.int64)
@@ -693,6 +742,11 @@ class Estimator:
         folder's path (bytes, as TensorFlow)."""
         from .export import export_model
 
+        if self._dist is not None:  # on the chief, from the newest checkpoint
+            return self._dist.export(self, export_dir_base, serving_input_receiver_fn,
+                                     assets_extra=assets_extra, as_text=as_text,
+                                     checkpoint_path=checkpoint_path,
+                                     experimental_mode=experimental_mode, model_name=model_name)
         if as_text or experimental_mode != ModeKeys.PREDICT:
             raise ConfigError("export_saved_model: as_text and experimental_mode are not "
                               "supported (the export is a graph JSON of the PREDICT graph)")

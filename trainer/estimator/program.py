@@ -220,7 +220,7 @@ class Program:
         ids = w.column.ids(features)
         n = len(ids.values)
         out = np.zeros((b, w.dim), np.float32)
-        if n == 0:
+        if n == 0 and not getattr(table, "collective", False):  # sharded: join the exchange
             return out, None
         sparse = SparseInput(ids.values.astype(np.int64), np.arange(n + 1, dtype=np.int64), 1)
         emb = to_numpy(table.forward(sparse, "sum", training=True) if training
@@ -249,12 +249,17 @@ class Program:
         if with_loss:
             loss = sum(s * float(tensors[t]) for t, s in self.loss_scales.items())
         if training:
-            self._backward(ctxs, tensors, saved)
+            loss = self._backward(ctxs, tensors, saved, loss, b)
         return StepResult(tensors, loss, b)
 
-    def _backward(self, ctxs, tensors, saved) -> None:
+    def _backward(self, ctxs, tensors, saved, loss: float | None = None,
+                  n: int = 0) -> float | None:
+        """Apply one step's gradients; returns the step's loss (the global batch's when the
+        store averages gradients over MPI ranks)."""
         param_grads, input_grads = self.network.backward(np, ctxs, self.params,
                                                          self.loss_scales)
+        if self.store.reduce_step is not None:
+            loss = self.store.reduce_step(loss, param_grads, input_grads, n)
         step = self.store.global_step + 1
         for i, j, op, st in self.updates:
             g = param_grads[i][j]
@@ -286,6 +291,7 @@ class Program:
             table.backward(to_xp(table.xp, np.ascontiguousarray(g, dtype=np.float32)), lr, step)
             if group.max_norm is not None:
                 table.renorm(group.max_norm)
+        return loss
 
     def learning_rates(self) -> dict[str, float]:
         step = self.store.global_step

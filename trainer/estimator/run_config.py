@@ -19,7 +19,10 @@ class RunConfig:
     ``save_summary_steps`` steps (None or 0: none); the loss is logged every
     ``log_step_count_steps`` steps.  ``tf_random_seed`` seeds initial weights, embedding
     rows and dropout.  Distribution settings (``train_distribute``, ``session_config``,
-    ``device_fn``, ...) are refused: training runs in this process.
+    ``device_fn``, ...) are refused: training runs in this process, or on the ranks of
+    ``mpiexec -n N`` (:mod:`tierserve.trainer.distributed.estimator`), whose place the
+    cluster properties report (``is_chief``, ``task_type``, ``task_id``,
+    ``global_id_in_cluster``, ``num_worker_replicas``).
     """
 
     def __init__(self, model_dir: str | os.PathLike | None = None,
@@ -45,7 +48,8 @@ class RunConfig:
         for name, value in refused.items():
             if value is not None:
                 raise ConfigError(f"RunConfig({name}=...) is not supported: the Estimator "
-                                  "trains in this process, on its own runtime")
+                                  "trains in this process, on its own runtime (several "
+                                  "processes: mpiexec -n N)")
         steps_set = save_checkpoints_steps is not _UNSET and save_checkpoints_steps is not None
         secs_set = save_checkpoints_secs is not _UNSET and save_checkpoints_secs is not None
         if steps_set and secs_set:
@@ -68,16 +72,20 @@ class RunConfig:
         self.log_step_count_steps = log_step_count_steps or 0
         self.session_creation_timeout_secs = session_creation_timeout_secs
         self.checkpoint_save_graph_def = checkpoint_save_graph_def
-        # single-process values of the cluster properties Estimator code reads
-        self.is_chief = True
-        self.num_worker_replicas = 1
+        # the cluster properties Estimator code reads: this rank's under mpiexec (rank 0 the
+        # chief), else one process's
+        from ..distributed.cluster import cluster_properties
+
+        cluster = cluster_properties()
+        self.is_chief = cluster["is_chief"]
+        self.num_worker_replicas = cluster["num_worker_replicas"]
         self.num_ps_replicas = 0
-        self.task_type = "worker"
-        self.task_id = 0
-        self.cluster_spec = {}
+        self.task_type = cluster["task_type"]
+        self.task_id = cluster["task_id"]
+        self.cluster_spec = cluster["cluster_spec"]
         self.master = ""
         self.evaluation_master = ""
-        self.global_id_in_cluster = 0
+        self.global_id_in_cluster = cluster["global_id_in_cluster"]
 
     def replace(self, **kwargs: Any) -> RunConfig:
         """A copy with some settings changed."""

@@ -4,6 +4,10 @@ runs when ``EvalSpec.start_delay_secs`` have passed since training started and
 ``throttle_secs`` since the last evaluation, then the exporters run on its result; a final
 evaluation (and export) follows the last step.  HybridBackend's ``eval_every_n_iter``
 evaluates every n steps instead (saving a checkpoint first).
+
+Under ``mpiexec -n N`` every rank trains; the chief (rank 0) alone evaluates the whole
+evaluation input on each checkpoint it wrote and runs the exporters (one version per export),
+while the other ranks wait for it at their next step; they return ``(None, [])``.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class EvalSpec:
 class _Evaluator:
     estimator: Any
     eval_spec: EvalSpec
+    active: bool = True  # False on the ranks other than the chief: they never evaluate
     started: float = field(default_factory=time.monotonic)
     last_time: float | None = None
     last_step: int | None = None
@@ -70,12 +75,16 @@ class _Evaluator:
     exports: list = field(default_factory=list)
 
     def due(self) -> bool:
+        if not self.active:
+            return False
         now = time.monotonic()
         if now - self.started < self.eval_spec.start_delay_secs:
             return False
         return self.last_time is None or now - self.last_time >= self.eval_spec.throttle_secs
 
-    def run(self, final: bool = False) -> dict:
+    def run(self, final: bool = False) -> dict | None:
+        if not self.active:
+            return None
         est, spec = self.estimator, self.eval_spec
         self.result = est.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
                                    name=spec.name)
@@ -121,7 +130,9 @@ def train_and_evaluate(estimator: Any, train_spec: TrainSpec, eval_spec: EvalSpe
                           f"{type(eval_spec).__name__}")
     if eval_every_n_iter is not None and int(eval_every_n_iter) <= 0:
         raise ConfigError(f"eval_every_n_iter must be positive, got {eval_every_n_iter}")
-    evaluator = _Evaluator(estimator, eval_spec)
+    dist = getattr(estimator, "_dist", None)
+    evaluator = _Evaluator(estimator, eval_spec) if dist is None else _Evaluator(
+        dist.twin(estimator), eval_spec, active=dist.is_chief)  # the chief, from checkpoints
     hooks = list(train_spec.hooks)
     listeners = []
     if eval_every_n_iter is not None:
@@ -134,7 +145,7 @@ def train_and_evaluate(estimator: Any, train_spec: TrainSpec, eval_spec: EvalSpe
         raise ConfigError("train_and_evaluate: training wrote no checkpoint (did the train "
                           "input_fn give any data?)")
     step = estimator._store.global_step
-    if evaluator.last_step != step:
+    if evaluator.active and evaluator.last_step != step:
         evaluator.run(final=True)
     return evaluator.result, evaluator.exports
 

@@ -42,6 +42,10 @@ class TableInfo:
 class VariableStore:
     """Every variable of one Estimator (see the module docstring)."""
 
+    #: Under mpiexec: ``(loss, param_grads, input_grads, n) -> loss`` averaging a step's
+    #: gradients over the ranks (:mod:`tierserve.trainer.distributed.estimator`).
+    reduce_step: Any = None
+
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
         self.dense: dict[str, np.ndarray] = {}
@@ -95,8 +99,7 @@ class VariableStore:
                 table = self._rebuild(name, info, params, init_scale, xp)
             return table
         rows = max(o + b for o, b in zip(info.offsets, info.buckets))
-        table = ColumnTable(name, info.dim, rows, params, info.combiner, self.seed,
-                            init_scale, xp)
+        table = self._new_table(name, info.dim, rows, params, info.combiner, init_scale, xp)
         self.tables[name] = table
         info.optimizer = kind if trains else (old.optimizer if old else "")
         self.table_info[name] = info
@@ -111,13 +114,17 @@ class VariableStore:
         old = self.tables[name]
         data = self._table_arrays(old)
         rows = max(o + b for o, b in zip(info.offsets, info.buckets))
-        table = ColumnTable(name, info.dim, rows, params, info.combiner, self.seed,
-                            init_scale, xp)
+        table = self._new_table(name, info.dim, rows, params, info.combiner, init_scale, xp)
         self._load_table(table, data)
         self.tables[name] = table
         info.optimizer = params.optimizer.value
         self.table_info[name] = info
         return table
+
+    def _new_table(self, name: str, dim: int, rows: int, params: Any, combiner: str,
+                   init_scale: float | None, xp: Any = np) -> ColumnTable:
+        """A new, empty table (the distributed store shards it)."""
+        return ColumnTable(name, dim, rows, params, combiner, self.seed, init_scale, xp)
 
     @staticmethod
     def _initialize(table: ColumnTable, info: TableInfo, initializer: Any) -> None:
@@ -208,8 +215,8 @@ class VariableStore:
             if name in self.tables:
                 info = self.table_info[name]
                 params = self.tables[name].optimizer.params
-                table = ColumnTable(name, info.dim, self.tables[name].workspace_rows, params,
-                                    info.combiner, self.seed, self.tables[name]._bound)
+                table = self._new_table(name, info.dim, self.tables[name].workspace_rows,
+                                        params, info.combiner, self.tables[name]._bound)
                 self._load_table(table, arrays)
                 self.tables[name] = table
             else:
