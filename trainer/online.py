@@ -188,7 +188,11 @@ def export_version(model, repository: str | Path, model_name: str, iteration: in
 
     check_name(model_name, "model name")
     home = Path(repository) / model_name
-    with new_version(home) as (version, staging):
+    dist = getattr(model, "_dist", None)  # under mpiexec: rank 0 writes the one version
+    if dist is not None and not dist.writes_files:  # this rank's rows go to rank 0
+        return dist.join_export(model, home, model_name, iteration)
+    with new_version(home, None if dist is None else dist.version_number(home)) as (
+            version, staging):
         # By the clock that stamps the update messages, before the rows are read: what was
         # published before it is in these files (tierserve.ps.update_replay).
         (staging / STAMP).write_text(f"{int(time.time() * 1000)}\n")

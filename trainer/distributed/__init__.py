@@ -9,6 +9,10 @@ on N ranks.
 * Evaluation metrics are computed over every rank's predictions (:mod:`.metrics`).
 * ``save_params_to_files`` writes one model, the files a one-process run writes (rank 0
   writes; rows in rank order), and any number of ranks loads it back.
+* Online learning (``fit(update_source=..., repository=...)``): every rank publishes the
+  rows it owns (``get_incremental_model`` gives a rank its own changed rows); rank 0 alone
+  writes each exported version.
+* The Estimator API trains on the ranks too (:mod:`.estimator`).
 * ``vvgpu`` lists one device per rank (:mod:`.devices`).
 * No collective hangs on a lost rank (:mod:`.comm`).
 
@@ -85,6 +89,29 @@ class Distributed:
 
     def barrier(self, what: str) -> None:
         self.comm.barrier(what)
+
+    def version_number(self, home: Any) -> int:
+        """The number of the version rank 0 writes next into the model folder ``home``, on
+        every rank (collective)."""
+        import numpy as np
+
+        from ..version_folder import next_version
+
+        mine = next_version(home) if self.rank == 0 else 0
+        buf = np.asarray([mine], dtype=np.float64)
+        return int(self.comm.allreduce_sum(buf, "export: version number")[0])
+
+    def join_export(self, model: Any, home: Any, name: str, iteration: int) -> Any:
+        """A rank's part (other than rank 0's) in exporting a version of ``model``: the
+        collective save that hands its rows to rank 0, which writes the version's files;
+        returns the version's folder."""
+        import tempfile
+        from pathlib import Path
+
+        version = self.version_number(home)
+        with tempfile.TemporaryDirectory(prefix="tierserve-export-") as scratch:
+            model.save_params_to_files(str(Path(scratch) / name), iteration)  # writes nothing
+        return Path(home) / str(version)
 
 
 def for_solver(solver: Any) -> Distributed | None:
