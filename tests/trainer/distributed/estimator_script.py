@@ -4,8 +4,10 @@ environment: ``MODEL_DIR``; ``OUT`` (an .npz the chief writes: every variable fr
 checkpoint and the evaluation metrics; each rank also writes ``OUT.rank<r>.npz`` with the
 ids its wide table holds); ``BATCH`` (global batch), ``EPOCHS``, ``ROWS``; ``SHARDED_INPUT``
 (the input_fn takes ``input_context`` and reads its own share with ``Dataset.shard``);
-``TRAIN_AND_EVALUATE`` (with ``EXPORT``: a FinalExporter's export; the chief writes ``OUT``
-with what it returned); ``DIE_AT`` / ``DIE_RANK`` (that rank kills itself at that step)."""
+``TRAIN_AND_EVALUATE`` (a FinalExporter's export; the chief writes ``OUT`` with what it
+returned and its predictions of the first 16 rows); ``CHECKPOINT_SECS`` (checkpoints by time,
+else every 6 steps); ``CHIEF_STOP_AT`` (a hook on the chief alone asks to stop at that step);
+``DIE_AT`` / ``DIE_RANK`` (that rank kills itself at that step)."""
 
 import os
 import signal
@@ -53,9 +55,19 @@ class DieAt(hooks.SessionRunHook):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class StopAt(hooks.SessionRunHook):
+    """Requests a stop at a step: given to the chief only (the ranks must still agree)."""
+
+    def after_run(self, run_context, run_values):
+        if run_context.session.global_step >= int(env("CHIEF_STOP_AT")):
+            run_context.request_stop()
+
+
 kind_col = fc.categorical_column_with_vocabulary_list("kind", ["a", "b", "c", "d", "e"])
 user_col = fc.categorical_column_with_hash_bucket("user", 1000, dtype="int64")
-config = estimator.RunConfig(save_summary_steps=0, tf_random_seed=5, save_checkpoints_steps=6)
+saving = ({"save_checkpoints_secs": float(env("CHECKPOINT_SECS"))} if env("CHECKPOINT_SECS")
+          else {"save_checkpoints_steps": 6})
+config = estimator.RunConfig(save_summary_steps=0, tf_random_seed=5, **saving)
 est = estimator.DNNLinearCombinedClassifier(
     model_dir=env("MODEL_DIR"), linear_feature_columns=[kind_col, user_col],
     dnn_feature_columns=[fc.numeric_column("x"), fc.embedding_column(kind_col, 4),
@@ -65,6 +77,8 @@ est = estimator.DNNLinearCombinedClassifier(
 out = env("OUT")
 train_fn = sharded_train_input_fn if env("SHARDED_INPUT") else train_input_fn
 train_hooks = [DieAt()] if env("DIE_AT") else []
+if env("CHIEF_STOP_AT") and config.is_chief:
+    train_hooks.append(StopAt())
 if env("TRAIN_AND_EVALUATE"):
     receiver = export.build_parsing_serving_input_receiver_fn(fc.make_parse_example_spec(
         [fc.numeric_column("x"), kind_col, user_col]))

@@ -66,6 +66,21 @@ def test_two_ranks_equal_one_rank(settings, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_stop_and_a_checkpoint_timer_on_the_chief_hold_for_every_rank(tmp_path):
+    """A hook on the chief alone stops training at step 7, and checkpoints are timed (every
+    millisecond) on the chief's clock: every rank stops and saves at the chief's steps."""
+    mpiexec()
+    settings = dict(CHIEF_STOP_AT=7, CHECKPOINT_SECS=0.001)
+    one = _train(0, tmp_path / "one", **settings)
+    two = _train(2, tmp_path / "two", **settings)
+    assert int(one["global_step"]) == int(two["global_step"]) == 7
+    for n in one["names"].tolist():
+        assert _relative(two[f"v:{n}"], one[f"v:{n}"]) < 1e-4, n
+    saved = sorted(p.name for p in (tmp_path / "two" / "model").glob("model.ckpt-*.npz"))
+    assert "model.ckpt-7.npz" in saved and len(saved) >= 2
+
+
+@pytest.mark.slow
 def test_train_and_evaluate_exports_one_version_from_the_chief(tmp_path):
     import httpx
 
