@@ -120,6 +120,17 @@ def _rows(n):
 
 
 @pytest.mark.slow
+def test_an_evaluation_one_rank_has_no_share_of_is_refused_on_every_rank(tmp_path):
+    mpiexec()
+    (tmp_path / "o").mkdir()
+    done = run(2, SCRIPT, timeout=60, MODEL_DIR=tmp_path / "o" / "model",
+               OUT=tmp_path / "o" / "r.npz", ROWS=64, BATCH=16, EVAL_BATCH=1)
+    assert done.returncode != 0
+    assert "evaluate under mpiexec: rank(s) [1] of 2 got no evaluation batch" in done.stderr
+    assert not (tmp_path / "o" / "r.npz").exists()
+
+
+@pytest.mark.slow
 def test_killed_rank_is_named_and_the_job_ends(tmp_path):
     mpiexec()
     (tmp_path / "o").mkdir()
