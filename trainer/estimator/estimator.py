@@ -10,6 +10,9 @@ TensorFlow's semantics where they matter: ``train(steps=n)`` adds n steps,
 and either stops early when the input ends; an ``input_fn`` that returns arrays (not a
 dataset) repeats that one batch while training and gives it once to ``evaluate`` and
 ``predict``; ``evaluate`` and ``predict`` read the newest checkpoint of ``model_dir``.
+
+Under ``mpiexec -n N`` (construct the Estimator on every rank) ``train``, ``evaluate`` and
+``train_and_evaluate`` run on the N ranks: :mod:`tierserve.trainer.distributed.estimator`.
 """
 
 from __future__ import annotations
