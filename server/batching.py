@@ -2,7 +2,8 @@
 
 A :class:`DynamicBatcher` belongs to one servable and lives on the server's event loop.  A
 request that finds the model idle leads a batch: it yields the loop once (under concurrent
-load, when the previous batch merged several requests, for up to ``max_delay_s``) so that
+load, when an execution of the last :data:`MERGED_WINDOW_S` merged several requests, for up
+to ``max_delay_s``) so that
 requests ready at the same time, REST and gRPC alike, join the pending list, then runs the
 batch itself.  Requests arriving while a batch runs wait for the next flush.  A flush takes
 as many requests as fit ``max_batch_size`` rows, merges them, runs the model and hands each
@@ -28,6 +29,9 @@ from .servables import Servable
 
 log = logging.getLogger(__name__)
 
+
+#: How long after an execution that merged requests a lone request still waits for more.
+MERGED_WINDOW_S = 0.1
 
 #: ``callback(outputs, None)`` or ``callback(None, exception)``, called on the event loop.
 Callback = Callable[[Any, BaseException | None], None]
@@ -84,7 +88,7 @@ class DynamicBatcher:
         self._rows = 0
         self._scheduled: asyncio.Handle | None = None
         self._running: asyncio.Future | None = None  # an execution in the executor
-        self._merged_recently = False
+        self._merged_at = -MERGED_WINDOW_S  # loop time of the last execution that merged
         self._leader: _Pending | None = None
         self._closed = False
 
@@ -101,7 +105,7 @@ class DynamicBatcher:
             # too can join, then runs the batch itself (no callback hop for the common case).
             self._leader = pending
             try:
-                if self._merged_recently and self._rows < self.max_batch_size:
+                if self._merged_recently(loop) and self._rows < self.max_batch_size:
                     await asyncio.sleep(self.max_delay_s)
                 else:
                     await asyncio.sleep(0)
@@ -135,10 +139,17 @@ class DynamicBatcher:
         else:
             pending.resolve(future.result()[0], None)
 
+    def _merged_recently(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether requests overlapped lately (concurrent clients): then a lone request
+        waits for company.  Not only the last execution: where requests arrive one per loop
+        step (gRPC), executions alternate between one request and a few, and a flag of the
+        last one alone kept most of them unbatched."""
+        return loop.time() - self._merged_at < MERGED_WINDOW_S
+
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._scheduled is not None or self._running is not None or self._leader is not None:
             return  # a flush is due, or the running execution flushes when it ends
-        if self._rows >= self.max_batch_size or not self._merged_recently:
+        if self._rows >= self.max_batch_size or not self._merged_recently(loop):
             self._scheduled = loop.call_soon(self._flush, loop)
         else:
             self._scheduled = loop.call_later(self.max_delay_s, self._flush, loop)
@@ -159,7 +170,8 @@ class DynamicBatcher:
         self._scheduled = None
         batch = self._take()
         if batch:
-            self._merged_recently = len(batch) > 1
+            if len(batch) > 1:
+                self._merged_at = loop.time()
             self._running = loop.run_in_executor(self.executor, self._execute, batch)
             self._running.add_done_callback(lambda f: self._finished(loop, batch, f))
             return

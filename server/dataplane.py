@@ -126,6 +126,17 @@ class DataPlane:
         handle.release()
         return True
 
+    def serves(self, name: str, version: str = "") -> bool:
+        """Whether ``name`` (``version``, when given) serves now: a cheap hint, no lock taken;
+        False says nothing (ask :meth:`model_ready` for the error), and a request that gets
+        True still acquires the version to run."""
+        entry = self.repository.entries.get(name)
+        return (
+            entry is not None
+            and entry.handle is not None
+            and (not version or version == entry.version)
+        )
+
     def _with_servable(self, name: str, version: str, fn):
         handle = self.repository.acquire(name, version)
         try:
@@ -267,8 +278,7 @@ class DataPlane:
     def _on_batch(self, name: str, version: str, rows: int, requests: int) -> None:
         self.metrics.observe_batch(name, rows, requests)
         with self._stats_lock:
-            st = self.stats.setdefault((name, version), ModelStats())
-            st.execution_count += 1
+            self._stats_of(name, version).execution_count += 1
 
     def _execute_timed(self, servable: Servable, unit: Any) -> dict[str, np.ndarray]:
         out = servable.execute(unit)
@@ -371,18 +381,28 @@ class DataPlane:
             wanted[out.name] = request.binary_output if out.binary is None else bool(out.binary)
         return wanted
 
+    def _stats_of(self, name: str, version: str) -> ModelStats:
+        """The statistics of one version (call with the lock held)."""
+        st = self.stats.get((name, version))
+        if st is None:
+            st = self.stats[(name, version)] = ModelStats()
+        return st
+
     def _record(self, servable: Servable, request, ok: bool, started: int, compute: int) -> None:
         now = time.perf_counter_ns()
         first = next(iter(request.inputs.values()), None)
         rows = first.shape[0] if first is not None and first.ndim else 1
         with self._stats_lock:
-            st = self.stats.setdefault((servable.name, servable.version), ModelStats())
+            st = self._stats_of(servable.name, servable.version)
             st.last_inference = int(time.time() * 1000)
             if ok:
                 st.inference_count += rows if servable.max_batch_size > 0 else 1
                 st.success.add(now - started)
                 st.compute_infer.add(compute)
                 size = rows if servable.max_batch_size > 0 else 1
-                st.batches.setdefault(size, _Duration()).add(compute)
+                per_size = st.batches.get(size)
+                if per_size is None:
+                    per_size = st.batches[size] = _Duration()
+                per_size.add(compute)
             else:
                 st.fail.add(now - started)

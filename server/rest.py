@@ -184,7 +184,8 @@ class InferEndpoint:
         """The error an infer request gets before its body is read (unknown model, declared
         body over the limit), as :meth:`handle` answers it; None when there is none."""
         try:
-            self.plane.model_ready(model_name(model), version)
+            if not self.plane.serves(model, version):
+                self.plane.model_ready(model_name(model), version)
             _check_declared(length, self.limit)
         except TierserveError as exc:
             return exc

@@ -99,6 +99,30 @@ def check_inputs(
     ``declared`` maps input names to the datatype the request declared (which may differ from
     the array's when JSON numbers were parsed); it defaults to the arrays' own datatypes.
     """
+    declared = declared or {}
+    signature = tuple(
+        (name, declared.get(name) or array.dtype.str, array.shape) for name, array in inputs.items()
+    )
+    seen = _checked.get(id(specs))
+    if seen is not None and seen[0] is specs and signature in seen[1]:
+        return  # these names, datatypes and shapes passed against these specs before
+    _check_inputs(specs, inputs, declared)
+    if seen is None or seen[0] is not specs:
+        if len(_checked) >= 64:
+            _checked.clear()
+        seen = _checked[id(specs)] = (specs, set())
+    if len(seen[1]) < 1024:
+        seen[1].add(signature)
+
+
+#: id(specs) -> (specs, signatures of inputs that passed :func:`check_inputs` against them);
+#: the specs are held, so their id is not reused while they are here.
+_checked: dict[int, tuple[Sequence[TensorSpec], set]] = {}
+
+
+def _check_inputs(
+    specs: Sequence[TensorSpec], inputs: dict[str, np.ndarray], declared: dict[str, str]
+) -> None:
     known = {s.name: s for s in specs}
     for name in inputs:
         if name not in known:
@@ -114,7 +138,7 @@ def check_inputs(
                 f"with shape {spec.expected_shapes()}"
             )
         array = inputs[spec.name]
-        datatype = (declared or {}).get(spec.name) or datatype_of(array)
+        datatype = declared.get(spec.name) or datatype_of(array)
         if not spec.accepts_datatype(datatype):
             raise InvalidInputError(
                 f"input {spec.name!r} has datatype {datatype}; expected "
@@ -307,8 +331,81 @@ def dump_json(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
+#: Most distinct JSON headers of binary requests whose decoding is remembered, and the
+#: longest one remembered (a client sends the same header for every request of one shape).
+HEADER_PLANS, HEADER_PLAN_BYTES = 256, 4096
+
+
+@dataclass(frozen=True)
+class _HeaderPlan:
+    """What a binary request's JSON header says, ready to cut its tensors from the body:
+    ``(name, dtype, dims, offset, count)`` per input, and the rest of the request."""
+
+    tensors: tuple[tuple[str, np.dtype, tuple[int, ...], int, int], ...]
+    binary_size: int
+    declared: dict[str, str]
+    outputs: list[RequestedOutput] | None
+    id: str
+    parameters: dict[str, Any]
+    binary_output: bool
+
+
+_plans: dict[bytes, _HeaderPlan] = {}
+
+
 def decode_rest_request(body: bytes, header_length: int | None) -> DecodedRequest:
     """Decode a KServe v2 REST infer body (JSON, or JSON header + binary tensors)."""
+    if header_length is not None and 0 <= header_length <= min(len(body), HEADER_PLAN_BYTES):
+        header = bytes(memoryview(body)[:header_length])
+        plan = _plans.get(header)
+        if plan is not None and len(body) - header_length == plan.binary_size:
+            return _from_plan(plan, body, header_length)
+        decoded = _decode_rest_request(body, header_length)
+        if plan is None:
+            _remember(header, decoded)
+        return decoded
+    return _decode_rest_request(body, header_length)
+
+
+def _from_plan(plan: _HeaderPlan, body: bytes, start: int) -> DecodedRequest:
+    frombuffer = np.frombuffer
+    inputs = {
+        name: frombuffer(body, dtype, count, start + offset).reshape(dims)
+        for name, dtype, dims, offset, count in plan.tensors
+    }
+    return DecodedRequest(
+        inputs=inputs,
+        declared=dict(plan.declared),
+        outputs=None if plan.outputs is None else list(plan.outputs),
+        id=plan.id,
+        parameters=dict(plan.parameters),
+        binary_output=plan.binary_output,
+    )
+
+
+def _remember(header: bytes, decoded: DecodedRequest) -> None:
+    """Keep how ``header`` decoded when every input came from the binary part (then the
+    same header always cuts the same tensors from a body of the same size)."""
+    tensors, offset = [], 0
+    for name, array in decoded.inputs.items():
+        base = array.base
+        while isinstance(base, np.ndarray):
+            base = base.base
+        if not isinstance(base, (bytes, memoryview)):
+            return  # a JSON 'data' input: its values are in the header, not cut from the body
+        tensors.append((name, array.dtype, array.shape, offset, array.size))
+        offset += array.nbytes
+    if len(_plans) >= HEADER_PLANS:
+        _plans.clear()
+    _plans[header] = _HeaderPlan(
+        tuple(tensors), offset, dict(decoded.declared),
+        None if decoded.outputs is None else list(decoded.outputs), decoded.id,
+        dict(decoded.parameters), decoded.binary_output,
+    )  # fmt: skip
+
+
+def _decode_rest_request(body: bytes, header_length: int | None) -> DecodedRequest:
+    """:func:`decode_rest_request` from the JSON up (every check, every message)."""
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
