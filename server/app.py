@@ -26,7 +26,7 @@ from fastapi import FastAPI
 from tierserve.ps.errors import ConfigError
 from tierserve.ps.table_tag import is_valid_name
 
-from . import openapi
+from . import heap, openapi
 from .dataplane import DataPlane
 from .grpc_server import create_grpc_server
 from .metrics import ServerMetrics
@@ -133,6 +133,10 @@ def create_app(
                 pool.report(own_ready())
                 await asyncio.sleep(0.1)
 
+        if app.state.freeze_heap:  # the loaded models are never walked by the collector
+            heap.freeze()
+            plane.heap = heap.Refreezer(loop)
+
         # Polls new versions (repository mode) and retries failed loads (both modes).
         poller = loop.create_task(poll()) if settings.poll_interval_s > 0 else None
         reporter = loop.create_task(report()) if pool is not None else None
@@ -144,6 +148,8 @@ def create_app(
             if reporter is not None:
                 reporter.cancel()
                 pool.report(False)
+            if plane.heap is not None:
+                plane.heap.close()
             if grpc_server is not None:
                 await grpc_server.stop(grace=settings.shutdown_grace_s)
             await plane.close()
@@ -161,6 +167,7 @@ def create_app(
     app.state.plane = plane
     app.state.settings = settings
     app.state.grpc_port = None
+    app.state.freeze_heap = False  # serve() sets it: its process is the server's own
     install_error_handler(app)
     router, app.state.infer_endpoint = build_router(
         plane, settings.admin_token, settings.max_request_bytes
@@ -223,6 +230,7 @@ def serve(settings: Settings, loader: Loader | None = None, pool: PoolState | No
     if pool is None:
         check_ports(settings)
     app = create_app(settings, loader, pool)
+    app.state.freeze_heap = True
     server = uvicorn.Server(uvicorn_config(app, settings, settings.log_level))
     if pool is None:
         server.run()

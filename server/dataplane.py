@@ -20,6 +20,7 @@ import numpy as np
 from tierserve.ps.errors import InvalidInputError
 
 from .batching import DynamicBatcher
+from .heap import Refreezer
 from .metrics import ServerMetrics
 from .repository import Handle, ModelEntry, ModelRepository
 from .servables import NO_LIMITS, RequestLimits, Servable
@@ -98,6 +99,8 @@ class DataPlane:
         self._stats_lock = threading.Lock()
         self.started = False
         self.loop: asyncio.AbstractEventLoop | None = None  # set when the server starts
+        #: Set by a serving process whose heap is frozen (:mod:`.heap`): told of swaps.
+        self.heap: Refreezer | None = None
         repository.subscribe(self._on_swap)
 
     def metrics_label(self, name: str) -> str:
@@ -114,8 +117,10 @@ class DataPlane:
         """Started, the loader healthy (its Kafka consumers run), and every model that is
         not unloaded serves."""
         healthy = getattr(self.repository.loader, "healthy", None)
-        return self.started and (healthy is None or healthy()) and all(
-            e.state == "READY" or e.unloaded for e in self.repository.entries.values()
+        return (
+            self.started
+            and (healthy is None or healthy())
+            and all(e.state == "READY" or e.unloaded for e in self.repository.entries.values())
         )
 
     def server_metadata(self) -> dict[str, Any]:
@@ -252,6 +257,8 @@ class DataPlane:
         await loop.run_in_executor(None, self.repository.unload, name)
 
     def _on_swap(self, entry: ModelEntry, old: Handle | None) -> None:
+        if self.heap is not None:
+            self.heap.version_changed()
         stale = old.extras.pop("batcher", None) if old is not None else None
         if stale is not None and self.loop is not None and not self.loop.is_closed():
             # Queued requests of the old version still run; then its worker stops.
