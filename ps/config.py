@@ -312,7 +312,7 @@ class KafkaUpdateSourceConfig(_Strict):
 
     type: Literal[UpdateSourceType_t.kafka_message_queue] = UpdateSourceType_t.kafka_message_queue
     brokers: str = "127.0.0.1:9092"
-    metadata_refresh_interval_ms: PositiveInt = 1000  # HugeCTR: 30000 (30 s to see a new topic)
+    metadata_refresh_interval_ms: PositiveInt = 500  # HugeCTR: 30000 (30 s to see a new topic)
     poll_timeout_ms: PositiveInt = 500
     receive_buffer_size: PositiveInt = 2000  # embedding rows, as HugeCTR counts them
     max_batch_size: PositiveInt = 1000

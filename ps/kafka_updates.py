@@ -95,6 +95,9 @@ _MAX_CONSUME = 100_000  # messages per consume() call (librdkafka takes at most 
 FRESHNESS_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )  # fmt: skip
+#: The longest a fetch waits for data (``fetch.wait.max.ms``): every other request to that
+#: broker waits behind it, and a new topic's first update waits for several in a row.
+FETCH_WAIT_MAX_MS = 50
 _HOUSEKEEPING_S = 1.0  # how often lag is measured and a broker outage probed
 _APPLY, _WAIT, _STALE = "apply", "wait", "stale"  # what the consumer does with a message
 
@@ -344,8 +347,9 @@ class UpdateConsumer:
             "auto.offset.reset": "earliest",
             **metadata_settings(config),
             # A fetch waits at most this long for data: requests behind it on the connection
-            # (the offset lookups of a replay) wait no longer (librdkafka's default: 500 ms).
-            "fetch.wait.max.ms": min(100, config.poll_timeout_ms),
+            # (metadata, the offset lookups of a new partition or a replay) wait no longer
+            # (librdkafka's default: 500 ms); an idle consumer fetches 20 times a second.
+            "fetch.wait.max.ms": min(FETCH_WAIT_MAX_MS, config.poll_timeout_ms),
             **self.kafka_log.client_config(),
             **options,
         }
@@ -559,7 +563,7 @@ class UpdateConsumer:
             return _WAIT
         if self._synced_to.get(key) is not served:
             try:
-                seeked = self._sync(key, served)
+                seeked = self._sync(key, served, message.offset())
             except _kafka().KafkaException as exc:  # the broker did not answer: later
                 log.warning("kafka updates (%s): finding where %s partition %s starts for "
                             "model %s generation %d failed (%s); trying again", self.level,
@@ -590,25 +594,41 @@ class UpdateConsumer:
                      self.level, *key)  # fmt: skip
         self._held[key] = offset
 
-    def _sync(self, key: tuple[str, int], served) -> bool:
+    def _sync(self, key: tuple[str, int], served, at: int | None = None) -> bool:
         """Bring ``key`` up to date for version ``served``: rewind it to the first message
-        published since the version's files were written.  True when it seeked."""
+        published since the version's files were written.  ``at``: the offset it reads next,
+        when known.  True when it seeked."""
         when = update_replay.version_time_ms(served)
         if not when or update_replay.synced(served, self.level, key):
             self._synced_to[key] = served
             return False
         kafka = _kafka()
         # The end first: a message written between the two lookups is past it, not skipped.
-        _, high = self._consumer.get_watermark_offsets(kafka.TopicPartition(*key), timeout=5)
+        low, high = self._consumer.get_watermark_offsets(kafka.TopicPartition(*key), timeout=5)
         found = self._consumer.offsets_for_times([kafka.TopicPartition(*key, when)], timeout=5)
         offset = found[0].offset if found and found[0].offset >= 0 else high
-        self._consumer.seek(kafka.TopicPartition(*key, offset))
+        if at is None and offset <= low and self._reads_from_start(key):
+            at = low
+        seek = offset != at
+        if seek:
+            self._consumer.seek(kafka.TopicPartition(*key, offset))
         self._synced_to[key] = served
         update_replay.mark_synced(served, self.level, key)
         log.info("kafka updates (%s): %s partition %s reads from offset %s, the first update "
                  "since model %s generation %d was written", self.level, *key, offset,
                  served.name, served.generation)  # fmt: skip
-        return True
+        return seek
+
+    def _reads_from_start(self, key: tuple[str, int]) -> bool:
+        """Whether ``key`` will be read from its first offset anyway: nothing read from it
+        yet and no committed offset (``auto.offset.reset: earliest``).  Seeking such a
+        partition to its start is not needed, and a seek while librdkafka still looks that
+        start up makes it look again after a fixed 500 ms: a new topic's first update
+        waited for it."""
+        tp = _kafka().TopicPartition(*key)
+        if self._consumer.position([tp])[0].offset >= 0:
+            return False
+        return self._consumer.committed([tp], timeout=5)[0].offset < 0
 
     def _housekeeping(self) -> None:
         """Between batches: resume the partitions whose model loaded, rewind those whose
@@ -618,7 +638,7 @@ class UpdateConsumer:
             served = self._committed(parse_table_tag(key[0])[0])
             if served is None:
                 continue
-            if not self._sync(key, served):
+            if not self._sync(key, served, offset):
                 self._consumer.seek(kafka.TopicPartition(*key, offset))
             self._consumer.resume([kafka.TopicPartition(*key)])
             del self._held[key]

@@ -128,7 +128,7 @@ class UpdateSourceParams(_TierParams):
 
     type: UpdateSourceType_t = UpdateSourceType_t.null
     brokers: str = "127.0.0.1:9092"
-    metadata_refresh_interval_ms: Annotated[int, Field(gt=0)] = 1000  # HugeCTR: 30000
+    metadata_refresh_interval_ms: Annotated[int, Field(gt=0)] = 500  # HugeCTR: 30000
     poll_timeout_ms: Annotated[int, Field(gt=0)] = 500
     max_receive_buffer_size: Annotated[int, Field(gt=0)] = 2000  # rows; ps.json: receive_buffer_size
     max_batch_size: Annotated[int, Field(gt=0)] = 1000

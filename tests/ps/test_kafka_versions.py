@@ -1,5 +1,5 @@
 """Online updates and model versions through the real broker (tierserve.ps.update_replay):
-a new topic is read within about a second, updates wait for a model loaded after them, skip
+a new topic is read within a second, updates wait for a model loaded after them, skip
 what a version's files already hold and replay onto a new version, a consumer killed
 mid-stream ends as the trainer, and a broker outage is logged once each way."""
 
@@ -48,25 +48,40 @@ def _publish(kafka_broker, name, keys, vectors, **kwargs) -> None:
         producer.publish(name, TABLE, keys, vectors, **kwargs)
 
 
-def test_a_topic_created_after_subscribing_is_read_within_about_a_second(tmp_path, kafka_broker):
-    # Before: librdkafka refreshed the subscription's topics every 30 s (ps.json's default).
-    assert KafkaUpdateSourceConfig().metadata_refresh_interval_ms == 1000
-    name = _name()
+def test_a_topic_created_after_subscribing_is_read_within_a_second(tmp_path, kafka_broker):
+    # Before: librdkafka refreshed the subscription's topics every 30 s (ps.json's default),
+    # then every 1 s; each request behind a 100 ms fetch wait; and the replay's seek to the
+    # new partition's start, made while librdkafka looked that start up itself, made it
+    # look again 500 ms later: 0.7-2.0 s, median 1.2 s.
+    assert KafkaUpdateSourceConfig().metadata_refresh_interval_ms == 500
+    names = [_name() for _ in range(5)]
+    models = [write_model(tmp_path / n, n, [(np.arange(10), DIM)]) for n in names]
+    ps = HierarchicalParameterServer(parse_ps_config({
+        "volatile_db": {"type": "hash_map", "update_filters": names},
+        "persistent_db": {"type": "disabled"}, "models": models,
+    }))  # fmt: skip
+    rng = np.random.default_rng()
+    took = []
     with (
-        _ps(write_model(tmp_path, name, [(np.arange(10), DIM)])) as ps,
+        ps,
+        UpdateProducer(kafka_broker.bootstrap) as producer,
         UpdateConsumer(ps, _config(kafka_broker), "volatile", replica=_name("r")) as c,
     ):
         # It joined its group and reads: an update of a table the model lacks, refused.
-        with UpdateProducer(kafka_broker.bootstrap) as producer:
-            producer.publish(name, "other_table", [1], np.ones((1, DIM), np.float32))
+        producer.publish(names[0], "other_table", [1], np.ones((1, DIM), np.float32))
         assert until(lambda: c.stats.rejected == 1, timeout=10), c.stats
-        new = np.full((1, DIM), 4.5, np.float32)
-        start = time.monotonic()
-        _publish(kafka_broker, name, [3], new)  # its topic appears now
-        assert until(lambda: c.stats.messages == 1, timeout=5), c.stats
-        took = time.monotonic() - start
-        assert took < 2.0, f"the first update on a new topic took {took:.2f} s"  # 1.1 s here
-        np.testing.assert_array_equal(ps.lookup(name, TABLE, [3]), new)
+        for i, name in enumerate(names):
+            time.sleep(rng.uniform(0.05, 0.5))  # not in step with the metadata refresh
+            new = np.full((1, DIM), 4.5 + i, np.float32)
+            start = time.monotonic()
+            producer.publish(name, TABLE, [3], new)  # its topic appears now
+            producer.poll(0)
+            assert until(lambda n=i + 1: c.stats.messages == n, timeout=10, interval=0.005), \
+                c.stats  # fmt: skip
+            took.append(time.monotonic() - start)
+            np.testing.assert_array_equal(ps.lookup(name, TABLE, [3]), new)
+    # The median of five new topics (a loaded machine may hold up one or two): 0.3-0.8 s here.
+    assert sorted(took)[2] < 1.0, f"the first update on a new topic took {took} s"
 
 
 def test_updates_wait_for_a_model_loaded_after_them(tmp_path, kafka_broker):
