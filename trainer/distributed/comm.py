@@ -36,6 +36,8 @@ _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 TIMEOUT_VAR = "TIERSERVE_COLLECTIVE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
 _LIVENESS_PERIOD_S = 0.5
+#: how long a wait polls the collective back to back (yielding the core) before it sleeps
+_YIELD_S = 0.05
 
 
 class RankLostError(TierserveError):
@@ -113,12 +115,16 @@ class MpiComm:
     def _wait(self, request: Any, what: str) -> None:
         start = time.monotonic()
         next_check = start + _LIVENESS_PERIOD_S
-        spins = 0
+        yield_until = start + _YIELD_S
         while not request.Test():
-            spins += 1
-            if spins > 200:  # a short spin first: most collectives finish within microseconds
-                time.sleep(0.0002 if spins < 2000 else 0.002)
+            # MPI progresses a non-blocking collective only inside Test: keep calling it, but
+            # hand the core to any other runnable process (more ranks than cores) meanwhile;
+            # a long wait (a rank writing a model) sleeps between tests instead
             now = time.monotonic()
+            if now < yield_until:
+                os.sched_yield()
+            else:
+                time.sleep(0.001)
             if now >= next_check:
                 next_check = now + _LIVENESS_PERIOD_S
                 dead = [r for r, pid in self._local_peers if not _alive(pid)]

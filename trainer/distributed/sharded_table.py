@@ -96,7 +96,9 @@ class ShardedTable:
         if self.localized:
             slots = layout.row_of_key[first] % slot_num
         owner = self.owner_of(uniq, slots)
-        order = np.argsort(owner, kind="stable")
+        # a stable sort of small integers is numpy's radix sort: linear, not n log n
+        order = np.argsort(owner.astype(np.uint16 if self.comm.size <= 1 << 16 else np.int64),
+                           kind="stable")
         counts = np.bincount(owner, minlength=self.comm.size).astype(np.int64)
         self.remote_keys += int(counts.sum() - counts[self.comm.rank])
         what = f"embedding {local.name!r} lookup"
