@@ -169,12 +169,19 @@ def publish_updates(model, publisher, model_name: str | None = None) -> int:
     stamp = int(time.time() * 1000)  # before the rows are read: no later change is older
     tables = [(spec.name, keys, vectors) for spec, (keys, vectors)
               in zip(model.embedding_specs, model.get_incremental_model())]  # fmt: skip
+    return send_updates(publisher, name, tables, stamp)
+
+
+def send_updates(publisher, model_name: str,
+                 tables: list[tuple[str, np.ndarray, np.ndarray]], timestamp_ms: int) -> int:  # fmt: skip
+    """Send ``(table, keys, vectors)`` of ``model_name``, taken at ``timestamp_ms``, to
+    ``publisher`` (an :class:`UpdatePublisher` or an ``UpdateProducer``); returns the rows."""
     if isinstance(publisher, UpdatePublisher):
-        publisher.submit(name, tables, stamp)
+        publisher.submit(model_name, tables, timestamp_ms)
     else:
         for table, keys, vectors in tables:
             if len(keys):
-                publisher.publish(name, table, keys, vectors, timestamp_ms=stamp)
+                publisher.publish(model_name, table, keys, vectors, timestamp_ms=timestamp_ms)
     return sum(int(len(keys)) for _, keys, _ in tables)
 
 

@@ -37,6 +37,7 @@ from .hooks import (
     SessionRunValues,
     StopAtStepHook,
 )
+from .online import UpdatePublisherHook
 from .premade import (
     DeepFMEstimator,
     DNNClassifier,
@@ -68,6 +69,7 @@ __all__ = [
     "DeepFMEstimator", "Estimator", "EstimatorSpec", "EvalSpec", "FinalOpsHook",
     "LinearClassifier", "LinearRegressor", "LoggingTensorHook", "ModeKeys", "RunConfig",
     "SessionRunArgs", "SessionRunContext", "SessionRunHook", "SessionRunValues",
-    "StopAtStepHook", "StructureError", "TrainSpec", "WarmStartSettings", "export", "hooks",
+    "StopAtStepHook", "StructureError", "TrainSpec", "UpdatePublisherHook", "WarmStartSettings",
+    "export", "hooks",
     "layers", "losses", "metrics", "nn", "train", "train_and_evaluate",
 ]

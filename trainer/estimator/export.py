@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.ps.update_replay import STAMP
 
 from .. import manifest
 from ..compat import warn_once
@@ -198,11 +200,17 @@ def _model_name(estimator: Any, model_name: str | None) -> str:
 def export_model(estimator: Any, export_dir_base: str | os.PathLike,
                  serving_input_receiver_fn: Callable, checkpoint_path: str | None = None,
                  model_name: str | None = None, assets_extra: Any = None,
-                 max_batch_size: int = 1024) -> bytes:
-    """See the module docstring; returns the new version folder (bytes path)."""
+                 max_batch_size: int = 1024, current: bool = False) -> bytes:
+    """See the module docstring; returns the new version folder (bytes path).
+
+    ``current``: export the variables as they are in memory (mid-training: the online hook,
+    :mod:`.online`), not the newest checkpoint; the version is then stamped with the time
+    its rows were read (``tierserve.created``, :mod:`tierserve.ps.update_replay`).
+    """
     if assets_extra:
         raise ConfigError("export_saved_model: assets_extra is not supported")
-    estimator._restore(checkpoint_path)
+    if not current:
+        estimator._restore(checkpoint_path)
     receiver = serving_input_receiver_fn()
     if not isinstance(receiver, ServingInputReceiver):
         raise ConfigError("serving_input_receiver_fn must return a ServingInputReceiver, got "
@@ -239,6 +247,8 @@ def export_model(estimator: Any, export_dir_base: str | os.PathLike,
     base = Path(export_dir_base)
     model_root = base / name
     with new_version(model_root) as (version, staging):
+        if current:  # by the clock that stamps the update messages, before the rows are read
+            (staging / STAMP).write_text(f"{int(time.time() * 1000)}\n")
         graph_path, dense_path, sparse_paths = _write_version(
             staging, name, estimator, prog, graph, out, width, max_batch_size
         )
