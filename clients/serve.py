@@ -118,6 +118,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the most worker processes the default starts (default 8)",
     )  # fmt: skip
     parser.add_argument(
+        "--no-pin-workers", action="store_true",
+        help="leave worker processes to the scheduler (by default each runs on its own share "
+        "of the cores: one core each with one worker per core)",
+    )  # fmt: skip
+    parser.add_argument(
         "--threads", type=int, default=4, help="inference threads per worker (default 4)"
     )
     parser.add_argument(
@@ -180,6 +185,7 @@ def settings_from_args(args: argparse.Namespace):
         threads=args.threads,
         workers=args.workers,
         max_workers=args.max_workers,
+        pin_workers=not args.no_pin_workers,
         shutdown_grace_s=args.shutdown_grace,
         keep_alive_timeout_s=args.keep_alive_timeout,
         event_loop=args.event_loop,

@@ -93,6 +93,11 @@ class Settings(BaseModel):
     max_workers: Annotated[int, Field(gt=0)] = Field(
         8, description="the most worker processes the default (one per core) starts"
     )
+    pin_workers: bool = Field(
+        True,
+        description="run each worker process on its own share of the cores (CPU affinity; "
+        "see server/workers.py); False leaves placement to the scheduler",
+    )
     shutdown_grace_s: Annotated[float, Field(ge=0)] = Field(
         30.0,
         description="on SIGTERM, how long requests in flight may take to finish before the "

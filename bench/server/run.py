@@ -417,10 +417,24 @@ def server_cpu(proc: subprocess.Popen) -> float:
     return sum(cpu_by_process(proc).values())
 
 
+#: Other jobs' cores under which a turn counts as quiet (the machine is shared).
+QUIET_CORES = 0.25
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (all cores, /proc/stat: not idle or
+    waiting on I/O)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def concurrency_runs(servers: dict, data: dict, seconds: float, turns: int = 4) -> dict:
     """Both protocols' concurrent throughput on each server (``name: (proc, http, grpc)``),
-    with client and server CPU per request, and the cores each server process used (the
-    parent first: how evenly the kernel spread the load over worker processes).  The servers
+    with client and server CPU per request, the cores each server process used (the parent
+    first: how evenly the kernel spread the load over worker processes) and the cores that
+    other processes took meanwhile (``foreign_cores``: other jobs on the machine, which
+    make a turn slower than the server can go).  The servers
     take ``turns`` turns of ``seconds / turns`` each, so other jobs' bursts fall on batched
     and unbatched alike; the figure is the median turn."""
     runs: dict = {(name, p): [] for name in servers for p in ("grpc", "http")}
@@ -431,17 +445,24 @@ def concurrency_runs(servers: dict, data: dict, seconds: float, turns: int = 4) 
             for name, (proc, http, grpc) in servers.items():
                 port = grpc if protocol == "grpc" else http
                 before = cpu_by_process(proc)
-                started = time.perf_counter()
+                started, machine, own = time.perf_counter(), machine_busy(), time.process_time()
                 result = concurrent_load(
                     protocol, f"127.0.0.1:{port}", data, 64, seconds / turns)  # fmt: skip
-                busy[(name, protocol)] += time.perf_counter() - started
+                elapsed = time.perf_counter() - started
+                busy[(name, protocol)] += elapsed
                 after = cpu_by_process(proc)
                 used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+                foreign = (
+                    machine_busy() - machine - sum(used.values()) - result.cpu_s
+                    - (time.process_time() - own)
+                ) / elapsed  # fmt: skip
                 server = sum(used.values()) / max(result.requests, 1)
                 for pid, cpu in used.items():
                     key = "parent" if pid == proc.pid else pid
                     cores[(name, protocol)][key] = cores[(name, protocol)].get(key, 0.0) + cpu
-                runs[(name, protocol)].append((result.rate, result.cpu_per_request, server))
+                runs[(name, protocol)].append(
+                    (result.rate, result.cpu_per_request, server, foreign)
+                )
     out: dict = {name: {} for name in servers}
     for (name, protocol), turns_done in runs.items():
         out[name][protocol] = {
@@ -449,6 +470,7 @@ def concurrency_runs(servers: dict, data: dict, seconds: float, turns: int = 4) 
             "rows_s_turns": [t[0] for t in turns_done],
             "client_cpu_ms_per_request": statistics.median(t[1] for t in turns_done) * 1e3,
             "server_cpu_ms_per_request": statistics.median(t[2] for t in turns_done) * 1e3,
+            "foreign_cores_turns": [t[3] for t in turns_done],
             "cores_by_process": {
                 str(k): v / busy[(name, protocol)] for k, v in cores[(name, protocol)].items()
             },
@@ -515,8 +537,12 @@ def executions(http: int) -> dict:
     """Requests and model executions the server counted (its /metrics)."""
     import urllib.request
 
-    text = urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10).read().decode()
     found = {"requests": 0, "executions": 0}
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10).read()
+    except OSError:  # a baseline without /metrics
+        return found
+    text = text.decode()
     for line in text.splitlines():
         if line.startswith("#"):
             continue
@@ -534,6 +560,11 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--iterations", type=int, default=50, help="training iterations")
     parser.add_argument("--seconds", type=float, default=8.0, help="concurrency test length")
+    parser.add_argument(
+        "--turns", type=int, default=4,
+        help="turns the concurrency test length is split into (each whole seconds long with "
+        "the native load generator)",
+    )  # fmt: skip
     parser.add_argument(
         "--train-dir", default=None,
         help="keep the trained model (and its data) here and reuse it on later runs",
@@ -641,18 +672,19 @@ def main() -> int:
             unbatched = start_server(repo, u_http, u_grpc, batching=other != "unbatched",
                                      extra=extra + others, env=env)  # fmt: skip
             try:
-                before = executions(http)
+                before, other_before = executions(http), executions(u_http)
                 both = concurrency_runs(
                     {"batched": (proc, http, grpc), other: (unbatched, u_http, u_grpc)},
-                    data, args.seconds,
+                    data, args.seconds, args.turns,
                 )  # fmt: skip
-                after = executions(http)
+                after, other_after = executions(http), executions(u_http)
             finally:
                 unbatched.terminate()
                 unbatched.wait()
             results["concurrent_batched"] = both["batched"]
             results[f"concurrent_{other}"] = both[other]
             results["executions"] = {k: after[k] - before[k] for k in after}
+            results[f"executions_{other}"] = {k: other_after[k] - other_before[k] for k in after}
             results["floors"] = floor_runs(args.seconds / 2)
             results["predict_ms_per_row_at_64"] = model_share(predict, data[64])
         finally:
@@ -691,6 +723,15 @@ def main() -> int:
             turns = ", ".join(
                 f"{a:,.0f}/{b:,.0f}" for a, b in zip(new["rows_s_turns"], old["rows_s_turns"])
             )
+            quiet = [
+                a / b
+                for a, b, fa, fb in zip(
+                    new["rows_s_turns"], old["rows_s_turns"],
+                    new["foreign_cores_turns"], old["foreign_cores_turns"],
+                )
+                if max(fa, fb) < QUIET_CORES
+            ]  # fmt: skip
+            results[f"speedup_over_{other}_{protocol}_quiet_turns"] = quiet
             print(
                 f"64 concurrent batch-1 {protocol} clients, batched: {new['rows_s']:,.0f} rows/s "
                 f"here{' (' + args.server_args + ')' if args.server_args else ''}, "
@@ -701,7 +742,15 @@ def main() -> int:
             )
             for label, r in (("here", new), (against, old)):
                 print(f"  cores by server process, {label} (parent first): " + ", ".join(
-                    f"{k} {v:.2f}" for k, v in r["cores_by_process"].items()))  # fmt: skip
+                    f"{k} {v:.2f}" for k, v in r["cores_by_process"].items())
+                    + "; other jobs' cores per turn: " + ", ".join(
+                    f"{v:.2f}" for v in r["foreign_cores_turns"]))  # fmt: skip
+            print(
+                f"  turn pairs where other jobs took under {QUIET_CORES} cores: {len(quiet)} of "
+                f"{len(new['rows_s_turns'])}"
+                + (f", ratio median {statistics.median(quiet):.2f}x (each: "
+                   + ", ".join(f"{q:.2f}" for q in quiet) + ")" if quiet else "")
+            )  # fmt: skip
     for protocol in ("grpc", "http") if other == "unbatched" else ():
         on = results["concurrent_batched"][protocol]
         off = results["concurrent_unbatched"][protocol]
@@ -739,12 +788,14 @@ def main() -> int:
             f"({floor['server_cpu_ms_per_request']:.3f} ms server CPU per request, load "
             f"generator {floor['client_cpu_ms_per_request']:.3f} ms)"
         )
-    ex = results["executions"]
-    if ex["executions"]:
-        print(
-            f"batched server, concurrency runs: {ex['requests']:,} requests in {ex['executions']:,} "
-            f"executions ({ex['requests'] / ex['executions']:.1f} per execution)"
-        )
+    for label, key in (("batched server", "executions"), (other, f"executions_{other}")):
+        ex = results[key]
+        if ex["executions"]:
+            print(
+                f"{label}, concurrency runs: {ex['requests']:,} requests in "
+                f"{ex['executions']:,} executions ({ex['requests'] / ex['executions']:.1f} per "
+                "execution)"
+            )
     if args.json:
         Path(args.json).write_text(
             json.dumps({str(k): v for k, v in results.items()}, indent=2, default=str)

@@ -24,7 +24,7 @@ from polling import until
 from tierserve.ps.errors import ConfigError
 from tierserve.server.app import free_port
 from tierserve.server.settings import Settings
-from tierserve.server.workers import worker_count
+from tierserve.server.workers import core_shares, worker_count
 
 REQUEST = {
     "inputs": [
@@ -397,3 +397,55 @@ def test_dense_weights_are_read_only_maps_of_the_dense_file(tiny_dlrm):
     shapes = graph.network.flat_param_shapes()
     copies = read_dense_file(tiny_dlrm.dense_file, shapes)
     assert all(c.flags.writeable and not mapped(c) for c in copies)
+
+
+def test_the_cores_split_into_disjoint_shares_that_cover_them_all():
+    assert core_shares(2, [0, 1]) == [{0}, {1}]
+    assert core_shares(1, [0, 1, 2]) == [{0, 1, 2}]
+    assert core_shares(2, [0, 1, 2, 3, 4]) == [{0, 1, 2}, {3, 4}]
+    assert core_shares(3, [4, 6, 9]) == [{4}, {6}, {9}]
+    # more workers than cores: one core each, in turn
+    assert core_shares(5, [2, 3]) == [{2}, {3}, {2}, {3}, {2}]
+    for count in range(1, 9):
+        shares = core_shares(count, list(range(6)))
+        assert len(shares) == count
+        assert set().union(*shares) == set(range(6))
+        if count <= 6:
+            assert sum(len(s) for s in shares) == 6  # disjoint
+            assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def _thread_affinities(pid: int) -> set[frozenset[int]]:
+    """The CPU affinities of every thread of process ``pid``."""
+    return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+@pytest.mark.parametrize("pinned", [True, False])
+def test_each_worker_and_its_threads_run_on_their_own_cores(pool_repo, pinned):
+    allowed = frozenset(os.sched_getaffinity(0))
+    pool = Pool(pool_repo, 2, *(() if pinned else ("--no-pin-workers",)))
+    try:
+        assert until(pool.ready, timeout=90), pool.text()
+        pool.infer()  # the inference and gRPC threads run by now
+        found = [_thread_affinities(pid) for pid in pool.workers()]
+        if not pinned:
+            assert found == [{allowed}, {allowed}]
+            return
+        shares = {frozenset(s) for s in core_shares(2, sorted(allowed))}
+        assert all(len(f) == 1 for f in found), found  # every thread of a worker alike
+        assert {next(iter(f)) for f in found} == shares, (found, shares)
+        assert ", cores " in pool.text()  # the parent logs each worker's share
+    finally:
+        pool.stop()
+
+
+def test_the_cli_turns_pinning_off():
+    from tierserve.clients.cli import build_parser
+    from tierserve.clients.serve import settings_from_args
+
+    on = settings_from_args(build_parser().parse_args(["serve", "--model-repository", "r"]))
+    off = settings_from_args(
+        build_parser().parse_args(["serve", "--model-repository", "r", "--no-pin-workers"])
+    )
+    assert (on.pin_workers, off.pin_workers) == (True, False)
