@@ -7,8 +7,11 @@
   the whole table sits in host memory.
 * ``TrainPSType_t.Cached``: RocksDB on disk (:class:`tierserve.ps.rocksdb_tier.RocksDBTier`,
   at ``local_paths[rank]``) behind a host-memory cache of at most
-  ``num_blocks * block_size_mb`` MB (:func:`CreateHMemCache`; an in-process hash map that
-  evicts the least used rows).  Writes go to both, so RocksDB always holds the whole table.
+  ``num_blocks * block_size_mb`` MB (:func:`CreateHMemCache`).  That budget holds RocksDB's
+  own memory (a quarter: its two memtables and its block cache, :func:`rocksdb_memory`) and
+  an in-process hash map of rows (the rest) that evicts the least used rows.  Writes go to
+  RocksDB, which always holds the whole table, and refresh the rows the hash map holds;
+  rows read from RocksDB enter the hash map.
 
 The model's embedding table holds only the working set: ``get_embedding_training_cache().update
 (keyset)`` writes the working set back to the parameter server, empties the table and loads
@@ -43,7 +46,7 @@ from tierserve.ps.sparse_file import KEY_FILE, SLOT_FILE, VECTOR_FILE, SparseTab
 from .device import to_numpy
 
 #: Rows moved between the working table and the parameter server per call.
-CHUNK_ROWS = 1 << 14
+CHUNK_ROWS = 1 << 13
 
 
 class TrainPSType_t(enum.Enum):  # noqa: N801 - HugeCTR's name
@@ -197,12 +200,14 @@ class TableServer:
         if ps_type is TrainPSType_t.Staged:
             self.store = HashMapTier(HashMapConfig())
         else:
-            self.store = _bounded_rocksdb(os.fspath(local_path))
-            # the cache's real footprint stays within its capacity: a hash-map row costs its
-            # key and floats over the map's fill (0.7 after growth), and an eviction rebuilds
-            # the arrays while the old ones are alive (x2)
+            write_buffer, block_cache = rocksdb_memory(cache.capacity_bytes)
+            self.store = _bounded_rocksdb(os.fspath(local_path), write_buffer, block_cache)
+            # the cache's real footprint stays within the rest of the budget: a hash-map row
+            # costs its key and floats over the map's fill (0.7 after growth), and an eviction
+            # rebuilds the arrays while the old ones are alive (x2)
+            rows_budget = max(0, cache.capacity_bytes - 2 * write_buffer - block_cache)
             row_bytes = (4 * layout.width + 8) / 0.7 * 2
-            self.cache_rows = max(1, int(cache.capacity_bytes // row_bytes))
+            self.cache_rows = max(1, int(rows_budget // row_bytes))
             self.cache = HashMapTier(HashMapConfig(overflow_margin=self.cache_rows,
                                                    overflow_policy="evict_least_used"))
             self.cache.create_table(self.tag, layout.width)
@@ -224,8 +229,11 @@ class TableServer:
 
     def put(self, keys: np.ndarray, rows: np.ndarray) -> None:
         self.store.insert(self.tag, keys, rows)
-        if self.cache is not None:
-            self.cache.insert(self.tag, keys, rows)
+        if self.cache is not None:  # refresh what the cache holds; a working set written
+            # back whole would only churn it (and evicting costs memory while it runs)
+            _, cached = self.cache.lookup(self.tag, keys)
+            if cached.any():
+                self.cache.insert(self.tag, keys[cached], rows[cached])
 
     def keys(self) -> np.ndarray:
         return self.store.list_keys(self.tag)
@@ -239,25 +247,39 @@ class TableServer:
             self.cache.close()
 
 
-#: RocksDB's own memory for a Cached table: memtables (two of this size at most) and the block
-#: cache.  RocksDB's defaults (64 MB memtables, a 32 MB block cache) would dwarf a small budget.
+#: The most memory RocksDB's memtables (each; two at most) and block cache take.  RocksDB's
+#: defaults (64 MB memtables, a 32 MB block cache) would dwarf a small budget.
 ROCKSDB_WRITE_BUFFER_BYTES = 4 << 20
 ROCKSDB_BLOCK_CACHE_BYTES = 4 << 20
+_ROCKSDB_MIN_BYTES = 64 << 10
 
 
-def _bounded_rocksdb(path: str) -> Any:
-    """The project's RocksDB tier with RocksDB's own memory bounded (see above)."""
+def rocksdb_memory(capacity_bytes: int) -> tuple[int, int]:
+    """``(write buffer, block cache)`` bytes of a Cached table's RocksDB, taken from its host
+    cache budget: two write buffers of a sixteenth and a block cache of an eighth of it (a
+    quarter in all; each at most 4 MB and at least 64 KB)."""
+    def part(fraction: int, most: int) -> int:
+        return int(min(most, max(_ROCKSDB_MIN_BYTES, capacity_bytes // fraction)))
+
+    return part(16, ROCKSDB_WRITE_BUFFER_BYTES), part(8, ROCKSDB_BLOCK_CACHE_BYTES)
+
+
+def _bounded_rocksdb(path: str, write_buffer: int = ROCKSDB_WRITE_BUFFER_BYTES,
+                     block_cache: int = ROCKSDB_BLOCK_CACHE_BYTES) -> Any:
+    """The project's RocksDB tier with RocksDB's own memory bounded: two memtables of
+    ``write_buffer`` bytes at most and a block cache of ``block_cache`` bytes, which holds the
+    index and filter blocks too."""
     from tierserve.ps.config import RocksDBConfig
     from tierserve.ps.rocksdb_tier import RocksDBTier
 
     class BoundedRocksDBTier(RocksDBTier):
         def _options(self):
             options = super()._options()
-            options.set_write_buffer_size(ROCKSDB_WRITE_BUFFER_BYTES)
+            options.set_write_buffer_size(write_buffer)
             options.set_max_write_buffer_number(2)
             table = self._rd.BlockBasedOptions()
             table.set_bloom_filter(10, False)
-            table.set_block_cache(self._rd.Cache(ROCKSDB_BLOCK_CACHE_BYTES))
+            table.set_block_cache(self._rd.Cache(block_cache))
             table.set_cache_index_and_filter_blocks(True)  # charged to that cache, not beside
             options.set_block_based_table_factory(table)
             return options
@@ -302,6 +324,12 @@ class EmbeddingTrainingCache:
 
     def _write_back(self, i: int) -> None:
         """Write table ``i``'s working rows to its server, then empty the working table."""
+        self._store(i)
+        self._reset_table(i)
+        _release_freed_memory()
+
+    def _store(self, i: int) -> None:
+        """Write table ``i``'s working rows to its server (the table stays as it is)."""
         table = self.model.tables[i]
         server = self.servers[i]
         n = table.num_rows
@@ -312,9 +340,6 @@ class EmbeddingTrainingCache:
             slots = None if table._slot_ids is None else to_numpy(table._slot_ids[lo:hi])
             server.put(keys[lo:hi], server.layout.pack(to_numpy(table.values[lo:hi]), states,
                                                        slots))
-        del table, keys
-        self._reset_table(i)
-        _release_freed_memory()
 
     def _reset_table(self, i: int) -> None:
         from . import adapters
@@ -327,15 +352,21 @@ class EmbeddingTrainingCache:
             fresh.freeze()
         self.model.tables[i] = fresh
 
-    def _fill(self, i: int, keys: np.ndarray) -> None:
-        """Load the server's rows of ``keys`` into the (empty) working table ``i``."""
+    def _check_keyset(self, i: int, path: Any, count: int) -> None:
+        """Refuse a keyset with more distinct keys than table ``i``'s workspace holds."""
+        table = self.model.tables[i]
+        if count > table.max_rows:  # (only then is the whole keyset read, to count)
+            table._check_capacity(int(np.unique(read_keyset(path)).shape[0]))
+
+    def _fill(self, i: int, path: Any, count: int) -> None:
+        """Load the server's rows of the keys of keyset file ``path`` (``count`` keys) into
+        the (empty) working table ``i``, streamed a chunk at a time: the keyset is never in
+        memory whole.  Rows follow the keyset's order."""
         table, server = self.model.tables[i], self.servers[i]
-        keys = np.unique(np.asarray(keys, dtype=np.int64))
-        table._check_capacity(int(keys.shape[0]))
-        table._reserve(int(keys.shape[0]))  # once: no doubling (old and new arrays) mid-pass
-        table._index.reserve(int(keys.shape[0]))
-        for lo in range(0, keys.shape[0], CHUNK_ROWS):
-            chunk = keys[lo : lo + CHUNK_ROWS]
+        need = min(count, table.max_rows)
+        table._reserve(need)  # once: no doubling (old and new arrays) mid-pass
+        table._index.reserve(need)
+        for chunk in _keyset_chunks(path):
             rows, found = server.get(chunk)
             if not found.any():
                 continue
@@ -384,17 +415,17 @@ class EmbeddingTrainingCache:
         if len(files) != len(self.servers):
             raise ConfigError(f"EmbeddingTrainingCache.update: {len(files)} keyset files for "
                               f"{len(self.servers)} embedding tables")
-        keysets = [read_keyset(f) for f in files]
-        for i, keys in enumerate(keysets):
+        counts = [keyset_size(f) for f in files]
+        for i, (path, count) in enumerate(zip(files, counts)):
+            self._check_keyset(i, path, count)
+        for i, (path, count) in enumerate(zip(files, counts)):
             self._write_back(i)
-            self._fill(i, keys)
+            self._fill(i, path, count)
 
     def flush(self) -> None:
         """Write every working set back (the working tables stay loaded)."""
         for i in range(len(self.model.tables)):
-            keys = to_numpy(self.model.tables[i].keys).copy()
-            self._write_back(i)
-            self._fill(i, keys)
+            self._store(i)
 
     def total_rows(self, i: int) -> int:
         """Rows table ``i`` has in all (its server, after a flush)."""
@@ -493,15 +524,31 @@ def _read_rows(path: Path, dtype: Any, lo: int, hi: int, width: int) -> np.ndarr
         hi - lo, width)
 
 
-def read_keyset(path: Any) -> np.ndarray:
-    """The keys of a HugeCTR keyset file (raw little-endian int64)."""
+def keyset_size(path: Any) -> int:
+    """The number of keys in a HugeCTR keyset file (raw little-endian int64), checked."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"keyset file {path} does not exist")
     size = path.stat().st_size
     if size % 8:
         raise ConfigError(f"keyset file {path} has {size} bytes, not a whole number of int64 keys")
-    return np.fromfile(path, dtype="<i8").astype(np.int64)
+    return size // 8
+
+
+def read_keyset(path: Any) -> np.ndarray:
+    """The keys of a HugeCTR keyset file (raw little-endian int64)."""
+    keyset_size(path)
+    return np.fromfile(path, dtype="<i8").astype(np.int64, copy=False)
+
+
+def _keyset_chunks(path: Any, rows: int = CHUNK_ROWS) -> Iterator[np.ndarray]:
+    """The keys of a keyset file, ``rows`` at a time."""
+    with open(path, "rb") as f:
+        while True:
+            chunk = np.fromfile(f, dtype="<i8", count=rows)
+            if not chunk.shape[0]:
+                return
+            yield chunk.astype(np.int64, copy=False)
 
 
 class KeysetReader:

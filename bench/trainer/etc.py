@@ -78,13 +78,14 @@ def measure(folder: str, workspace_mb: float, cache_mb: float, passes: int,
     start = _status("VmRSS")
     keyset = os.path.join(folder, "keyset")
     for p in range(passes):
-        keys = np.arange(p * rows, (p + 1) * rows, dtype=np.int64)
-        keys.tofile(keyset)
+        first = p * rows  # this pass's keys: first .. first + rows - 1, made a batch at a time
+        with open(keyset, "wb") as f:  # (the data is the caller's, not the cache's memory)
+            for lo in range(0, rows, 1 << 16):
+                np.arange(first + lo, first + min(rows, lo + (1 << 16)), dtype="<i8").tofile(f)
         cache.update(keyset)
         for lo in range(0, rows, batch * SLOTS):
-            chunk = keys[lo : lo + batch * SLOTS]
-            n = len(chunk) // SLOTS
-            chunk = chunk[: n * SLOTS]
+            n = min(batch * SLOTS, rows - lo) // SLOTS
+            chunk = np.arange(first + lo, first + lo + n * SLOTS, dtype=np.int64)
             model.train_on_batch(Batch(
                 label=(rng.random((n, 1)) < 0.5).astype(np.float32),
                 dense=np.zeros((n, 1), np.float32),

@@ -49,7 +49,7 @@ def sources(tmp_path_factory):
     return pairs
 
 
-def _model(source, etc=None, optimizer="Adam", update="Local"):
+def _model(source, etc=None, optimizer="Adam", update="Local", workspace_mb=1):
     solver = hugectr.CreateSolver(batchsize=128, batchsize_eval=128, lr=0.01,
                                   repeat_dataset=False, i64_input_key=True, seed=5)
     reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm,
@@ -63,7 +63,7 @@ def _model(source, etc=None, optimizer="Adam", update="Local"):
                                 hugectr.DataReaderSparseParam("s", 1, True, SLOTS)]))
     model.add(hugectr.SparseEmbedding(
         embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash,
-        workspace_size_per_gpu_in_mb=1, embedding_vec_size=DIM, combiner="sum",
+        workspace_size_per_gpu_in_mb=workspace_mb, embedding_vec_size=DIM, combiner="sum",
         sparse_embedding_name="emb", bottom_name="s", optimizer=opt))
     model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape, bottom_names=["emb"],
                                  top_names=["flat"], leading_dim=SLOTS * DIM))
@@ -210,8 +210,8 @@ def test_a_table_four_times_the_budget_trains_in_bounded_memory():
           f"{budget / 2**20:.0f} MB; peak RSS growth {growth / 2**20:.0f} MB "
           f"({growth / budget:.2f}x the budget)")
     assert table >= 4 * budget
-    # beyond the budget: RocksDB's memtables and block cache (12 MB, trainer/etc.py), the
-    # working table's key index and one batch's temporaries
+    # beyond the budget (RocksDB's memtables and block cache are inside it): the working
+    # table's key index (about 10 MB here) and one batch's temporaries (about 17 MB)
     fixed = 48 << 20
     assert growth <= 1.5 * budget + r["dense_bytes"] + fixed
     assert growth < table  # the table does not sit in memory
@@ -230,3 +230,59 @@ def test_key_index_reserve_sizes_the_index_once():
     np.testing.assert_array_equal(index.lookup(np.array([7, 3], dtype=np.int64)), [0, 1])
     np.testing.assert_array_equal(index.lookup(keys), rows)
     np.testing.assert_array_equal(rows, np.arange(2, 5000))
+
+
+def test_flush_writes_the_working_set_back_without_reloading_it(sources, tmp_path):
+    model = _model(sources[0][0], _etc("Cached", tmp_path))
+    etc = model.get_embedding_training_cache()
+    source, keyset = sources[0]
+    etc.update(keyset)
+    _train_source(model, source)
+    working = model.tables[0]
+    before = working.export()
+    etc.flush()
+    assert model.tables[0] is working  # not emptied and filled again from the server
+    assert etc.total_rows(0) == working.num_rows
+    rows, found = etc.servers[0].get(np.asarray(before.keys, dtype=np.int64))
+    assert found.all()
+    np.testing.assert_array_equal(rows[:, :DIM], before.embeddings)
+
+
+def test_rocksdb_memory_is_counted_in_the_host_cache_budget(tmp_path):
+    from tierserve.trainer.etc import TableServer, TrainPSType_t, rocksdb_memory
+
+    model = _model("unused.txt")
+    from tierserve.trainer.etc import _RowLayout
+
+    layout = _RowLayout(model.tables[0])
+    for mb in (0.5, 8, 32, 256):
+        config = hugectr.CreateHMemCache(1, block_size_mb=mb)
+        server = TableServer("t", TrainPSType_t.Cached, layout, str(tmp_path / f"db{mb}"),
+                             config)
+        try:
+            write_buffer, block_cache = rocksdb_memory(config.capacity_bytes)
+            # RocksDB's two memtables and its block cache, and the cached rows at their worst
+            # (the hash map's fill and an eviction's second copy), fit the configured cache
+            rows = server.cache_rows * (4 * layout.width + 8) / 0.7 * 2
+            assert 2 * write_buffer + block_cache + rows <= config.capacity_bytes
+            assert server.cache_rows >= 1
+        finally:
+            server.close()
+
+
+def test_update_streams_the_keyset_instead_of_reading_it_whole(tmp_path):
+    """The transient memory of update (beyond the working table it fills) stays below the
+    keyset's own size: the keys are read a chunk at a time, not whole and then sorted."""
+    import tracemalloc
+
+    keys = np.arange(10**6, 10**6 + 400_000, dtype="<i8")
+    keys.tofile(tmp_path / "keyset")
+    model = _model("unused.txt", _etc("Staged", tmp_path), workspace_mb=40)
+    etc = model.get_embedding_training_cache()
+    tracemalloc.start()
+    try:
+        etc.update(str(tmp_path / "keyset"))
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - current < keys.nbytes  # 3.2 MB
