@@ -12,7 +12,7 @@ before the worker starts any thread; ``pin_workers``, ``--no-pin-workers`` to le
 scheduler free): the allowed cores split into equal disjoint shares, one core each when there
 are as many workers as cores (the default), round robin when there are more workers.  Together
 the shares cover every allowed core.  Measured on 2 cores with 64 clients, two pinned workers
-served 1.34x (HTTP) and 1.18x (gRPC) the rows/s of two unpinned ones: a worker's event loop,
+served 1.16-1.34x (HTTP) and 1.06-1.18x (gRPC) the rows/s of two unpinned ones: a worker's event loop,
 inference and gRPC threads hand the GIL to each other, and on one core a hand-off is a plain
 switch where across cores it is a wake-up of a thread on another core, while the other
 worker's threads are moved about between the cores.

@@ -452,8 +452,10 @@ def concurrency_runs(servers: dict, data: dict, seconds: float, turns: int = 4) 
                 busy[(name, protocol)] += elapsed
                 after = cpu_by_process(proc)
                 used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+                # the python generator's CPU is this process's own
+                native = result.cpu_s if result.generator != "python" else 0.0
                 foreign = (
-                    machine_busy() - machine - sum(used.values()) - result.cpu_s
+                    machine_busy() - machine - sum(used.values()) - native
                     - (time.process_time() - own)
                 ) / elapsed  # fmt: skip
                 server = sum(used.values()) / max(result.requests, 1)
