@@ -20,6 +20,15 @@ memory holds one keyset's rows (bounded by ``workspace_size_per_gpu_in_mb``) plu
 ``Cached``, the host cache.  ``set_source(source=[...], keyset=[...])`` with ``fit`` does the
 same for each file list in turn (HugeCTR's epoch-mode ETC training).
 
+Under ``mpiexec -n N`` each rank keeps the rows it owns (the sharded table's rule:
+``DistributedSlot`` keys by the key mixer, ``Localized`` slots ``s % N``) in a server of its
+own: Staged, its own hash map; Cached, its own RocksDB at ``local_paths[rank]`` when
+``local_paths`` lists one path per rank, else at ``<local_paths[0]>/rank<r>``.  ``update``
+loads, on each rank, its keys of the keyset (every rank reads the whole keyset file and
+keeps its own), and training moves lookups and gradients between ranks as without the
+cache.  ``save_params_to_files`` merges the ranks' rows on rank 0, which writes the one
+table in key order, as one process does; ``total_rows`` counts every rank's rows.
+
 ``save_params_to_files`` writes each full table (working set written back first) to its
 ``sparse_models`` path, streamed from the server: the sparse model folder (``key``,
 ``emb_vector``[, ``slot_id``]) and the optimizer state beside its vectors as
@@ -297,14 +306,15 @@ class EmbeddingTrainingCache:
         if len(params.ps_types) != len(model.tables):
             raise ConfigError(f"CreateETC gives {len(params.ps_types)} ps_types but the model "
                               f"has {len(model.tables)} embedding tables")
-        if getattr(model, "_dist", None) is not None:
-            raise ConfigError("the embedding training cache (etc) runs in one process; "
-                              "several MPI ranks with etc are not supported")
         self.model = model
         self.params = params
+        dist = getattr(model, "_dist", None)
+        self.comm = None if dist is None else dist.comm
+        self.rank, self.size = (0, 1) if dist is None else (dist.rank, dist.size)
         self.servers: list[TableServer] = []
         _map_large_allocations()
-        for i, table in enumerate(model.tables):
+        for i in range(len(model.tables)):
+            table = self._table(i)
             if table._index is None:
                 raise ConfigError(f"etc: embedding {table.name!r} is one-hot "
                                   "(LocalizedSlotSparseEmbeddingOneHot), which has no keys to "
@@ -312,13 +322,44 @@ class EmbeddingTrainingCache:
             ps_type = params.ps_types[i]
             local = cache = None
             if ps_type is TrainPSType_t.Cached:
-                local = os.path.join(params.local_paths[0], f"etc_table{i}")
+                local = os.path.join(self._rank_path(params.local_paths), f"etc_table{i}")
                 cache = params.cache_config(i)
             server = TableServer(table.name, ps_type, _RowLayout(table), local, cache)
             self.servers.append(server)
             if os.path.isdir(params.sparse_models[i]):
                 self._load_model(i, params.sparse_models[i])
         self._sources: list[tuple[Any, Any]] = []
+
+    # -- ranks ------------------------------------------------------------------------------
+
+    def _table(self, i: int) -> Any:
+        """This rank's working table ``i`` (under several ranks, the rows it owns)."""
+        table = self.model.tables[i]
+        return table.local if self.size > 1 else table
+
+    def _rank_path(self, paths: list[str]) -> str:
+        """This rank's folder for its Cached tables: ``local_paths[rank]`` when there is one
+        path per rank, else ``<local_paths[0]>/rank<r>`` under several ranks."""
+        if self.size == 1:
+            return paths[0]
+        if len(paths) == self.size:
+            return paths[self.rank]
+        if len(paths) == 1:
+            return os.path.join(paths[0], f"rank{self.rank}")
+        raise ConfigError(f"CreateETC: local_paths lists {len(paths)} paths but the job has "
+                          f"{self.size} ranks: give one per rank, or one folder (rank r then "
+                          "uses <folder>/rank<r>)")
+
+    def _mine(self, i: int, keys: np.ndarray, slots: np.ndarray | None = None) -> np.ndarray:
+        """Which of ``keys`` (with their ``slots``) this rank owns (all in one process).  A
+        Localized table's key without its slot counts as this rank's: only its owner's server
+        holds it, which the lookup settles."""
+        if self.size == 1:
+            return np.ones(keys.shape[0], dtype=bool)
+        owner = self.model.tables[i]
+        if owner.localized and slots is None:
+            return np.ones(keys.shape[0], dtype=bool)
+        return owner.owner_of(keys, slots) == self.rank
 
     # -- moving rows ------------------------------------------------------------------------
 
@@ -330,7 +371,7 @@ class EmbeddingTrainingCache:
 
     def _store(self, i: int) -> None:
         """Write table ``i``'s working rows to its server (the table stays as it is)."""
-        table = self.model.tables[i]
+        table = self._table(i)
         server = self.servers[i]
         n = table.num_rows
         keys = to_numpy(table.keys)
@@ -344,29 +385,42 @@ class EmbeddingTrainingCache:
     def _reset_table(self, i: int) -> None:
         from . import adapters
 
-        old = self.model.tables[i]
+        old = self._table(i)
         spec = self.model.embedding_specs[i]
         fresh = adapters.make_table(spec, self.model._table_optimizer(spec), self.model.solver,
                                     self.model.xp)
         if old.frozen:
             fresh.freeze()
-        self.model.tables[i] = fresh
+        if self.size > 1:  # the sharded table keeps its place; its rows start afresh
+            self.model.tables[i].local = fresh
+            self.model.tables[i]._saved = None
+        else:
+            self.model.tables[i] = fresh
 
     def _check_keyset(self, i: int, path: Any, count: int) -> None:
         """Refuse a keyset with more distinct keys than table ``i``'s workspace holds."""
-        table = self.model.tables[i]
-        if count > table.max_rows:  # (only then is the whole keyset read, to count)
+        table = self._table(i)
+        if self.size == 1 and count > table.max_rows:  # (only then is it read whole, to count;
+            # a rank of several holds its share, which the lookups check)
             table._check_capacity(int(np.unique(read_keyset(path)).shape[0]))
 
     def _fill(self, i: int, path: Any, count: int) -> None:
         """Load the server's rows of the keys of keyset file ``path`` (``count`` keys) into
         the (empty) working table ``i``, streamed a chunk at a time: the keyset is never in
         memory whole.  Rows follow the keyset's order."""
-        table, server = self.model.tables[i], self.servers[i]
-        need = min(count, table.max_rows)
-        table._reserve(need)  # once: no doubling (old and new arrays) mid-pass
-        table._index.reserve(need)
+        table, server = self._table(i), self.servers[i]
+        need = count
+        if self.size > 1:  # this rank's share: its keys of a DistributedSlot table (a
+            # Localized table's share is known as rows are found: it grows as they come)
+            need = 0 if self.model.tables[i].localized else sum(
+                int(self._mine(i, chunk).sum()) for chunk in _keyset_chunks(path))
+        need = min(need, table.max_rows)
+        if need:
+            table._reserve(need)  # once: no doubling (old and new arrays) mid-pass
+            table._index.reserve(need)
         for chunk in _keyset_chunks(path):
+            if self.size > 1:
+                chunk = chunk[self._mine(i, chunk)]
             rows, found = server.get(chunk)
             if not found.any():
                 continue
@@ -381,7 +435,7 @@ class EmbeddingTrainingCache:
         server of table ``i``."""
         from tierserve.ps.sparse_file import read_sparse_model
 
-        table, server = self.model.tables[i], self.servers[i]
+        table, server = self._table(i), self.servers[i]
         model = read_sparse_model(folder, table.dim)
         opt = table.optimizer
         n = len(model)
@@ -402,8 +456,14 @@ class EmbeddingTrainingCache:
             if server.layout.has_slots:
                 slots = (np.asarray(model.slot_ids[lo:hi]) if model.slot_ids is not None
                          else np.zeros(hi - lo, dtype=np.int64))
-            server.put(keys, server.layout.pack(np.asarray(model.embeddings[lo:hi]), states,
-                                                slots))
+            vectors = np.asarray(model.embeddings[lo:hi])
+            if self.size > 1:  # this rank's rows only
+                mine = self._mine(i, keys, None if model.slot_ids is None
+                                  else np.asarray(model.slot_ids[lo:hi]))
+                keys, vectors = keys[mine], vectors[mine]
+                states = {k: v[mine] for k, v in states.items()}
+                slots = None if slots is None else slots[mine]
+            server.put(keys, server.layout.pack(vectors, states, slots))
 
     # -- HugeCTR's API ----------------------------------------------------------------------
 
@@ -428,8 +488,13 @@ class EmbeddingTrainingCache:
             self._store(i)
 
     def total_rows(self, i: int) -> int:
-        """Rows table ``i`` has in all (its server, after a flush)."""
-        return self.servers[i].size()
+        """Rows table ``i`` has in all (its servers on every rank, after a flush; collective
+        under several ranks)."""
+        n = self.servers[i].size()
+        if self.size == 1:
+            return n
+        sizes, _ = self.comm.allgatherv(np.asarray([n], dtype=np.int64), "etc: table rows")
+        return int(sizes.sum())
 
     def save(self) -> list[str]:
         """Write every full table to its ``sparse_models`` path (streamed from the server);
@@ -439,9 +504,13 @@ class EmbeddingTrainingCache:
                 for i in range(len(self.servers))]
 
     def _save_table(self, i: int, folder: str) -> str:
-        server, table = self.servers[i], self.model.tables[i]
+        server, table = self.servers[i], self._table(i)
         opt = table.optimizer
-        keys = np.sort(server.keys())
+        chunks = self._sorted_rows(i)
+        if self.rank != 0:  # the other ranks send their rows to rank 0, which writes
+            for _ in chunks:
+                pass
+            return folder
         state_files = [f"{type(opt).__name__}.{n}" for n in
                        [*opt.state_names, *opt.row_state_names]]
         with atomic_directory(folder) as tmp:
@@ -450,7 +519,7 @@ class EmbeddingTrainingCache:
                 names.append(SLOT_FILE)
             handles = {n: open(tmp / n, "wb") for n in names}  # noqa: SIM115 - closed below
             try:
-                for chunk, rows in _chunks(server, keys):
+                for chunk, rows in chunks:
                     vectors, states, slots = server.layout.unpack(rows)
                     handles[KEY_FILE].write(chunk.astype("<i8").tobytes())
                     handles[VECTOR_FILE].write(np.ascontiguousarray(vectors, "<f4").tobytes())
@@ -468,6 +537,41 @@ class EmbeddingTrainingCache:
                     os.fsync(f.fileno())
                     f.close()
         return folder
+
+    def _sorted_rows(self, i: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Table ``i``'s rows in key order, a chunk at a time, as one process writes them: on
+        rank 0 (the rows of every rank; the other ranks yield nothing and send theirs).
+
+        Each round every rank offers the key ``CHUNK_ROWS`` past what it has sent (or none,
+        when fewer are left); the smallest offer bounds the round, and every rank sends rank 0
+        its keys below it, which rank 0 merges: the rounds follow key order, and no rank sends
+        more than ``CHUNK_ROWS`` rows in one."""
+        server = self.servers[i]
+        keys = np.sort(server.keys())
+        if self.size == 1:
+            yield from _chunks(server, keys)
+            return
+        width = server.layout.width
+        at, n, last = 0, int(keys.shape[0]), np.iinfo(np.int64).max
+        while True:
+            offer = keys[at + CHUNK_ROWS] if at + CHUNK_ROWS < n else last
+            offers, _ = self.comm.allgatherv(np.asarray([[offer, n - at]], dtype=np.int64),
+                                             "etc save: key bounds")
+            if not offers[:, 1].any():
+                return
+            bound = int(offers[:, 0].min())
+            hi = n if bound == last else at + int(np.searchsorted(keys[at:], bound))
+            send = keys[at:hi]
+            rows, _ = server.get(send)
+            counts = np.zeros(self.size, dtype=np.int64)
+            counts[0] = send.shape[0]
+            got_keys, _ = self.comm.alltoallv(send, counts, "etc save: keys")
+            got_rows, _ = self.comm.alltoallv(rows, counts, "etc save: rows",
+                                              row_shape=(width,))
+            at = hi
+            if self.rank == 0:
+                order = np.argsort(got_keys, kind="stable")
+                yield got_keys[order], got_rows[order]
 
     def set_sources(self, sources: list[Any], keysets: list[Any]) -> None:
         """The (file list, keyset) pairs an epoch trains in turn (``Model.set_source``)."""

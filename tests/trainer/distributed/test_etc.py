@@ -1,0 +1,89 @@
+"""The embedding training cache on several ranks (``mpiexec -n 2``): each rank keeps the rows
+it owns in its own server (Staged: its hash map; Cached: its own RocksDB folder) and trains
+each keyset's working set; the saved table, its optimizer state and the dense weights equal
+one process's."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tierserve.trainer as hugectr
+from tierserve.trainer.data.reader import DataReader
+
+from .mpi_run import HERE, mpiexec, run
+
+SCRIPT = HERE / "etc_script.py"
+SLOTS = 4
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """Two Norm file lists (overlapping keys) and their keyset files."""
+    out = tmp_path_factory.mktemp("etc_mpi_data")
+    lists, keysets = [], []
+    for i in range(2):
+        folder = out / f"part{i}"
+        hugectr.tools.DataGenerator(hugectr.tools.DataGeneratorParams(
+            format=hugectr.DataReaderType_t.Norm, label_dim=1, dense_dim=3, num_slot=SLOTS,
+            i64_input_key=True, source=str(folder / "file_list.txt"),
+            eval_source=str(folder / "file_list_test.txt"), slot_size_array=[300] * SLOTS,
+            nnz_array=[1] * SLOTS, check_type=hugectr.Check_t.Sum, num_files=1,
+            eval_num_files=1, num_samples_per_file=1024, seed=11 + i)).generate()
+        with DataReader("Norm", folder / "file_list.txt", 1024, 1, 3,
+                        [hugectr.DataReaderSparseParam("s", 1, True, SLOTS)],
+                        i64_input_key=True, check_type="Sum") as reader:
+            keys = np.unique(np.concatenate([b.sparse[0].keys for b in reader]))
+        keys.astype("<i8").tofile(folder / "keyset")
+        lists.append(str(folder / "file_list.txt"))
+        keysets.append(str(folder / "keyset"))
+    return ",".join(lists), ",".join(keysets)
+
+
+def _train(ranks, work, sources, **settings):
+    work.mkdir(parents=True)
+    done = run(ranks, SCRIPT, WORK=work, OUT=work / "r.npz", SOURCES=sources[0],
+               KEYSETS=sources[1], **settings)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(work / "r.npz")
+
+
+@pytest.mark.parametrize("ps_type,emb_type,fit", [
+    ("Staged", "DistributedSlotSparseEmbeddingHash", ""),
+    ("Cached", "DistributedSlotSparseEmbeddingHash", ""),
+    ("Cached", "LocalizedSlotSparseEmbeddingHash", ""),
+    ("Cached", "LocalizedSlotSparseEmbeddingHash", "1"),  # fit over set_source with keysets
+])
+def test_two_ranks_with_the_cache_equal_one_rank(ps_type, emb_type, fit, sources, tmp_path):
+    mpiexec()
+    settings = dict(PS_TYPE=ps_type, EMB_TYPE=emb_type, FIT=fit)
+    one = _train(0, tmp_path / "one", sources, **settings)
+    two = _train(2, tmp_path / "two", sources, **settings)
+    assert np.all(np.diff(two["keys"]) > 0)  # written in key order, as one process writes
+    np.testing.assert_array_equal(two["keys"], one["keys"])
+    np.testing.assert_array_equal(two["slot_ids"], one["slot_ids"])
+    for name in ("dense", "vectors", "adam_m"):
+        scale = np.abs(one[name]).max()
+        assert np.abs(two[name] - one[name]).max() <= 1e-4 * scale, name
+    # each rank's server held its own rows, together the whole table
+    assert len(two["rank_rows"]) == 2 and all(two["rank_rows"] > 0)
+    assert two["rank_rows"].sum() == int(two["total"]) == len(one["keys"])
+    if ps_type == "Cached":  # each rank's RocksDB in its own folder under local_paths[0]
+        for r in range(2):
+            assert os.path.isdir(tmp_path / "two" / "ssd" / f"rank{r}" / "etc_table0")
+
+
+def test_local_paths_must_match_the_ranks(sources, tmp_path):
+    mpiexec()
+    from tierserve.ps.errors import ConfigError
+    from tierserve.trainer.etc import EmbeddingTrainingCache
+
+    cache = EmbeddingTrainingCache.__new__(EmbeddingTrainingCache)
+    cache.rank, cache.size = 1, 3
+    assert cache._rank_path(["a", "b", "c"]) == "b"
+    assert cache._rank_path(["a"]) == os.path.join("a", "rank1")
+    with pytest.raises(ConfigError, match="local_paths lists 2 paths but the job has 3 ranks"):
+        cache._rank_path(["a", "b"])
