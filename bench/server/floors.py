@@ -3,7 +3,8 @@
     python -m bench.server.floors http PORT     # uvicorn + httptools, as tierserve serves HTTP
     python -m bench.server.floors grpc PORT     # grpc.aio, as tierserve serves gRPC
 
-``bench.server.run`` drives them with the same load generator as the real servers.  The CPU
+``bench.server.run`` drives them with the same load generator as the real servers
+(:mod:`bench.server.loadgen`: wrk and h2load, or ``--loadgen python``).  The CPU
 each spends per request is a floor under any Python server on the same transport, and with it
 a ceiling on what dynamic batching can gain: with batching the model's share of a request
 shrinks to its share of a merged batch, while the transport's cost stays whole.
