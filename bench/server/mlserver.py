@@ -7,8 +7,8 @@ its workers crash with uvloop 0.22 and later, its open issue 2286; plus ``pip in
 this checkout for the runtime), with a custom runtime that calls the same
 ``InferenceModel.predict_batch`` as ``bench.server.run``'s peer, adaptive batching
 ``max_batch_size`` 64 and ``max_batch_time`` 1 ms.  tierserve runs ``tierserve serve
---workers 1`` (``--server-args`` for others, e.g. ``'--workers 2'``).  Both get the 64-client batch-1 load
-of ``bench.server.run`` (:mod:`bench.server.loadgen`: wrk and h2load by default, ``--loadgen
+--workers 1`` (``--server-args`` for others, e.g. ``'--workers 2'``).  Both get the
+64-client batch-1 load of ``bench.server.run`` (:mod:`bench.server.loadgen`: wrk and h2load by default, ``--loadgen
 python`` for asyncio; JSON tensors over HTTP, since MLServer has no binary extension; the same
 serialized request over gRPC), alternating turns, and one client at batch 1, 64 and 1024
 over HTTP JSON; answers are checked equal first.
@@ -178,7 +178,8 @@ def main() -> int:
             f"MLServer {m['rows_s']:,.0f} ({t['rows_s'] / m['rows_s']:.2f}x); server CPU ms per "
             f"request {t['server_cpu_ms_per_request']:.3f} / {m['server_cpu_ms_per_request']:.3f}"
             f"; load generator {t['client_cpu_ms_per_request']:.3f} / "
-            f"{m['client_cpu_ms_per_request']:.3f}"
+            f"{m['client_cpu_ms_per_request']:.3f}; other jobs' cores "
+            f"{max(t['foreign_cores_turns'] + m['foreign_cores_turns']):.2f} at most"
         )
     return 0
 

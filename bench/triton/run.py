@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # One BLAS thread per inference thread, as in bench.server.run (set before numpy loads).
@@ -79,25 +80,35 @@ def start_triton(repo: Path, work: Path):
 
 
 def concurrency(servers: dict, data: dict, seconds: float, turns: int) -> dict:
-    """``name: (pid, http, grpc)`` -> per protocol: rows/s (median turn) and server CPU ms per
-    request, the servers taking turns of ``seconds / turns``."""
+    """``name: (pid, http, grpc)`` -> per protocol: rows/s (median turn), server and load
+    generator CPU ms per request, and the cores other jobs took in each turn, the servers
+    taking turns of ``seconds / turns``."""
     runs: dict = {(n, p): [] for n in servers for p in ("grpc", "http")}
     for _ in range(turns):
         for protocol in ("grpc", "http"):
             for name, (pid, http, grpc) in servers.items():
                 port = grpc if protocol == "grpc" else http
-                before = tree_cpu(pid)
+                before, machine = tree_cpu(pid), server_bench.machine_busy()
+                started, own = time.perf_counter(), time.process_time()
                 result = server_bench.concurrent_load(
                     protocol, f"127.0.0.1:{port}", data, 64, seconds / turns
                 )
-                server = (tree_cpu(pid) - before) / result.requests
-                runs[(name, protocol)].append((result.rate, server, result.cpu_per_request))
+                used = tree_cpu(pid) - before
+                native = result.cpu_s if result.generator != "python" else 0.0
+                foreign = (
+                    server_bench.machine_busy() - machine - used - native
+                    - (time.process_time() - own)
+                ) / (time.perf_counter() - started)  # fmt: skip
+                runs[(name, protocol)].append(
+                    (result.rate, used / result.requests, result.cpu_per_request, foreign)
+                )
     return {
         f"{name}_{protocol}": {
             "rows_s": statistics.median(t[0] for t in done),
             "rows_s_turns": [t[0] for t in done],
             "server_cpu_ms_per_request": statistics.median(t[1] for t in done) * 1e3,
             "client_cpu_ms_per_request": statistics.median(t[2] for t in done) * 1e3,
+            "foreign_cores_turns": [t[3] for t in done],
         }
         for (name, protocol), done in runs.items()
     }
@@ -213,7 +224,8 @@ def report(results: dict) -> None:
             f"Triton {tr['rows_s']:,.0f} (tierserve {ts['rows_s'] / tr['rows_s']:.2f}x); server CPU ms per "
             f"request {ts['server_cpu_ms_per_request']:.3f} vs {tr['server_cpu_ms_per_request']:.3f}"
             f"; load generator {ts['client_cpu_ms_per_request']:.3f} / "
-            f"{tr['client_cpu_ms_per_request']:.3f} ms per request; turns {', '.join(f'{a:,.0f}/{b:,.0f}' for a, b in zip(ts['rows_s_turns'], tr['rows_s_turns']))}"
+            f"{tr['client_cpu_ms_per_request']:.3f} ms per request; other jobs' cores "
+            f"{max(ts['foreign_cores_turns'] + tr['foreign_cores_turns']):.2f} at most; turns {', '.join(f'{a:,.0f}/{b:,.0f}' for a, b in zip(ts['rows_s_turns'], tr['rows_s_turns']))}"
         )
 
 
