@@ -84,6 +84,9 @@ class UpdatePublisher:
         self.rows = 0  # rows handed to the producer
         self.messages = 0
         self.waited_s = 0.0  # time training spent blocked on a full queue
+        #: time callers of publish_updates spent taking the changed rows and queueing them
+        #: (the training thread's share of publishing; waited_s included)
+        self.taken_s = 0.0
         self._queue: queue.Queue = queue.Queue(queue_size)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="tierserve-publish", daemon=True)
@@ -166,10 +169,14 @@ def publish_updates(model, publisher, model_name: str | None = None) -> int:
     if not name:
         raise ConfigError("publish_updates: name the served model (model_name, or the "
                           "solver's model_name)")  # fmt: skip
+    start = time.perf_counter()
     stamp = int(time.time() * 1000)  # before the rows are read: no later change is older
     tables = [(spec.name, keys, vectors) for spec, (keys, vectors)
               in zip(model.embedding_specs, model.get_incremental_model())]  # fmt: skip
-    return send_updates(publisher, name, tables, stamp)
+    rows = send_updates(publisher, name, tables, stamp)
+    if isinstance(publisher, UpdatePublisher):
+        publisher.taken_s += time.perf_counter() - start
+    return rows
 
 
 def send_updates(publisher, model_name: str,

@@ -16,8 +16,12 @@ and the rows per second the consumer applied.
 
 Training: the demo DLRM's ``fit`` for ``--iterations`` iterations without publishing, and
 with ``update_source`` and ``publish_interval=10``, in pairs (A then B, then B then A) for
-``--rounds`` rounds; the slowdown is the median of the pairs' ratios (wall time), beside the
-process CPU time of each (the broker, started here or given, runs on the same machine).
+``--rounds`` rounds, after a warm-up of each (the broker's JIT, the topic's creation); the
+slowdown is the median of the pairs' ratios (wall time), beside the process CPU time of
+each, the training thread's own share of publishing (taking the changed rows and queueing
+them), and the CPU time of the broker when started here (it runs on the same machine, as
+does one given with ``--brokers``).  ``--threads`` sets numpy's BLAS threads while training
+(OpenBLAS threads busy-wait: a core taken by the broker stalls a two-thread product).
 
 The last line of output is ``RESULT {json}``.
 
@@ -208,31 +212,63 @@ def _quantile(h: dict, q: float) -> float:
     return float("inf")
 
 
-def training(brokers: str, tmp: Path, iterations: int, rounds: int) -> dict:
+def _cpu_s(pid: int | None) -> float | None:
+    """CPU seconds process ``pid`` used so far (user + system), None when unknown."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def training(brokers: str, tmp: Path, iterations: int, rounds: int,
+             broker_pid: int | None = None, threads: int | None = None) -> dict:  # fmt: skip
+    from tierserve.trainer.blas_threads import get_blas_threads, set_blas_threads
+
     os.environ["TIERSERVE_NO_PROGRESS"] = "1"
+    if threads:
+        set_blas_threads(threads)
     demo = train_demo_model(tmp / "train-speed", iterations=10, batch_size=512, seed=4)
     model = demo.model
-    model.fit(max_iter=iterations // 4, display=10**9, eval_interval=0)  # warm-up
+    on = {"update_source": brokers, "publish_interval": 10}
+    # Warm-up, both ways: the broker's JIT and the topic's creation are paid once, not by
+    # the first measured round.
+    model.fit(max_iter=iterations // 4, display=10**9, eval_interval=0)
+    model.fit(max_iter=iterations, display=10**9, eval_interval=0, **on)
+    publisher = model._update_publisher[1]
     times: dict[str, list[float]] = {"off": [], "on": []}
     cpu: dict[str, list[float]] = {"off": [], "on": []}
+    broker_cpu: dict[str, list[float]] = {"off": [], "on": []}
+    taken = []
     for r in range(rounds):
         # A then B, B then A: drift in the machine's load falls on both alike.
         for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-            kwargs = {"update_source": brokers, "publish_interval": 10} if mode == "on" else {}
-            start, start_cpu = time.perf_counter(), time.process_time()
-            model.fit(max_iter=iterations, display=10**9, eval_interval=0, **kwargs)
+            taken_before = publisher.taken_s
+            start, start_cpu, start_broker = (time.perf_counter(), time.process_time(),
+                                              _cpu_s(broker_pid))  # fmt: skip
+            model.fit(max_iter=iterations, display=10**9, eval_interval=0,
+                      **(on if mode == "on" else {}))  # fmt: skip
             times[mode].append(time.perf_counter() - start)
             cpu[mode].append(time.process_time() - start_cpu)
+            if start_broker is not None:
+                broker_cpu[mode].append(_cpu_s(broker_pid) - start_broker)
+            if mode == "on":
+                taken.append(publisher.taken_s - taken_before)
     ratios = [on / off for on, off in zip(times["on"], times["off"])]
-    publisher = model._update_publisher[1]
     return {
         "iterations": iterations,
         "batch_size": 512,
+        "blas_threads": get_blas_threads(),
         "off_s": statistics.median(times["off"]),
         "on_s": statistics.median(times["on"]),
         "slowdown_median_of_pairs": statistics.median(ratios) - 1,
         "process_cpu_off_s": statistics.median(cpu["off"]),
         "process_cpu_on_s": statistics.median(cpu["on"]),
+        # the training thread's own share: taking the changed rows and queueing them
+        "training_thread_publish_s": statistics.median(taken),
+        "broker_cpu_on_s": statistics.median(broker_cpu["on"]) if broker_cpu["on"] else None,
         "rows_published": publisher.rows,
         "blocked_on_full_queue_s": publisher.waited_s,
         "rounds": times,
@@ -246,6 +282,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rocksdb", action="store_true", help="a RocksDB tier behind the hash map")
     ap.add_argument("--iterations", type=int, default=200, help="training iterations per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="numpy BLAS threads while training (default: as numpy starts)")
     ap.add_argument("--skip-training", action="store_true")
     ap.add_argument("--skip-freshness", action="store_true")
     ap.add_argument("--brokers", default="", help="host:port of a running broker")
@@ -261,7 +299,9 @@ def main(argv=None) -> int:
                                                 args.rocksdb)  # fmt: skip
                 log(json.dumps(report["freshness"], indent=1))
             if not args.skip_training:
-                report["training"] = training(brokers, tmp, args.iterations, args.rounds)
+                pid = None if broker is None else broker.process.popen.pid
+                report["training"] = training(brokers, tmp, args.iterations, args.rounds, pid,
+                                              args.threads)  # fmt: skip
                 log(json.dumps(report["training"], indent=1))
             print("RESULT " + json.dumps(report))
         finally:
