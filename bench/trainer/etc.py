@@ -6,7 +6,9 @@
 A DistributedSlot table (26 slots, dim 16, AdaGrad: 128 bytes a row) is trained a keyset at a
 time, each keyset a new range of keys filling 90% of the working table's workspace, so the
 table on disk grows by one working set per pass.  The budget is the workspace
-(``workspace_size_per_gpu_in_mb``) plus the host cache (``CreateHMemCache``).  Reported: the
+(``workspace_size_per_gpu_in_mb``) plus the host cache (``CreateHMemCache``, which holds
+RocksDB's memtables and block cache too).  The keys are made a batch at a time: the caller's
+data is not the cache's memory.  Reported: the
 table's size against the budget, and the peak RSS (VmHWM) growth of this process from after
 the code is loaded (the hash map's compiled kernels, RocksDB) against the budget, with the
 dense model's size (a 416-input logistic layer here: nothing).  The tests run it small.

@@ -203,7 +203,8 @@ def main() -> None:
                          / np.abs(weights[base["ranks"]]).max())
             ratio = r["bytes_per_step"] / r["min_bytes_per_step"] if r["min_bytes_per_step"] \
                 else float("nan")
-            print(f"{n} rank(s): {r['samples_s']:,.0f} samples/s "
+            each = ", ".join(f"{x['samples_s']:,.0f}" for x in runs[n])
+            print(f"{n} rank(s): {r['samples_s']:,.0f} samples/s [runs: {each}] "
                   f"({r['samples_s'] / base['samples_s']:.2f}x), sent/step "
                   f"{r['bytes_per_step'] / 1e6:.2f} MB vs minimum "
                   f"{r['min_bytes_per_step'] / 1e6:.2f} MB ({ratio:.2f}x), CPU "
