@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -145,3 +147,9 @@ def test_native_is_refused_with_the_install_command_when_missing(monkeypatch):
     assert loadgen.resolve("auto") == "python"
     with pytest.raises(ValueError, match="--loadgen"):
         loadgen.resolve("wrk2")
+
+
+def test_the_install_script_does_nothing_when_the_tools_are_there():
+    script = Path(__file__).resolve().parents[2] / "bench/server/install_loadgen.sh"
+    done = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
