@@ -171,6 +171,8 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2,4", help="rank counts to run (first is the base)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs of each rank count, alternating; the median samples/s counts")
+    ap.add_argument("--json", action="store_true",
+                    help="print the figures of every rank count as JSON")
     ap.add_argument("--profile", metavar="DIR",
                     help="write each rank's cProfile of the timed steps to DIR/rank<r>of<n>.prof "
                          "(the figures are then not timings to report)")
@@ -194,13 +196,19 @@ def main() -> None:
             rs = sorted(runs[ranks], key=lambda r: r["samples_s"])
             results.append(rs[len(rs) // 2])
         base = results[0]
+        for r in results:
+            n = r["ranks"]
+            r["dense_vs_base"] = float(np.abs(weights[n] - weights[base["ranks"]]).max()
+                                       / np.abs(weights[base["ranks"]]).max())
+            r["runs_samples_s"] = [x["samples_s"] for x in runs[n]]
+        if args.json:
+            print(json.dumps(results))
+            return
         print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; DLRM 26x{DIM}, "
               f"MLP 13-512-256-16 / 512-256-1, Adagrad, global batch {args.batch}, "
               f"{args.steps} steps, 1 BLAS thread per rank, median of {args.rounds} runs")
         for r in results:
-            n = r["ranks"]
-            diff = float(np.abs(weights[n] - weights[base["ranks"]]).max()
-                         / np.abs(weights[base["ranks"]]).max())
+            n, diff = r["ranks"], r["dense_vs_base"]
             ratio = r["bytes_per_step"] / r["min_bytes_per_step"] if r["min_bytes_per_step"] \
                 else float("nan")
             each = ", ".join(f"{x['samples_s']:,.0f}" for x in runs[n])
