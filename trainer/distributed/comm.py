@@ -38,6 +38,8 @@ DEFAULT_TIMEOUT_S = 600.0
 _LIVENESS_PERIOD_S = 0.5
 #: how long a wait polls the collective back to back (yielding the core) before it sleeps
 _YIELD_S = 0.05
+#: how long a rank that failed waits, after printing why, before it aborts the job
+_ABORT_GRACE_S = 0.5
 
 
 class RankLostError(TierserveError):
@@ -310,6 +312,10 @@ def _install_abort_on_error(comm: MpiComm) -> None:
         previous(kind, value, tb)
         sys.stderr.flush()
         comm.finish()
+        # the launcher forwards a rank's stderr from a pipe it stops reading once a rank
+        # aborts: give it a moment to pass the traceback on (on a loaded machine the job once
+        # ended with none of its ranks' messages)
+        time.sleep(_ABORT_GRACE_S)
         comm.comm.Abort(1)
 
     sys.excepthook = hook
