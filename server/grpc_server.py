@@ -118,7 +118,9 @@ def decode_infer_request(request: pb.ModelInferRequest) -> DecodedRequest:
         declared=declared,
         outputs=outputs,
         id=request.id,
-        parameters={k: _param_value(v) for k, v in request.parameters.items()},
+        parameters={k: _param_value(v) for k, v in request.parameters.items()}
+        if request.parameters
+        else {},
         binary_output=True,
     )
 
@@ -133,6 +135,58 @@ def encode_infer_response(result) -> pb.ModelInferResponse:
         response.outputs.add(name=name, datatype=datatype_of(array), shape=list(array.shape))
         response.raw_output_contents.append(array.astype(array.dtype.newbyteorder("<")).tobytes())
     return response
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _bytes_field(tag: int, data: bytes) -> bytes:
+    """One length-delimited protobuf field (``tag`` = field number << 3 | 2)."""
+    return bytes((tag,)) + _varint(len(data)) + data
+
+
+#: Most distinct response prefixes remembered (model, version, output names, datatypes
+#: and shapes; a model answers a batch size with the same one).
+RESPONSE_PREFIXES = 256
+_prefixes: dict[tuple, bytes] = {}
+_ID, _RAW_OUTPUT = 0x1A, 0x32  # ModelInferResponse.id (3), raw_output_contents (6)
+
+
+def encode_infer_response_bytes(result) -> bytes:
+    """:func:`encode_infer_response` serialized, from a remembered prefix: the model,
+    version and output metadata, then ``id`` and the raw outputs (protobuf readers take
+    fields in any order, so this parses to the same message)."""
+    arrays = [(name, np.ascontiguousarray(array)) for name, array in result.outputs.items()]
+    key = (
+        result.model_name,
+        result.model_version,
+        tuple((name, array.dtype.str, array.shape) for name, array in arrays),
+    )
+    prefix = _prefixes.get(key)
+    if prefix is None:
+        head = pb.ModelInferResponse(
+            model_name=result.model_name, model_version=result.model_version
+        )
+        for name, array in arrays:
+            head.outputs.add(name=name, datatype=datatype_of(array), shape=list(array.shape))
+        prefix = head.SerializeToString()
+        if len(_prefixes) >= RESPONSE_PREFIXES:
+            _prefixes.clear()
+        _prefixes[key] = prefix
+    parts = [prefix]
+    if result.id:
+        parts.append(_bytes_field(_ID, result.id.encode()))
+    for _, array in arrays:
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        parts.append(_bytes_field(_RAW_OUTPUT, array.tobytes()))
+    return b"".join(parts)
 
 
 def _mapping_errors(method):
@@ -218,7 +272,7 @@ class InferenceServicer:
                 result = await self.plane.infer(
                     model_name(request.model_name), request.model_version, decoded
                 )
-                return encode_infer_response(result)
+                return encode_infer_response_bytes(result)
             finally:
                 trimmer.after_request(decoded.inputs, request.ByteSize())
         except TierserveError as exc:
@@ -250,7 +304,8 @@ def service_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
         method: grpc.unary_unary_rpc_method_handler(
             _mapping_errors(getattr(servicer, method)),
             request_deserializer=req.FromString,
-            response_serializer=resp.SerializeToString,
+            # ModelInfer answers serialized bytes (encode_infer_response_bytes)
+            response_serializer=None if method == "ModelInfer" else resp.SerializeToString,
         )
         for method, (req, resp) in _METHODS.items()
     }

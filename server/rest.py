@@ -49,6 +49,7 @@ from .tensors import (
     encode_rest_response,
     json_values,
     parse_json,
+    parse_json_exact,
 )
 
 log = logging.getLogger("tierserve.server")
@@ -501,6 +502,9 @@ def _plain_json(body: bytes) -> tuple[dict[str, Any], str, str]:
     if not isinstance(data.get("model"), str):
         raise InvalidInputError("'model' must name the model")
     version = data.get("version", "")
+    if isinstance(version, float) and version.is_integer():
+        # an integer beyond 64 bits, which orjson reads as a float: read it exactly
+        version = parse_json_exact(body).get("version")
     if version is None:
         version = ""
     if not isinstance(version, (str, int)) or isinstance(version, bool):

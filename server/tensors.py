@@ -314,6 +314,12 @@ def parse_json(body: bytes | memoryview) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         pass
+    return parse_json_exact(body)
+
+
+def parse_json_exact(body: bytes | memoryview) -> Any:
+    """:func:`parse_json` by :mod:`json` alone: integers of any size read exactly (orjson
+    reads those beyond 64 bits as floats); slower."""
     try:
         return json.loads(_json_text(body))
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError

@@ -386,3 +386,14 @@ def test_a_client_gone_before_its_body_is_counted_499(server):
         lambda: b'protocol="http",status="499"' in server.plane.metrics.render(), timeout=10
     )
     assert _exchange(server, _request("/v2/models/m/infer", body))[0].status == 200
+
+
+def test_predict_takes_a_version_beyond_64_bits(server):
+    """A JSON integer too large for orjson (read as a float) is still an integer version:
+    no such version (404), not a malformed request (found by tests/server/test_fuzz.py)."""
+    for version, status in ((2**70, 404), (-(2**70), 404), (1.5, 400), (1.0, 400)):
+        body = json.dumps({"model": "m", "version": version, "inputs": {}}).encode()
+        answer = _exchange(server, _request("/predict", body))[0]
+        assert answer.status == status, (version, answer.body)
+        if status == 404:
+            assert str(version) in answer.json()["error"]
