@@ -38,7 +38,7 @@ from starlette.routing import Route
 from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, TierserveError
 
 from . import openapi as docs
-from .allocator import trimmer
+from .allocator import LARGE_ROWS, trimmer
 from .dataplane import DataPlane
 from .policy import AdminToken, error_body, load_name, model_name, public_index
 from .tensors import (
@@ -220,7 +220,8 @@ class InferEndpoint:
             except Exception as error:
                 exc = error
             finally:
-                trimmer.after_request(decoded.inputs, size)
+                if size >= LARGE_ROWS:  # smaller bodies hold fewer rows: never a trim
+                    trimmer.after_request(decoded.inputs, size)
             if exc is not None:
                 self.fail(model, exc, started, reply)
                 return
