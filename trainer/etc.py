@@ -458,8 +458,8 @@ class EmbeddingTrainingCache:
                          else np.zeros(hi - lo, dtype=np.int64))
             vectors = np.asarray(model.embeddings[lo:hi])
             if self.size > 1:  # this rank's rows only
-                mine = self._mine(i, keys, None if model.slot_ids is None
-                                  else np.asarray(model.slot_ids[lo:hi]))
+                mine = self._mine(i, keys, slots if slots is not None
+                                  else np.zeros(hi - lo, dtype=np.int64))
                 keys, vectors = keys[mine], vectors[mine]
                 states = {k: v[mine] for k, v in states.items()}
                 slots = None if slots is None else slots[mine]

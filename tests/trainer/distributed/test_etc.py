@@ -87,3 +87,25 @@ def test_local_paths_must_match_the_ranks(sources, tmp_path):
     assert cache._rank_path(["a"]) == os.path.join("a", "rank1")
     with pytest.raises(ConfigError, match="local_paths lists 2 paths but the job has 3 ranks"):
         cache._rank_path(["a", "b"])
+
+
+def test_a_saved_table_loads_into_two_ranks_each_keeping_its_rows(sources, tmp_path):
+    """Incremental training: a second run finds the first run's sparse model folder and each
+    rank keeps its rows of it (Localized: by the saved slot ids); 2 ranks then end as 1."""
+    mpiexec()
+    settings = dict(PS_TYPE="Staged", EMB_TYPE="LocalizedSlotSparseEmbeddingHash")
+    runs = {}
+    for ranks in (0, 2):
+        work = tmp_path / f"ranks{ranks}"
+        _train(ranks, work / "first", sources, **settings)
+        (work / "second").mkdir(parents=True)
+        (work / "first" / "etc_table0.model").rename(work / "second" / "etc_table0.model")
+        done = run(ranks, SCRIPT, WORK=work / "second", OUT=work / "second" / "r.npz",
+                   SOURCES=sources[0], KEYSETS=sources[1], **settings)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[ranks] = np.load(work / "second" / "r.npz")
+    one, two = runs[0], runs[2]
+    np.testing.assert_array_equal(two["keys"], one["keys"])
+    assert two["rank_rows"].sum() == len(one["keys"])  # no row on two ranks
+    for name in ("vectors", "adam_m"):
+        assert np.abs(two[name] - one[name]).max() <= 1e-4 * np.abs(one[name]).max(), name
