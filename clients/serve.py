@@ -195,16 +195,32 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def limit_blas_threads(threads: int | None) -> None:
-    """Set the BLAS thread count for numpy, which reads it when first imported."""
+    """Give numpy's BLAS ``threads`` threads (None: 1, unless OPENBLAS_NUM_THREADS,
+    OMP_NUM_THREADS or MKL_NUM_THREADS is set), in this process and in the worker processes
+    it starts; :class:`ConfigError` naming ``--blas-threads`` when it cannot be applied."""
+    from tierserve.ps.errors import ConfigError
+
     names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    if "numpy" in sys.modules:
-        return
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--blas-threads {threads}: give at least 1")
+    asked = threads is not None
     if threads is None:
         if any(n in os.environ for n in names):
             return
         threads = 1
-    for name in names:
+    for name in names:  # read by numpy when first imported (here or in a worker process)
         os.environ[name] = str(threads)
+    if "numpy" in sys.modules:
+        # Another command's module loaded numpy as the command line was built, so its BLAS
+        # already read the environment: set the count at run time.
+        from tierserve.trainer.blas_threads import get_blas_threads, set_blas_threads
+
+        if (not set_blas_threads(threads) or get_blas_threads() != threads) and asked:
+            raise ConfigError(
+                f"--blas-threads {threads}: numpy was loaded first and its BLAS did not take "
+                f"a new thread count at run time (it runs {get_blas_threads()}); set "
+                f"OPENBLAS_NUM_THREADS/OMP_NUM_THREADS/MKL_NUM_THREADS={threads} instead"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
