@@ -3,23 +3,9 @@ import): its rank, and the cluster properties ``RunConfig`` reports from them.""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from .comm import launched_size
-
-#: Environment variables in which launchers give this process's rank (MPICH/hydra, Open MPI,
-#: PMIx), beside the world sizes :func:`launched_size` reads.
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-
-
-def launched_rank() -> int:
-    """This process's rank in the MPI job (0 when not started by a launcher)."""
-    for var in _RANK_VARS:
-        value = os.environ.get(var)
-        if value and value.isdigit():
-            return int(value)
-    return 0
+from .comm import launched_rank, launched_size
 
 
 def cluster_properties() -> dict[str, Any]:

@@ -30,9 +30,10 @@ import numpy as np
 
 from tierserve.ps.errors import ConfigError, TierserveError
 
-#: Environment variables in which launchers give the world size (MPICH/hydra, Open MPI, PMIx,
-#: Slurm's PMI2).
+#: Environment variables in which launchers give the world size and this process's rank
+#: (MPICH/hydra, Open MPI, PMIx, Slurm's PMI2).
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 TIMEOUT_VAR = "TIERSERVE_COLLECTIVE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 600.0
 _LIVENESS_PERIOD_S = 0.5
@@ -49,13 +50,23 @@ class RankLostError(TierserveError):
     grpc_status = "UNAVAILABLE"
 
 
-def launched_size() -> int:
-    """The number of ranks the MPI launcher started (1 when not started by one)."""
-    for var in _SIZE_VARS:
+def _launcher_value(names: tuple[str, ...], default: int) -> int:
+    """The first of the launcher's environment variables ``names`` that holds a number."""
+    for var in names:
         value = os.environ.get(var)
         if value and value.isdigit():
             return int(value)
-    return 1
+    return default
+
+
+def launched_size() -> int:
+    """The number of ranks the MPI launcher started (1 when not started by one)."""
+    return _launcher_value(_SIZE_VARS, 1)
+
+
+def launched_rank() -> int:
+    """This process's rank in the MPI job (0 when not started by a launcher)."""
+    return _launcher_value(_RANK_VARS, 0)
 
 
 class LocalComm:
