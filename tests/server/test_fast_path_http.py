@@ -18,42 +18,21 @@ import socket
 import numpy as np
 import pytest
 import uvicorn
+from doubler_model import doubler_loader, write_doubler_repository
 from polling import until
 from uvicorn.server import ServerState
 
 from tierserve.server.app import BackgroundServer, create_app
 from tierserve.server.http_protocol import GatheringHttpToolsProtocol
-from tierserve.server.servables import RankingServable
 from tierserve.server.settings import Settings
 
 HEADER = "inference-header-content-length"
 LIMIT = 4096
 
 
-class Doubler:
-    """2 * sum(dense) + sum(keys) per row."""
-
-    dense_dim, label_dim, slot_nums, max_batchsize = 3, 1, [2], 16
-
-    def predict_batch(self, batch):
-        keys = batch.sparse[0].keys.reshape(batch.batch_size, -1).sum(1)
-        return (2 * batch.dense.sum(1) + keys)[:, None].astype(np.float32)
-
-
-def _loader(name, version, version_dir, ps_config):
-    return RankingServable(name, version, Doubler())
-
-
 @pytest.fixture
 def repo(tmp_path):
-    (tmp_path / "m" / "1").mkdir(parents=True)
-    model = {
-        "model": "m", "sparse_files": ["t0"], "dense_file": "", "network_file": "",
-        "embedding_table_names": ["t0"], "embedding_vecsize_per_table": [4],
-        "maxnum_catfeature_query_per_table_per_sample": [2],
-    }  # fmt: skip
-    (tmp_path / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [model]}))
-    return tmp_path
+    return write_doubler_repository(tmp_path)
 
 
 @pytest.fixture
@@ -62,7 +41,7 @@ def server(repo):
         model_repository=repo, http_port=0, grpc_port=None, poll_interval_s=0,
         max_request_bytes=LIMIT,
     )  # fmt: skip
-    with BackgroundServer(settings, loader=_loader) as running:
+    with BackgroundServer(settings, loader=doubler_loader) as running:
         yield running
 
 
@@ -186,7 +165,7 @@ def test_infer_is_answered_by_the_protocol_not_the_app(repo):
     """An infer request never reaches the ASGI app (no scope, task or messages); any other
     request does."""
     settings = Settings.build(model_repository=repo, grpc_port=None, poll_interval_s=0)
-    app = create_app(settings, loader=_loader)
+    app = create_app(settings, loader=doubler_loader)
     reached = []
 
     async def asgi(scope, receive, send):

@@ -14,37 +14,16 @@ import json
 import httpx
 import numpy as np
 import pytest
+from doubler_model import doubler_loader, write_doubler_repository
 
 from tierserve.server.app import create_app
 from tierserve.server.rest import InferFastPath
-from tierserve.server.servables import RankingServable
 from tierserve.server.settings import Settings
-
-
-class Doubler:
-    """2 * sum(dense) + sum(keys) per row."""
-
-    dense_dim, label_dim, slot_nums, max_batchsize = 3, 1, [2], 16
-
-    def predict_batch(self, batch):
-        keys = batch.sparse[0].keys.reshape(batch.batch_size, -1).sum(1)
-        return (2 * batch.dense.sum(1) + keys)[:, None].astype(np.float32)
-
-
-def _loader(name, version, version_dir, ps_config):
-    return RankingServable(name, version, Doubler())
 
 
 @pytest.fixture
 def repo(tmp_path):
-    (tmp_path / "m" / "1").mkdir(parents=True)
-    model = {
-        "model": "m", "sparse_files": ["t0"], "dense_file": "", "network_file": "",
-        "embedding_table_names": ["t0"], "embedding_vecsize_per_table": [4],
-        "maxnum_catfeature_query_per_table_per_sample": [2],
-    }  # fmt: skip
-    (tmp_path / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [model]}))
-    return tmp_path
+    return write_doubler_repository(tmp_path)
 
 
 def _binary_body(des: np.ndarray, cat: np.ndarray) -> tuple[bytes, int]:
@@ -104,7 +83,7 @@ def test_fast_path_answers_as_the_route(repo):
     settings = Settings.build(
         model_repository=repo, grpc_port=None, poll_interval_s=0, max_request_bytes=4096
     )
-    app = create_app(settings, loader=_loader)
+    app = create_app(settings, loader=doubler_loader)
     fast = InferFastPath(app)
 
     async def main():
@@ -146,7 +125,7 @@ def test_fast_path_answers_as_the_route(repo):
 
 def test_client_gone_before_the_body_arrives(repo):
     settings = Settings.build(model_repository=repo, grpc_port=None, poll_interval_s=0)
-    app = create_app(settings, loader=_loader)
+    app = create_app(settings, loader=doubler_loader)
     fast = InferFastPath(app)
     sent = []
 
