@@ -239,6 +239,22 @@ class _Canned(Estimator):
     def _prepare_labels(self, labels: Any) -> Any:
         return self.head.prepare_labels(labels)
 
+    def _dnn(self, hidden_units, feature_columns, optimizer, activation_fn, dropout, batch_norm,
+             model_dir, config, warm_start_from) -> None:
+        """Build a DNN over ``self.head`` (the two DNN estimators' one body)."""
+        hidden_units, feature_columns = _dnn_args(hidden_units, feature_columns)
+        cols = _columns(feature_columns, "feature_columns")
+        opt = get_optimizer(optimizer, 0.05, f"{type(self).__name__} optimizer")
+        hidden = list(hidden_units)
+
+        def model_fn(features, labels, mode, config):
+            logits = _dnn_logits(features, cols, hidden, self.head.logits_dimension,
+                                 activation_fn, dropout, batch_norm, mode)
+            return self.head.spec(features, labels, mode, logits,
+                                  lambda loss: opt.minimize(loss, var_list=["dnn/"]))
+
+        Estimator.__init__(self, model_fn, model_dir, config, warm_start_from=warm_start_from)
+
     def _linear(self, feature_columns, optimizer, model_dir, config, warm_start_from,
                 sparse_combiner: str) -> None:
         """Build a linear model over ``self.head`` (the two linear estimators' one body)."""
@@ -288,18 +304,8 @@ class DNNRegressor(_Canned):
         _check_loss_reduction(loss_reduction)
         self.head = Head("regression", label_dimension=label_dimension,
                          weight_column=weight_column)
-        hidden_units, feature_columns = _dnn_args(hidden_units, feature_columns)
-        cols = _columns(feature_columns, "feature_columns")
-        opt = get_optimizer(optimizer, 0.05, "DNNRegressor optimizer")
-        hidden = list(hidden_units)
-
-        def model_fn(features, labels, mode, config):
-            logits = _dnn_logits(features, cols, hidden, self.head.logits_dimension,
-                                 activation_fn, dropout, batch_norm, mode)
-            return self.head.spec(features, labels, mode, logits,
-                                  lambda loss: opt.minimize(loss, var_list=["dnn/"]))
-
-        super().__init__(model_fn, model_dir, config, warm_start_from=warm_start_from)
+        self._dnn(hidden_units, feature_columns, optimizer, activation_fn, dropout, batch_norm,
+                  model_dir, config, warm_start_from)
 
 
 class DNNClassifier(_Canned):
@@ -314,18 +320,8 @@ class DNNClassifier(_Canned):
         _check_loss_reduction(loss_reduction)
         self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
                          label_vocabulary=label_vocabulary)
-        hidden_units, feature_columns = _dnn_args(hidden_units, feature_columns)
-        cols = _columns(feature_columns, "feature_columns")
-        opt = get_optimizer(optimizer, 0.05, "DNNClassifier optimizer")
-        hidden = list(hidden_units)
-
-        def model_fn(features, labels, mode, config):
-            logits = _dnn_logits(features, cols, hidden, self.head.logits_dimension,
-                                 activation_fn, dropout, batch_norm, mode)
-            return self.head.spec(features, labels, mode, logits,
-                                  lambda loss: opt.minimize(loss, var_list=["dnn/"]))
-
-        super().__init__(model_fn, model_dir, config, warm_start_from=warm_start_from)
+        self._dnn(hidden_units, feature_columns, optimizer, activation_fn, dropout, batch_norm,
+                  model_dir, config, warm_start_from)
 
 
 def _combined_fn(head: Head, linear_cols, dnn_cols, hidden, linear_opt, dnn_opt, activation_fn,
