@@ -303,6 +303,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def with_free_ports(settings: Settings) -> Settings:
+    """``settings`` with a free port wherever its HTTP or gRPC port is 0."""
+    updates = {}
+    if settings.http_port == 0:
+        updates["http_port"] = free_port(settings.host)
+    if settings.grpc_port == 0:
+        updates["grpc_port"] = free_port(settings.host)
+    return settings.model_copy(update=updates)
+
+
 class BackgroundServer:
     """The server running in a daemon thread, for tests, benchmarks and the demo.
 
@@ -311,12 +321,7 @@ class BackgroundServer:
     """
 
     def __init__(self, settings: Settings, loader: Loader | None = None) -> None:
-        updates = {}
-        if settings.http_port == 0:
-            updates["http_port"] = free_port(settings.host)
-        if settings.grpc_port == 0:
-            updates["grpc_port"] = free_port(settings.host)
-        self.settings = settings.model_copy(update=updates)
+        self.settings = with_free_ports(settings)
         self.app = create_app(self.settings, loader)
         self.plane: DataPlane = self.app.state.plane
         self._server = uvicorn.Server(uvicorn_config(self.app, self.settings, "warning"))

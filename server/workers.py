@@ -248,14 +248,9 @@ class WorkerPool:
     """The parent of ``count`` worker processes serving ``settings``."""
 
     def __init__(self, settings: Settings, count: int) -> None:
-        from .app import free_port
+        from .app import with_free_ports
 
-        updates = {}
-        if settings.http_port == 0:
-            updates["http_port"] = free_port(settings.host)
-        if settings.grpc_port == 0:
-            updates["grpc_port"] = free_port(settings.host)
-        self.settings = settings.model_copy(update=updates)
+        self.settings = with_free_ports(settings)
         self.count = count
         self._ctx = multiprocessing.get_context("spawn")  # no fork after grpc or threads
         self.ready = self._ctx.RawArray("b", count)
