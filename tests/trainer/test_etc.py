@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from keyset_data import keyset_parts
 
 import tierserve.trainer as hugectr
 from tierserve.ps.errors import ConfigError
 from tierserve.ps.sparse_file import read_sparse_model
-from tierserve.trainer.data.reader import DataReader
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -30,23 +30,7 @@ DIM = 8
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     """Two Norm file lists (different seeds, overlapping keys) and their keyset files."""
-    out = tmp_path_factory.mktemp("etc_data")
-    pairs = []
-    for i in range(2):
-        folder = out / f"part{i}"
-        hugectr.tools.DataGenerator(hugectr.tools.DataGeneratorParams(
-            format=hugectr.DataReaderType_t.Norm, label_dim=1, dense_dim=3, num_slot=SLOTS,
-            i64_input_key=True, source=str(folder / "file_list.txt"),
-            eval_source=str(folder / "file_list_test.txt"), slot_size_array=[300] * SLOTS,
-            nnz_array=[1] * SLOTS, check_type=hugectr.Check_t.Sum, num_files=1,
-            eval_num_files=1, num_samples_per_file=1024, seed=11 + i)).generate()
-        with DataReader("Norm", folder / "file_list.txt", 1024, 1, 3,
-                        [hugectr.DataReaderSparseParam("s", 1, True, SLOTS)],
-                        i64_input_key=True, check_type="Sum") as reader:
-            keys = np.unique(np.concatenate([b.sparse[0].keys for b in reader]))
-        keys.astype("<i8").tofile(folder / "keyset")
-        pairs.append((str(folder / "file_list.txt"), str(folder / "keyset")))
-    return pairs
+    return keyset_parts(tmp_path_factory.mktemp("etc_data"), SLOTS)
 
 
 def _model(source, etc=None, optimizer="Adam", update="Local", workspace_mb=1):

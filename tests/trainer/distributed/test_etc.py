@@ -9,9 +9,7 @@ import os
 
 import numpy as np
 import pytest
-
-import tierserve.trainer as hugectr
-from tierserve.trainer.data.reader import DataReader
+from keyset_data import keyset_parts
 
 from .mpi_run import HERE, mpiexec, run
 
@@ -23,24 +21,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     """Two Norm file lists (overlapping keys) and their keyset files."""
-    out = tmp_path_factory.mktemp("etc_mpi_data")
-    lists, keysets = [], []
-    for i in range(2):
-        folder = out / f"part{i}"
-        hugectr.tools.DataGenerator(hugectr.tools.DataGeneratorParams(
-            format=hugectr.DataReaderType_t.Norm, label_dim=1, dense_dim=3, num_slot=SLOTS,
-            i64_input_key=True, source=str(folder / "file_list.txt"),
-            eval_source=str(folder / "file_list_test.txt"), slot_size_array=[300] * SLOTS,
-            nnz_array=[1] * SLOTS, check_type=hugectr.Check_t.Sum, num_files=1,
-            eval_num_files=1, num_samples_per_file=1024, seed=11 + i)).generate()
-        with DataReader("Norm", folder / "file_list.txt", 1024, 1, 3,
-                        [hugectr.DataReaderSparseParam("s", 1, True, SLOTS)],
-                        i64_input_key=True, check_type="Sum") as reader:
-            keys = np.unique(np.concatenate([b.sparse[0].keys for b in reader]))
-        keys.astype("<i8").tofile(folder / "keyset")
-        lists.append(str(folder / "file_list.txt"))
-        keysets.append(str(folder / "keyset"))
-    return ",".join(lists), ",".join(keysets)
+    pairs = keyset_parts(tmp_path_factory.mktemp("etc_mpi_data"), SLOTS)
+    return ",".join(p[0] for p in pairs), ",".join(p[1] for p in pairs)
 
 
 def _train(ranks, work, sources, **settings):
