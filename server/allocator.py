@@ -10,6 +10,12 @@ the heap is not handed back to the OS, so the process would stay at its peak foo
 one very large request.  :class:`Trimmer` gives it back (``malloc_trim``) after requests of
 at least :data:`LARGE_ROWS` rows or :data:`LARGE_BODY` bytes, which are rare and slow
 anyway, so the usual batch sizes keep their warm heap.
+
+``malloc_trim`` gives back the main arena's top and the free blocks inside every arena, but
+not the free top of an inference thread's own arena, where a large batch's blocks end up
+when nothing was allocated above them; glibc trims that top only when a block is freed on
+that arena and the top is over the trim threshold.  :func:`release_thread_arena`, called on
+the thread that ran a large batch, frees one block there under a low threshold.
 """
 
 from __future__ import annotations
@@ -27,40 +33,70 @@ M_MMAP_THRESHOLD = -3
 ONE_GIB = 1 << 30
 
 
+#: The trim threshold :func:`tune_malloc` set (None: glibc's own, which trims by itself).
+_tuned_threshold: int | None = None
+
+
+def _libc_function(name: str, argtypes: list, restype):
+    """``name`` from the C library, typed; None where there is none (not glibc)."""
+    lib = ctypes.util.find_library("c")
+    try:
+        function = getattr(ctypes.CDLL(lib), name) if lib else None
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return None
+    if function is not None:
+        function.argtypes = argtypes
+        function.restype = restype
+    return function
+
+
+_mallopt = _libc_function("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
+
+
 def tune_malloc(threshold: int = ONE_GIB) -> bool:
     """Set glibc's mmap and trim thresholds to ``threshold`` bytes; False where the C library
     is not glibc or refuses a value."""
-    name = ctypes.util.find_library("c")
-    if name is None:
+    global _tuned_threshold
+    if _mallopt is None:
         return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    ok = bool(mallopt(M_MMAP_THRESHOLD, threshold)) and bool(mallopt(M_TRIM_THRESHOLD, threshold))
+    ok = bool(_mallopt(M_MMAP_THRESHOLD, threshold)) and bool(_mallopt(M_TRIM_THRESHOLD, threshold))
     if not ok:
         log.warning("mallopt refused a threshold of %d bytes; malloc keeps its defaults", threshold)
+    _tuned_threshold = threshold if ok else None
     return ok
+
+
+_malloc = _libc_function("malloc", [ctypes.c_size_t], ctypes.c_void_p)
+_free = _libc_function("free", [ctypes.c_void_p], None)
+_release_lock = threading.Lock()
+#: Over glibc's FASTBIN_CONSOLIDATION_THRESHOLD (64 KiB): freeing a block this large makes
+#: glibc consider trimming the arena's top.
+_PROBE_BYTES = 128 << 10
+#: The trim threshold while :func:`release_thread_arena` frees its block (glibc's default).
+_LOW_THRESHOLD = 128 << 10
+
+
+def release_thread_arena() -> bool:
+    """Give the free top of the calling thread's malloc arena back to the OS (see the module
+    docstring); False, doing nothing, unless :func:`tune_malloc` raised the trim threshold."""
+    if _tuned_threshold is None or _malloc is None or _free is None:
+        return False
+    # one thread at a time: another's restore must not land between this lower and free
+    with _release_lock:
+        block = _malloc(_PROBE_BYTES)
+        if not block:
+            return False
+        _mallopt(M_TRIM_THRESHOLD, _LOW_THRESHOLD)
+        try:
+            _free(block)
+        finally:
+            _mallopt(M_TRIM_THRESHOLD, _tuned_threshold)
+    return True
 
 
 #: Requests at least this large give the memory they used back to the OS when done.
 LARGE_ROWS = 8192
 LARGE_BODY = 16 << 20
-
-
-def _malloc_trim():
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc
-        return None
-    if trim is not None:
-        trim.argtypes = [ctypes.c_size_t]
-        trim.restype = ctypes.c_int
-    return trim
 
 
 class Trimmer:
@@ -70,7 +106,7 @@ class Trimmer:
     def __init__(self, interval: float = 1.0) -> None:
         self.interval = interval
         self.trims = 0
-        self._trim = _malloc_trim()
+        self._trim = _libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
         self._lock = threading.Lock()
         self._pending = False
         self._last = 0.0
@@ -79,6 +115,12 @@ class Trimmer:
         """:meth:`after` for a request's decoded ``inputs`` (its longest first dimension)."""
         rows = max((a.shape[0] for a in inputs.values() if getattr(a, "ndim", 0)), default=0)
         self.after(rows, body_bytes)
+
+    def after_batch(self, rows: int) -> None:
+        """Call on the thread that just ran a batch of ``rows`` rows: after a large one, that
+        thread's arena gives its free top back (:func:`release_thread_arena`)."""
+        if rows >= LARGE_ROWS:
+            release_thread_arena()
 
     def after(self, rows: int, body_bytes: int) -> None:
         """Note a finished request of ``rows`` rows and ``body_bytes`` bytes; trims soon when

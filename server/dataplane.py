@@ -19,6 +19,7 @@ import numpy as np
 
 from tierserve.ps.errors import InvalidInputError
 
+from .allocator import trimmer
 from .batching import DynamicBatcher
 from .heap import Refreezer
 from .metrics import ServerMetrics
@@ -283,6 +284,8 @@ class DataPlane:
     # -- inference --------------------------------------------------------------------------
 
     def _on_batch(self, name: str, version: str, rows: int, requests: int) -> None:
+        """Called on the thread that ran the batch."""
+        trimmer.after_batch(rows)
         self.metrics.observe_batch(name, rows, requests)
         with self._stats_lock:
             self._stats_of(name, version).execution_count += 1

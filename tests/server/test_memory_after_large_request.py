@@ -7,6 +7,7 @@ import json
 import platform
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -23,11 +24,31 @@ pytestmark = pytest.mark.skipif(
 
 
 def _rss_mib(pid: int) -> float:
+    """Resident anonymous memory (the heap; not the pages of shared libraries, which come in
+    when first used and stay)."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith("RssAnon:"):
                 return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    raise AssertionError("no RssAnon")
+
+
+class _PeakSampler(threading.Thread):
+    """The highest RSS of ``pid`` while it runs (memory may go back before the response)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak, self._done = pid, 0.0, threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, _rss_mib(self.pid))
+            time.sleep(0.002)
+
+    def stop(self) -> float:
+        self._done.set()
+        self.join()
+        return self.peak
 
 
 def _binary_request(rows: int) -> tuple[bytes, dict]:
@@ -70,12 +91,17 @@ def test_rss_falls_back_after_a_large_request(tiny_repository):
         time.sleep(0.5)
         warm = _rss_mib(server.pid)
         body, headers = _binary_request(65536)
-        assert httpx.post(url, content=body, headers=headers, timeout=120).status_code == 200
+        sampler = _PeakSampler(server.pid)
+        sampler.start()
+        try:
+            assert httpx.post(url, content=body, headers=headers, timeout=120).status_code == 200
+        finally:
+            peak = sampler.stop()
         del body
-        peak = _rss_mib(server.pid)
         assert peak - warm > 40, (warm, peak)  # the request did need memory
-        # at least half of what it took is given back (it stayed at the peak before)
-        assert until(lambda: _rss_mib(server.pid) < warm + (peak - warm) / 2, timeout=10), (
+        # nearly all it took is given back (all stayed before the trimmer; then, at times, a
+        # quarter: the free top of the inference thread's arena)
+        assert until(lambda: _rss_mib(server.pid) < warm + 0.15 * (peak - warm), timeout=10), (
             warm,
             peak,
             _rss_mib(server.pid),
