@@ -139,6 +139,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="event loop of HTTP and gRPC (default auto: uvloop when installed)",
     )  # fmt: skip
     parser.add_argument(
+        "--grpc-transport", choices=["auto", "native", "python"], default="auto",
+        help="what carries gRPC: native (Rust HTTP/2, the tierserve-native package), python "
+        "(grpc.aio); default auto: native when installed",
+    )  # fmt: skip
+    parser.add_argument(
         "--blas-threads", type=int, default=None,
         help="BLAS threads per inference thread (default 1, unless OPENBLAS_NUM_THREADS or "
         "OMP_NUM_THREADS is set): the server already runs requests in parallel",
@@ -189,6 +194,7 @@ def settings_from_args(args: argparse.Namespace):
         shutdown_grace_s=args.shutdown_grace,
         keep_alive_timeout_s=args.keep_alive_timeout,
         event_loop=args.event_loop,
+        grpc_transport=args.grpc_transport,
         malloc_tuning=not args.no_malloc_tuning,
         log_level=args.log_level,
     )

@@ -28,6 +28,7 @@ from tierserve.ps.table_tag import is_valid_name
 
 from . import heap, openapi
 from .dataplane import DataPlane
+from .grpc_native import NativeGrpcServer, check_native_transport, native_available
 from .grpc_server import create_grpc_server
 from .metrics import ServerMetrics
 from .repository import Loader, ModelRepository
@@ -63,6 +64,8 @@ def create_app(
 
         loader = RepositoryLoader()
     check_sources(settings)
+    if settings.grpc_port is not None:
+        uses_native_grpc(settings)  # refuse a transport that is not there before loading
     executor = ThreadPoolExecutor(settings.threads, thread_name_prefix="tierserve-infer")
     loads = ThreadPoolExecutor(1, thread_name_prefix="tierserve-load")
     repository = ModelRepository(
@@ -109,13 +112,7 @@ def create_app(
         plane.started = True
         grpc_server = None
         if settings.grpc_port is not None:
-            grpc_server, port = create_grpc_server(
-                plane,
-                f"{settings.host}:{settings.grpc_port}",
-                settings.admin_token,
-                settings.max_request_bytes,
-                reuse_port=pool is not None,
-            )
+            grpc_server, port = grpc_front_end(plane, settings, reuse_port=pool is not None)
             await grpc_server.start()
             app.state.grpc_port = port
             log.info("gRPC listening on %s:%d", settings.host, port)
@@ -175,6 +172,33 @@ def create_app(
     app.include_router(router)
     openapi.install(app)
     return app
+
+
+def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool):
+    """The unstarted gRPC server ``settings.grpc_transport`` asks for, and its port."""
+    if uses_native_grpc(settings):
+        server = NativeGrpcServer(
+            plane, settings.host, settings.grpc_port or 0, settings.admin_token,
+            settings.max_request_bytes, reuse_port=reuse_port,
+        )  # fmt: skip
+        return server, server.port
+    return create_grpc_server(
+        plane,
+        f"{settings.host}:{settings.grpc_port}",
+        settings.admin_token,
+        settings.max_request_bytes,
+        reuse_port=reuse_port,
+    )
+
+
+def uses_native_grpc(settings: Settings) -> bool:
+    """Whether gRPC goes over the native transport; :class:`ConfigError` naming
+    ``grpc_transport`` when it must and is not installed."""
+    if settings.grpc_transport == "python":
+        return False
+    if settings.grpc_transport == "native" and not native_available():
+        check_native_transport()
+    return native_available()
 
 
 def check_sources(settings: Settings) -> None:

@@ -76,6 +76,12 @@ class Settings(BaseModel):
         description="the event loop HTTP and gRPC share; auto: uvloop when installed (about "
         "15% less CPU per request), else asyncio",
     )
+    grpc_transport: Literal["auto", "native", "python"] = Field(
+        "auto",
+        description="what carries gRPC: native, HTTP/2 and gRPC framing in Rust threads "
+        "(the tierserve-native package) with calls handed to the event loop in batches; "
+        "python, grpc.aio; auto: native when installed",
+    )
     dynamic_batching: bool = True
     max_batch_delay_ms: Annotated[float, Field(ge=0)] = 1.0
     poll_interval_s: Annotated[float, Field(ge=0)] = Field(
