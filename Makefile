@@ -13,7 +13,17 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e . --group dev
 	touch $@
 
-setup: $(VENV)/.installed
+# The native gRPC transport (server/native, Rust): built where cargo is installed; without
+# it gRPC is served by grpc.aio (grpc_transport auto).
+$(VENV)/.native: server/native/Cargo.toml server/native/Cargo.lock server/native/src/lib.rs | $(VENV)/.installed
+	@export PATH="$$PATH:$$HOME/.cargo/bin"; \
+	if command -v cargo >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install --quiet ./server/native && touch $@; \
+	else \
+		echo "cargo not found: gRPC will be served by grpc.aio; install Rust (rustup) and run make setup again for the native transport"; \
+	fi
+
+setup: $(VENV)/.installed $(VENV)/.native
 
 ## Train a small demo model on generated data and serve it on 127.0.0.1:8000.
 demo: setup
@@ -34,4 +44,4 @@ fuzz: setup
 	TIERSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TIERSERVE_FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/server/test_fuzz.py -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache server/native/target

@@ -115,6 +115,7 @@ def create_app(
             grpc_server, port = grpc_front_end(plane, settings, reuse_port=pool is not None)
             await grpc_server.start()
             app.state.grpc_port = port
+            app.state.grpc_server = grpc_server
             log.info("gRPC listening on %s:%d", settings.host, port)
 
         async def poll():

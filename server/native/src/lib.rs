@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::io::Read;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
 use std::pin::Pin;
@@ -144,6 +145,7 @@ fn percent_encode(text: &str) -> String {
 
 fn grpc_headers(headers: &mut HeaderMap) {
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity,gzip,deflate"));
 }
 
 /// A Trailers-Only response: the status in the headers, no body.
@@ -169,6 +171,28 @@ fn answer(reply: Reply) -> Response<GrpcBody> {
     response
 }
 
+/// A compressed request message, inflated to at most `limit` bytes.
+fn decompress(encoding: &str, compressed: &[u8], limit: usize) -> Result<Bytes, Response<GrpcBody>> {
+    let mut inflated = Vec::new();
+    let read = match encoding {
+        "gzip" => flate2::read::GzDecoder::new(compressed).take(limit as u64 + 1).read_to_end(&mut inflated),
+        "deflate" => flate2::read::ZlibDecoder::new(compressed).take(limit as u64 + 1).read_to_end(&mut inflated),
+        other => {
+            return Err(status_only(
+                UNIMPLEMENTED,
+                &format!("grpc-encoding {other:?} is not supported: use identity, gzip or deflate"),
+            ))
+        }
+    };
+    if let Err(error) = read {
+        return Err(status_only(INTERNAL, &format!("the {encoding} request message does not inflate: {error}")));
+    }
+    if inflated.len() > limit {
+        return Err(status_only(RESOURCE_EXHAUSTED, &format!("received message larger than max ({limit} bytes)")));
+    }
+    Ok(Bytes::from(inflated))
+}
+
 async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Response<GrpcBody>, Infallible> {
     let _in_flight = InFlight::new(&shared);
     let path = request.uri().path();
@@ -181,6 +205,12 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
         .get("authorization")
         .and_then(|value| value.to_str().ok())
         .map(str::to_string);
+    let encoding = request
+        .headers()
+        .get("grpc-encoding")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("identity")
+        .to_string();
     let limit = shared.max_message_bytes;
     let body = match Limited::new(request.into_body(), limit + 5).collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -195,12 +225,6 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
     if body.len() < 5 {
         return Ok(status_only(INTERNAL, "malformed gRPC request: no message"));
     }
-    if body[0] != 0 {
-        return Ok(status_only(
-            UNIMPLEMENTED,
-            "compressed gRPC messages are not supported: send them uncompressed (grpc-encoding identity)",
-        ));
-    }
     let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     if length != body.len() - 5 {
         return Ok(status_only(
@@ -211,12 +235,20 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
             ),
         ));
     }
+    let message = match body[0] {
+        0 => body.slice(5..),
+        1 => match decompress(&encoding, &body[5..], limit) {
+            Ok(message) => message,
+            Err(refusal) => return Ok(refusal),
+        },
+        flag => return Ok(status_only(INTERNAL, &format!("malformed gRPC request: compressed flag {flag}"))),
+    };
     let (sender, receiver) = oneshot::channel();
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     shared.waiting.lock().unwrap().insert(id, sender);
     let first = {
         let mut queue = shared.queue.lock().unwrap();
-        queue.push(Call { id, method, message: body.slice(5..), authorization });
+        queue.push(Call { id, method, message, authorization });
         queue.len() == 1
     };
     if first {

@@ -1,0 +1,239 @@
+"""The native gRPC transport (server/native, server/grpc_native.py) against real gRPC clients:
+the same answers and errors as the grpc.aio front end, its own refusals (compression, size,
+unknown methods, messages that are not protobuf), many calls at once, a drain on stop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+from doubler_model import Doubler, doubler_loader, write_doubler_repository
+
+from tierserve.server.app import BackgroundServer
+from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.grpc_native import NativeGrpcServer, native_available
+from tierserve.server.servables import RankingServable
+from tierserve.server.settings import Settings
+
+needs_native = pytest.mark.skipif(
+    not native_available(),
+    reason="tierserve-native is not built (make setup builds it when cargo is installed)",
+)
+SERVICE = "/inference.GRPCInferenceService/"
+
+
+def _settings(root, transport: str, **extra) -> Settings:
+    return Settings.build(
+        model_repository=write_doubler_repository(root), http_port=0, grpc_port=0,
+        grpc_transport=transport, poll_interval_s=0, **extra,
+    )  # fmt: skip
+
+
+def _request(rows: int, seed: int, request_id: str = "") -> pb.ModelInferRequest:
+    rng = np.random.default_rng(seed)
+    dense = rng.random((rows, 3), dtype=np.float32)
+    keys = rng.integers(0, 1000, (rows, 2)).astype(np.int64)
+    request = pb.ModelInferRequest(model_name="m", id=request_id)
+    request.inputs.add(name="DES", datatype="FP32", shape=[rows, 3])
+    request.inputs.add(name="CATCOLUMN", datatype="INT64", shape=[rows, 2])
+    request.raw_input_contents.extend([dense.tobytes(), keys.tobytes()])
+    return request
+
+
+def _zeros(rows: int) -> pb.ModelInferRequest:
+    request = _request(rows, 0)
+    request.raw_input_contents[:] = [bytes(rows * 3 * 4), bytes(rows * 2 * 8)]
+    return request
+
+
+def _expected(request: pb.ModelInferRequest) -> np.ndarray:
+    rows = request.inputs[0].shape[0]
+    dense = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(rows, 3)
+    keys = np.frombuffer(request.raw_input_contents[1], np.int64).reshape(rows, 2)
+    return (2 * dense.sum(1) + keys.sum(1)).astype(np.float32)
+
+
+def _call(channel: grpc.Channel, method: str, response_type=pb.ModelInferResponse):
+    return channel.unary_unary(
+        SERVICE + method,
+        request_serializer=lambda message: message if isinstance(message, bytes)
+        else message.SerializeToString(),
+        response_deserializer=response_type.FromString,
+    )  # fmt: skip
+
+
+def _output(response: pb.ModelInferResponse) -> np.ndarray:
+    return np.frombuffer(response.raw_output_contents[0], np.float32).reshape(-1)
+
+
+@needs_native
+def test_both_transports_answer_the_same(tmp_path):
+    requests = [_request(rows, seed, f"r{seed}") for seed, rows in enumerate((1, 7, 16))]
+    answers = {}
+    for transport in ("native", "python"):
+        with BackgroundServer(_settings(tmp_path / transport, transport), doubler_loader) as server:
+            grpc_server = server.app.state.grpc_server
+            assert isinstance(grpc_server, NativeGrpcServer) == (transport == "native")
+            with grpc.insecure_channel(server.grpc_url) as channel:
+                infer = _call(channel, "ModelInfer")
+                answers[transport] = [infer(r, timeout=30) for r in requests]
+                meta = _call(channel, "ModelMetadata", pb.ModelMetadataResponse)(
+                    pb.ModelMetadataRequest(name="m"), timeout=30
+                )
+                assert [i.name for i in meta.inputs][:2] == ["DES", "CATCOLUMN"]
+                live = _call(channel, "ServerLive", pb.ServerLiveResponse)
+                assert live(pb.ServerLiveRequest(), timeout=30).live
+    for request, native, python in zip(requests, answers["native"], answers["python"]):
+        assert native == python  # the same message, field for field
+        assert native.id == request.id and native.model_name == "m"
+        np.testing.assert_allclose(_output(native), _expected(request), rtol=1e-6)
+
+
+@needs_native
+def test_errors_are_the_grpc_aio_front_ends(tmp_path):
+    codes = {}
+    for transport in ("native", "python"):
+        with (
+            BackgroundServer(_settings(tmp_path / transport, transport), doubler_loader) as server,
+            grpc.insecure_channel(server.grpc_url) as channel,
+        ):
+            infer = _call(channel, "ModelInfer")
+            unknown = _request(1, 0)
+            unknown.model_name = "nope"
+            bad_shape = _request(2, 0)
+            bad_shape.inputs[0].shape[:] = [2, 4]
+            found = []
+            for request in (unknown, bad_shape):
+                with pytest.raises(grpc.RpcError) as error:
+                    infer(request, timeout=30)
+                found.append((error.value.code(), error.value.details()))
+            codes[transport] = found
+    assert codes["native"] == codes["python"]
+    assert [code for code, _ in codes["native"]] == [
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ]
+    assert "nope" in codes["native"][0][1] and "DES" in codes["native"][1][1]
+
+
+@needs_native
+def test_what_the_transport_itself_refuses(tmp_path):
+    settings = _settings(tmp_path, "native", max_request_bytes=4096)
+    with (
+        BackgroundServer(settings, doubler_loader) as server,
+        grpc.insecure_channel(server.grpc_url) as channel,
+    ):
+        infer = _call(channel, "ModelInfer")
+        gzip = {"compression": grpc.Compression.Gzip}
+        refusals = []
+        for message, method, options in (
+            (b"\xff\xff\xff", "ModelInfer", {}),  # not a protobuf message
+            (_request(1, 0), "NoSuchMethod", {}),
+            (_request(400, 0), "ModelInfer", {}),  # over max_request_bytes
+            (_zeros(400), "ModelInfer", gzip),  # small, but not once inflated
+        ):
+            with pytest.raises(grpc.RpcError) as error:
+                _call(channel, method)(message, timeout=30, **options)
+            refusals.append((error.value.code(), error.value.details()))
+        # and it still answers, compressed messages too
+        request = _request(16, 1)
+        for options in ({}, gzip, {"compression": grpc.Compression.Deflate}):
+            answer = infer(request, timeout=30, **options)
+            np.testing.assert_allclose(_output(answer), _expected(request), rtol=1e-6)
+    (invalid, why), (unimplemented, which), (exhausted, size), (inflated, how) = refusals
+    assert invalid == grpc.StatusCode.INVALID_ARGUMENT and "ModelInferRequest" in why
+    assert unimplemented == grpc.StatusCode.UNIMPLEMENTED and "NoSuchMethod" in which
+    assert exhausted == grpc.StatusCode.RESOURCE_EXHAUSTED and "4096" in size
+    assert inflated == grpc.StatusCode.RESOURCE_EXHAUSTED and "4096" in how
+
+
+@needs_native
+def test_many_calls_at_once_each_get_their_own_answer(tmp_path):
+    with BackgroundServer(_settings(tmp_path, "native"), doubler_loader) as server:
+        requests = [_request(1 + i % 5, i, f"call-{i}") for i in range(256)]
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            infer = _call(channel, "ModelInfer")
+            with ThreadPoolExecutor(32) as pool:
+                answers = list(pool.map(lambda r: infer(r, timeout=60), requests))
+        executions = server.plane.model_statistics("m", "")["model_stats"][0]
+    for request, answer in zip(requests, answers):
+        assert answer.id == request.id
+        np.testing.assert_allclose(_output(answer), _expected(request), rtol=1e-6)
+    # the batcher merged calls that arrived together
+    assert executions["execution_count"] < len(requests), executions
+
+
+@needs_native
+def test_admin_calls_read_the_authorization_metadata(tmp_path):
+    settings = _settings(tmp_path, "native", admin_token="s3cret")
+    with (
+        BackgroundServer(settings, doubler_loader) as server,
+        grpc.insecure_channel(server.grpc_url) as channel,
+    ):
+        load = _call(channel, "RepositoryModelLoad", pb.RepositoryModelLoadResponse)
+        with pytest.raises(grpc.RpcError) as error:
+            load(pb.RepositoryModelLoadRequest(model_name="m"), timeout=30)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "Bearer" in error.value.details()
+        load(
+            pb.RepositoryModelLoadRequest(model_name="m"),
+            metadata=[("authorization", "Bearer s3cret")],
+            timeout=60,
+        )
+
+
+class _Slow(Doubler):
+    def predict_batch(self, batch):
+        time.sleep(0.6)
+        return super().predict_batch(batch)
+
+
+@needs_native
+def test_stop_answers_the_calls_in_flight(tmp_path):
+    settings = _settings(tmp_path, "native", shutdown_grace_s=10)
+    server = BackgroundServer(settings, lambda n, v, d, c: RankingServable(n, v, _Slow())).start()
+    request = _request(2, 3, "in-flight")
+    answer: dict = {}
+
+    def call():
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            try:
+                answer["ok"] = _call(channel, "ModelInfer")(request, timeout=30)
+            except grpc.RpcError as exc:
+                answer["error"] = exc.code()
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.3)  # the call is in the model now
+    server.stop()
+    caller.join(timeout=30)
+    assert "ok" in answer, answer
+    np.testing.assert_allclose(_output(answer["ok"]), _expected(request), rtol=1e-6)
+
+
+def test_native_without_the_package_is_refused_by_name(tmp_path):
+    root = write_doubler_repository(tmp_path)
+    code = (
+        "import sys; sys.modules['tierserve_native'] = None\n"  # as if it were not installed
+        "from tierserve.ps.errors import ConfigError\n"
+        "from tierserve.server.app import create_app\n"
+        "from tierserve.server.settings import Settings\n"
+        f"root = {str(root)!r}\n"
+        "try:\n"
+        "    create_app(Settings.build(model_repository=root, grpc_transport='native'))\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+        "create_app(Settings.build(model_repository=root, grpc_transport='auto'))\n"
+        "print('auto ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    refusal, auto = out.stdout.strip().splitlines()
+    assert "grpc_transport" in refusal and "tierserve-native" in refusal
+    assert auto == "auto ok"
