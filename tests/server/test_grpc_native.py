@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 import pytest
 from doubler_model import Doubler, doubler_loader, write_doubler_repository
+from polling import until
 
 from tierserve.server.app import BackgroundServer
 from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
@@ -210,7 +211,8 @@ def test_stop_answers_the_calls_in_flight(tmp_path):
 
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(0.3)  # the call is in the model now
+    transport = server.app.state.grpc_server.transport
+    assert until(lambda: transport.in_flight > 0, timeout=30, interval=0.005)
     server.stop()
     caller.join(timeout=30)
     assert "ok" in answer, answer
