@@ -68,7 +68,7 @@ def _transport_class():
 
 
 class _Metadata:
-    """The part of a grpc.aio ``ServicerContext`` the servicer reads, and ``abort``."""
+    """The part of a grpc.aio ``ServicerContext`` the servicer reads: the call's metadata."""
 
     def __init__(self, authorization: str | None) -> None:
         self._metadata = (("authorization", authorization),) if authorization else ()
@@ -163,17 +163,16 @@ class NativeGrpcServer:
             plane.metrics.observe_request(label, "grpc", time.perf_counter() - started, status)
 
         def done(result: Any, exc: BaseException | None) -> None:
-            status = None
-            try:
-                if exc is None:
-                    self.transport.reply(call_id, _OK, "", encode_infer_response_bytes(result))
+            if exc is None:
+                try:
+                    payload = encode_infer_response_bytes(result)
+                except Exception as error:
+                    exc = error
+                else:
+                    self.transport.reply(call_id, _OK, "", payload)
+                    finish(None)
                     return
-            except Exception as error:
-                exc = error
-            finally:
-                if exc is not None:
-                    status = self._fail(call_id, exc, "ModelInfer")
-                finish(status)
+            finish(self._fail(call_id, exc, "ModelInfer"))
 
         try:
             try:

@@ -239,3 +239,36 @@ def test_native_without_the_package_is_refused_by_name(tmp_path):
     refusal, auto = out.stdout.strip().splitlines()
     assert "grpc_transport" in refusal and "tierserve-native" in refusal
     assert auto == "auto ok"
+
+
+def _sample(server, name: str, **labels) -> float:
+    """One sample of the server's own metrics registry (0 when absent)."""
+    value = server.plane.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+@needs_native
+def test_calls_are_counted_as_on_grpc_aio(tmp_path):
+    counted = {}
+    for transport in ("native", "python"):
+        settings = _settings(tmp_path / transport, transport)
+        with (
+            BackgroundServer(settings, doubler_loader) as server,
+            grpc.insecure_channel(server.grpc_url) as channel,
+        ):
+            infer = _call(channel, "ModelInfer")
+            for seed in range(3):
+                infer(_request(2, seed), timeout=30)
+            bad = _request(2, 0)
+            bad.inputs[0].shape[:] = [2, 4]
+            with pytest.raises(grpc.RpcError):
+                infer(bad, timeout=30)
+            labels = {"model": "m", "protocol": "grpc"}
+            counted[transport] = (
+                _sample(server, "tierserve_requests_total", **labels),
+                _sample(
+                    server, "tierserve_request_errors_total", status="INVALID_ARGUMENT", **labels
+                ),
+                _sample(server, "tierserve_request_latency_seconds_count", **labels),
+            )
+    assert counted["native"] == counted["python"] == (4, 1, 4)
