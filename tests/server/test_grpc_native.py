@@ -272,3 +272,23 @@ def test_calls_are_counted_as_on_grpc_aio(tmp_path):
                 _sample(server, "tierserve_request_latency_seconds_count", **labels),
             )
     assert counted["native"] == counted["python"] == (4, 1, 4)
+
+
+def test_the_serve_flag_sets_the_transport():
+    from tierserve.clients.cli import build_parser
+    from tierserve.clients.serve import settings_from_args
+
+    parser = build_parser()
+    chosen = {
+        flag: settings_from_args(
+            parser.parse_args(["serve", "--model-repository", "r", *flag])
+        ).grpc_transport
+        for flag in ((), ("--grpc-transport", "python"), ("--grpc-transport", "native"))
+    }
+    assert chosen == {
+        (): "auto",
+        ("--grpc-transport", "python"): "python",
+        ("--grpc-transport", "native"): "native",
+    }
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--model-repository", "r", "--grpc-transport", "fast"])
