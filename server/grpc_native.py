@@ -30,14 +30,13 @@ from .grpc_server import (
     InferenceServicer,
     decode_infer_request,
     encode_infer_response_bytes,
+    status_of,
 )
-from .policy import model_name, public_message
+from .policy import model_name
 
 log = logging.getLogger("tierserve.server")
 
 _OK = 0
-_CODES = {code.name: code.value[0] for code in grpc.StatusCode}
-_INTERNAL = _CODES["INTERNAL"]
 
 
 def native_available() -> bool:
@@ -79,13 +78,6 @@ class _Metadata:
 
 def _invalid(method: str) -> InvalidInputError:
     return InvalidInputError(f"the {method} request is not a valid {method}Request message")
-
-
-def _status_of(exc: BaseException) -> tuple[int, str, str]:
-    """The gRPC status code, message and metrics label ``exc`` is answered with."""
-    if isinstance(exc, TierserveError):
-        return _CODES[exc.grpc_status], public_message(exc), exc.grpc_status
-    return _INTERNAL, "internal error", "INTERNAL"
 
 
 class NativeGrpcServer:
@@ -140,15 +132,18 @@ class NativeGrpcServer:
                 task.add_done_callback(self._tasks.discard)
             else:
                 self.transport.reply(
-                    call_id, _CODES["UNIMPLEMENTED"], f"unknown method {method[:80]!r}", b""
+                    call_id,
+                    grpc.StatusCode.UNIMPLEMENTED.value[0],
+                    f"unknown method {method[:80]!r}",
+                    b"",
                 )
 
     def _fail(self, call_id: int, exc: BaseException, method: str) -> str:
-        code, message, label = _status_of(exc)
-        if code == _INTERNAL and not isinstance(exc, TierserveError):
+        if not isinstance(exc, TierserveError):
             log.error("gRPC %s failed", method, exc_info=exc)
-        self.transport.reply(call_id, code, message, b"")
-        return label
+        code, message = status_of(exc)
+        self.transport.reply(call_id, code.value[0], message, b"")
+        return code.name
 
     def _infer(self, call_id: int, message: bytes) -> None:
         plane = self.plane

@@ -189,6 +189,15 @@ def encode_infer_response_bytes(result) -> bytes:
     return b"".join(parts)
 
 
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status and message a call that raised ``exc`` is answered with: a
+    :class:`TierserveError`'s own, anything else INTERNAL (the one mapping of both front
+    ends)."""
+    if isinstance(exc, TierserveError):
+        return grpc.StatusCode[exc.grpc_status], public_message(exc)
+    return grpc.StatusCode.INTERNAL, "internal error"
+
+
 def _mapping_errors(method):
     """``method`` with the one mapping of :class:`TierserveError` to a gRPC status.
 
@@ -198,13 +207,12 @@ def _mapping_errors(method):
     async def behavior(request, context):
         try:
             return await method(request, context)
-        except TierserveError as exc:
-            await context.abort(grpc.StatusCode[exc.grpc_status], public_message(exc))
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception:
-            log.exception("gRPC %s failed", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+        except Exception as exc:
+            if not isinstance(exc, TierserveError):
+                log.exception("gRPC %s failed", method.__name__)
+            await context.abort(*status_of(exc))
 
     return behavior
 
@@ -275,8 +283,8 @@ class InferenceServicer:
                 return encode_infer_response_bytes(result)
             finally:
                 trimmer.after_request(decoded.inputs, request.ByteSize())
-        except TierserveError as exc:
-            status = exc.grpc_status
+        except Exception as exc:
+            status = status_of(exc)[0].name
             raise
         finally:
             label = self.plane.metrics_label(request.model_name)

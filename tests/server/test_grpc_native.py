@@ -292,3 +292,26 @@ def test_the_serve_flag_sets_the_transport():
     }
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--model-repository", "r", "--grpc-transport", "fast"])
+
+
+class _Broken(Doubler):
+    def predict_batch(self, batch):
+        raise RuntimeError("the model failed")
+
+
+@pytest.mark.parametrize("transport", ["native", "python"])
+def test_a_failing_model_is_an_internal_error_in_the_metrics(tmp_path, transport):
+    if transport == "native" and not native_available():
+        pytest.skip("tierserve-native is not built")
+    settings = _settings(tmp_path, transport)
+    loader = lambda n, v, d, c: RankingServable(n, v, _Broken())  # noqa: E731
+    with (
+        BackgroundServer(settings, loader) as server,
+        grpc.insecure_channel(server.grpc_url) as channel,
+    ):
+        with pytest.raises(grpc.RpcError) as error:
+            _call(channel, "ModelInfer")(_request(2, 0), timeout=30)
+        assert error.value.code() == grpc.StatusCode.INTERNAL
+        assert error.value.details() == "internal error"  # nothing of the exception leaks
+        labels = {"model": "m", "protocol": "grpc"}
+        assert _sample(server, "tierserve_request_errors_total", status="INTERNAL", **labels) == 1
