@@ -36,3 +36,18 @@ def write_doubler_repository(root: Path) -> Path:
     }  # fmt: skip
     (root / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [model]}))
     return root
+
+
+def binary_body(des: np.ndarray, cat: np.ndarray) -> tuple[bytes, int]:
+    """A KServe v2 binary-tensor infer body of ``DES`` and ``CATCOLUMN`` asking for binary
+    outputs, and its JSON header's length."""
+    header = json.dumps({
+        "inputs": [
+            {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
+             "parameters": {"binary_data_size": des.nbytes}},
+            {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
+             "parameters": {"binary_data_size": cat.nbytes}},
+        ],
+        "parameters": {"binary_data_output": True},
+    }).encode()  # fmt: skip
+    return header + des.tobytes() + cat.tobytes(), len(header)

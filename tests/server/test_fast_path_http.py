@@ -18,7 +18,7 @@ import socket
 import numpy as np
 import pytest
 import uvicorn
-from doubler_model import doubler_loader, write_doubler_repository
+from doubler_model import binary_body, doubler_loader, write_doubler_repository
 from polling import until
 from uvicorn.server import ServerState
 
@@ -55,19 +55,6 @@ def _json_body(des, cat, request_id="r1") -> bytes:
              "data": cat.tolist()},
         ],
     }).encode()  # fmt: skip
-
-
-def _binary_body(des, cat) -> tuple[bytes, int]:
-    header = json.dumps({
-        "inputs": [
-            {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
-             "parameters": {"binary_data_size": des.nbytes}},
-            {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
-             "parameters": {"binary_data_size": cat.nbytes}},
-        ],
-        "parameters": {"binary_data_output": True},
-    }).encode()  # fmt: skip
-    return header + des.tobytes() + cat.tobytes(), len(header)
 
 
 DES = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -206,7 +193,7 @@ def test_infer_is_answered_by_the_protocol_not_the_app(repo):
 def _cases() -> dict[str, tuple[str, bytes, dict]]:
     """name: (path after /v2/models/{m}, body, headers)."""
     json_body = _json_body(DES, CAT)
-    binary, header_length = _binary_body(DES, CAT)
+    binary, header_length = binary_body(DES, CAT)
     hl = {HEADER: str(header_length)}
     return {
         "json": ("/infer", json_body, {}),

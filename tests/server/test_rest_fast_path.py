@@ -14,7 +14,7 @@ import json
 import httpx
 import numpy as np
 import pytest
-from doubler_model import doubler_loader, write_doubler_repository
+from doubler_model import binary_body, doubler_loader, write_doubler_repository
 
 from tierserve.server.app import create_app
 from tierserve.server.rest import InferFastPath
@@ -24,19 +24,6 @@ from tierserve.server.settings import Settings
 @pytest.fixture
 def repo(tmp_path):
     return write_doubler_repository(tmp_path)
-
-
-def _binary_body(des: np.ndarray, cat: np.ndarray) -> tuple[bytes, int]:
-    header = json.dumps({
-        "inputs": [
-            {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
-             "parameters": {"binary_data_size": des.nbytes}},
-            {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
-             "parameters": {"binary_data_size": cat.nbytes}},
-        ],
-        "parameters": {"binary_data_output": True},
-    }).encode()  # fmt: skip
-    return header + des.tobytes() + cat.tobytes(), len(header)
 
 
 def _requests():
@@ -49,7 +36,7 @@ def _requests():
             {"name": "CATCOLUMN", "datatype": "INT64", "shape": [2, 2], "data": cat.tolist()},
         ],
     }).encode()  # fmt: skip
-    binary, header_length = _binary_body(des, cat)
+    binary, header_length = binary_body(des, cat)
     hl = {"Inference-Header-Content-Length": str(header_length)}
     return {
         "json": ("/v2/models/m/infer", json_body, {}),
