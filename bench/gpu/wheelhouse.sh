@@ -12,7 +12,8 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DIR=${1:-$ROOT/.whl}
 PYV=${2:-3.12}
 PACKAGES=(pydantic pydantic-core annotated-types typing-inspection fastapi starlette uvicorn
-          httptools rocksdict redis hiredis setuptools wheel packaging)
+          httptools rocksdict redis hiredis setuptools wheel packaging orjson opentelemetry-api
+          protobuf grpcio)
 LOCAL=$ROOT/.venv/bin/python
 mkdir -p "$DIR"
 specs=()
