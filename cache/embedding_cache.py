@@ -163,6 +163,11 @@ class EmbeddingCache:
             )
             self._refresher.start()
 
+    @property
+    def device_id(self) -> int:
+        """The CUDA device of the table (meaningless on numpy)."""
+        return self._device_id
+
     # --- queries ----------------------------------------------------------------------------
 
     def query(self, keys):

@@ -39,6 +39,16 @@ class ModelEmbeddingCache:
     def tables(self) -> list[str]:
         return [c.table for c in self._caches]
 
+    @property
+    def xp(self):
+        """The array module of the caches' tables and answers: cupy on a GPU, else numpy."""
+        return self._caches[0].xp if self._caches else np
+
+    @property
+    def device_id(self) -> int:
+        """The CUDA device the caches live on (meaningless on numpy)."""
+        return self._caches[0].device_id if self._caches else 0
+
     def cache(self, table: str | int) -> EmbeddingCache:
         """The cache of ``table`` (a name or an index)."""
         if isinstance(table, (int, np.integer)):

@@ -6,6 +6,7 @@ into the trainer's forward-only :class:`~tierserve.trainer.inference_graph.Infer
 server's tiers (``volatile_db``, ``persistent_db``), optionally fronted by the embedding cache,
 and predicts: per table, the batch's keys are looked up once each (unique), the vectors are
 combined per slot by the trainer's own embedding ``combine`` (sum or mean), and the dense network runs.
+With the embedding cache on a GPU, combining and the dense network run on that GPU too.
 
 ``predict`` and ``evaluate`` read a Norm, Raw or Parquet dataset in batches of
 ``max_batchsize`` and wrap around to its start, as HugeCTR does.  ``InferenceSession`` is the
@@ -36,6 +37,7 @@ from tierserve.ps.errors import ConfigError, InvalidInputError
 from tierserve.ps.keys import as_keys
 from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
 from tierserve.trainer.data.batch import Batch, SparseInput
+from tierserve.trainer.device import to_numpy, to_xp
 from tierserve.trainer.embedding.combine import combine
 from tierserve.trainer.graph_json import Graph, load_graph_json
 from tierserve.trainer.inference_graph import EmbeddingSpec, InferenceGraph
@@ -367,12 +369,26 @@ class InferenceModel:
         else:  # any ParameterServerLike that already holds the tables
             self.version = None
             self.tables_source = parameter_server
+        self.xp = np
         try:
             if use_gpu_embedding_cache:
                 self.cache = self._create_cache(config)
+                self._follow_the_cache()
         except BaseException:
             self.discard()
             raise
+
+    def _follow_the_cache(self) -> None:
+        """With the cache on a GPU, the dense network runs on that GPU too (as HugeCTR's
+        inference does): the embeddings stay on the device from lookup to prediction."""
+        xp = getattr(self.cache, "xp", np)
+        if xp is np:
+            return
+        from tierserve.cache.device import device_context
+
+        self.xp = xp
+        with device_context(xp, self.cache.device_id):
+            self.network.to_device(xp)
 
     def _create_cache(self, config: ModelConfig):
         """The embedding cache of every table: on the GPU when cupy sees one, else in host
@@ -431,17 +447,16 @@ class InferenceModel:
             inverses.append(inverse.reshape(-1))
         started = time.perf_counter()
         if self.cache is not None:
-            from tierserve.cache.device import to_host
-
-            found = [to_host(v) for v in self.cache.query_tables(uniques)]
+            found = self.cache.query_tables(uniques)  # on the network's device (self.xp)
         else:
             found = self.tables_source.lookup_tables(self.model_name, uniques)
         self.lookup_seconds += time.perf_counter() - started
         self.lookups += 1
+        xp = self.xp
         return [
             combine(
-                np.asarray(vectors, dtype=np.float32)[inverse],
-                sparse.row_offsets,
+                to_xp(xp, vectors, np.float32)[to_xp(xp, inverse)],
+                to_xp(xp, sparse.row_offsets),
                 spec.slot_num,
                 spec.combiner,
             )
@@ -455,9 +470,13 @@ class InferenceModel:
                 f"the batch has {len(batch.sparse)} sparse inputs; the model has "
                 f"{len(self.sparse_names)} ({', '.join(self.sparse_names)})"
             )
-        out = self.network.predict(batch.dense, self.embeddings(batch))
-        from tierserve.trainer.device import to_numpy
+        if self.xp is np:
+            out = self.network.predict(batch.dense, self.embeddings(batch))
+        else:
+            from tierserve.cache.device import device_context
 
+            with device_context(self.xp, self.cache.device_id):  # per thread in cupy
+                out = self.network.predict(batch.dense, self.embeddings(batch))
         return to_numpy(out).astype(np.float32, copy=False)
 
     def _batches(

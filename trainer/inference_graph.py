@@ -163,6 +163,13 @@ class InferenceGraph:
             [to_xp(xp, s, np.float32) for s in state], self.network.state_shapes()
         )
 
+    def to_device(self, xp: Any) -> None:
+        """Move the weights to ``xp`` (cupy: its current device; numpy: the host) and predict
+        there from now on."""
+        self.params = [[to_xp(xp, w, np.float32) for w in layer] for layer in self.params]
+        self.states = [[to_xp(xp, s, np.float32) for s in layer] for layer in self.states]
+        self.xp = xp
+
     def predict(self, dense: Any, embeddings: dict[str, Any] | list[Any]) -> Any:
         """Probabilities ``[B, label_dim]`` from dense features ``[B, dense_dim]`` (None when
         ``dense_dim`` is 0) and each table's combined embeddings ``[B, slot_num, vec_size]``

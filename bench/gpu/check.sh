@@ -118,10 +118,21 @@ if [ ! -x "$VPY" ]; then
 fi
 cd "$ROOT"
 step doctor 90 "$VPY" -m tierserve.clients.cli doctor --timeout 0.5
-# The folders that hold GPU tests (collecting the whole suite would need every dev extra).
-mapfile -t GPU_DIRS < <(grep -rlE "mark\.gpu|importorskip\(.cupy" tests --include='*.py' \
-  | xargs -n1 dirname | sort -u)
-TESTS=("${GPU_DIRS[@]}" -m gpu --continue-on-collection-errors)
+# The GPU tests: each file that marks one, and the whole folder of a conftest.py that does
+# (its fixtures mark the tests of every file there).  Collecting the whole suite would need
+# every dev extra.
+mapfile -t GPU_FILES < <(grep -rlE "mark\.gpu|importorskip\(.cupy" tests --include='*.py' | sort)
+GPU_DIRS=()
+for f in "${GPU_FILES[@]}"; do
+  [ "$(basename "$f")" = conftest.py ] && GPU_DIRS+=("$(dirname "$f")/")
+done
+GPU_PATHS=("${GPU_DIRS[@]}")
+for f in "${GPU_FILES[@]}"; do
+  covered=0
+  for d in "${GPU_DIRS[@]}"; do [ "${f#"$d"}" != "$f" ] && covered=1; done
+  [ $covered = 0 ] && GPU_PATHS+=("$f")
+done
+TESTS=("${GPU_PATHS[@]}" -m gpu --continue-on-collection-errors)
 # Without a GPU those skip: the dry run runs the kernel compile and launch tests instead.
 [ $DRY = 1 ] && TESTS=(tests/cuda tests/cache/test_kernel_launch.py tests/cache/test_gpu.py)
 step tests 180 "$VPY" -m pytest "${TESTS[@]}" -q -p no:cacheprovider --timeout 120

@@ -44,6 +44,13 @@ def test_predict_equals_trainer_and_wraps_around(demo, cache):
         assert np.abs(preds - trainer).max() <= 1e-5
         if cache:
             assert set(model.stats()["cache_hit_rate"]) == {"sparse_embedding1"}
+            # The dense network runs where the cache is (numpy here, cupy on a GPU).
+            assert model.xp is model.cache.xp
+            assert {type(w) for layer in model.network.params for w in layer} == {
+                model.xp.ndarray
+            }
+        else:
+            assert model.xp is np
     finally:
         model.close()
 
