@@ -82,11 +82,12 @@ def _require(name: str, array, dtype, ndim: int) -> None:
         )
 
 
-def lookup_arguments(table, keys, out, hit, tick: int | None) -> tuple:
+def lookup_arguments(table, keys, out, hit, hits, tick: int | None) -> tuple:
     """The arguments of ``ts_cache_lookup`` in its parameter order, each of its C type.
 
     ``table`` is a :class:`~tierserve.cache.set_associative.SetAssociativeTable`; ``out``
-    float32 ``[len(keys), table.dim]`` and ``hit`` uint8 ``[len(keys)]`` receive the result.
+    float32 ``[len(keys), table.dim]`` and ``hit`` uint8 ``[len(keys)]`` receive the result,
+    and the number of hits is added to ``hits`` (uint64 ``[1]``, zeroed by the caller).
     Raises ``TypeError`` naming the array whose dtype or shape the kernel cannot read.
     """
     _require("keys", keys, np.int64, 1)
@@ -95,11 +96,12 @@ def lookup_arguments(table, keys, out, hit, tick: int | None) -> tuple:
     _require("table.values", table.values, np.float32, 2)
     _require("out", out, np.float32, 2)
     _require("hit", hit, np.uint8, 1)
+    _require("hits", hits, np.uint64, 1)
     n = int(keys.size)
-    if out.shape != (n, table.dim) or hit.shape != (n,):
+    if out.shape != (n, table.dim) or hit.shape != (n,) or hits.shape != (1,):
         raise TypeError(
-            f"ts_cache_lookup: out must be ({n}, {table.dim}) and hit ({n},), got "
-            f"{tuple(out.shape)} and {tuple(hit.shape)}"
+            f"ts_cache_lookup: out must be ({n}, {table.dim}), hit ({n},) and hits (1,), got "
+            f"{tuple(out.shape)}, {tuple(hit.shape)} and {tuple(hits.shape)}"
         )
     if table.keys.shape != (table.num_sets, table.ways) or table.values.shape != (
         table.num_sets * table.ways, table.dim
@@ -116,6 +118,7 @@ def lookup_arguments(table, keys, out, hit, tick: int | None) -> tuple:
         np.int32(table.dim),
         out,
         hit,
+        hits,
         np.int64(-1 if tick is None else tick),
     )
 
@@ -133,11 +136,13 @@ class LookupKernel:
         n = int(keys.size)
         out = cp.empty((n, table.dim), dtype=cp.float32)
         hit = cp.empty(n, dtype=cp.uint8)
-        if n:
-            grid, block = launch_shape(n)
-            self._fn(grid, block, lookup_arguments(table, keys, out, hit, tick))
-        hit = hit.view(cp.bool_)
-        return out, hit, int(cp.count_nonzero(hit))
+        if not n:
+            return out, hit.view(cp.bool_), 0
+        hits = cp.zeros(1, dtype=cp.uint64)
+        grid, block = launch_shape(n)
+        self._fn(grid, block, lookup_arguments(table, keys, out, hit, hits, tick))
+        # One 8-byte copy (cupy's count_nonzero took 60 us for 26,624 flags on an H200).
+        return out, hit.view(cp.bool_), int(hits.get()[0])
 
 
 def load_lookup_kernel(required: bool = False) -> LookupKernel | None:

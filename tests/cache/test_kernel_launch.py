@@ -29,6 +29,7 @@ C_TYPES = {
     "unsigned int*": (True, np.uint32),
     "float*": (True, np.float32),
     "unsigned char*": (True, np.uint8),
+    "unsigned long long*": (True, np.uint64),
     "long long": (False, np.int64),
     "unsigned long long": (False, np.uint64),
     "int": (False, np.int32),
@@ -60,9 +61,10 @@ def test_the_arguments_match_the_kernel_parameters():
     table, keys = make_table()
     out = np.empty((keys.size, table.dim), np.float32)
     hit = np.empty(keys.size, np.uint8)
-    args = lookup_arguments(table, keys, out, hit, tick=7)
+    hits = np.zeros(1, np.uint64)
+    args = lookup_arguments(table, keys, out, hit, hits, tick=7)
     params = kernel_parameters()
-    assert len(args) == len(params) == 11
+    assert len(args) == len(params) == 12
     for (c_type, name), arg in zip(params, args):
         is_array, dtype = C_TYPES[c_type]
         if is_array:
@@ -74,10 +76,11 @@ def test_the_arguments_match_the_kernel_parameters():
     assert by_name["keys"] is keys and by_name["n"] == keys.size
     assert by_name["table_keys"] is table.keys and by_name["ticks"] is table.ticks
     assert by_name["values"] is table.values and by_name["out"] is out and by_name["hit"] is hit
+    assert by_name["hits"] is hits
     assert (by_name["num_sets"], by_name["ways"], by_name["dim"]) == (
         table.num_sets, table.ways, table.dim)
     assert by_name["tick"] == 7
-    assert lookup_arguments(table, keys, out, hit, tick=None)[-1] == -1  # "do not stamp"
+    assert lookup_arguments(table, keys, out, hit, hits, tick=None)[-1] == -1  # "do not stamp"
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 255, 1000, 2**20 + 3])
@@ -99,17 +102,22 @@ def test_arrays_the_kernel_cannot_read_are_refused_by_name():
     table, keys = make_table()
     out = np.empty((keys.size, table.dim), np.float32)
     hit = np.empty(keys.size, np.uint8)
+    hits = np.zeros(1, np.uint64)
     with pytest.raises(TypeError, match="keys must be a C-contiguous 1-D int64 array, got 1-D int32"):
-        lookup_arguments(table, keys.astype(np.int32), out, hit, None)
+        lookup_arguments(table, keys.astype(np.int32), out, hit, hits, None)
     strided = np.repeat(keys, 2)[::2]
     with pytest.raises(TypeError, match=r"keys must .* \(not contiguous\)"):
-        lookup_arguments(table, strided, out, hit, None)
+        lookup_arguments(table, strided, out, hit, hits, None)
     with pytest.raises(TypeError, match="out must be a C-contiguous 2-D float32"):
-        lookup_arguments(table, keys, out.astype(np.float64), hit, None)
+        lookup_arguments(table, keys, out.astype(np.float64), hit, hits, None)
     with pytest.raises(TypeError, match="hit must be a C-contiguous 1-D uint8"):
-        lookup_arguments(table, keys, out, hit.view(bool), None)
+        lookup_arguments(table, keys, out, hit.view(bool), hits, None)
+    with pytest.raises(TypeError, match="hits must be a C-contiguous 1-D uint64"):
+        lookup_arguments(table, keys, out, hit, hits.astype(np.int64), None)
     with pytest.raises(TypeError, match=rf"out must be \({keys.size}, 8\)"):
-        lookup_arguments(table, keys, out[:-1], hit, None)
+        lookup_arguments(table, keys, out[:-1], hit, hits, None)
+    with pytest.raises(TypeError, match=r"hits \(1,\)"):
+        lookup_arguments(table, keys, out, hit, np.zeros(2, np.uint64), None)
 
 
 def kernel_set_of(key: int, num_sets: int) -> int:
