@@ -12,10 +12,13 @@
    iterations never touched are drawn at random), so the tier is as large as the model's.
 2. Times ``InferenceModel.predict_batch`` on fixed batches of 1, 64 and 1024 rows (the peer).
    The peer's process gets the malloc settings ``tierserve serve`` gives itself
-   (``server/allocator.py``; ``--no-malloc-tuning`` leaves both at glibc's defaults).
+   (``server/allocator.py``; ``--no-malloc-tuning`` leaves both at glibc's defaults) and its
+   BLAS thread count (1, or what ``--server-args`` gives ``--blas-threads``).
 3. Starts ``tierserve serve`` in a subprocess and sends the same batches, one client, over HTTP
    (tritonclient.http, binary tensors) and gRPC (tritonclient.grpc): throughput and p50/p99.
-   Overhead = end-to-end p50 minus predict p50, over predict p50.
+   Overhead = end-to-end p50 minus predict p50, over predict p50.  The ``-raw`` paths send
+   the same requests built once and read the replies without tritonclient: the server's and
+   the connection's share alone.
 4. 64 concurrent batch-1 clients against the server with dynamic batching on and a second one
    with it off, in alternating turns: throughput ratio, over gRPC and over HTTP.  The load
    generator must cost little CPU per request, since it shares the cores with the server:
@@ -202,6 +205,50 @@ def client_call(protocol: str, url: str):
         k = mod.InferInput("CATCOLUMN", list(cat.shape), "INT64")
         k.set_data_from_numpy(cat)
         return client.infer("dlrm", [a, k]).as_numpy("OUTPUT0")
+
+    return call
+
+
+def prebuilt_call(protocol: str, url: str):
+    """As :func:`client_call`, but the request bytes are built once per batch (as the
+    concurrency runs send them) and the reply is read with no client library: the end-to-end
+    time of the server and the connection without tritonclient's own cost per call
+    (building the tensors' messages, 0.7-1.1 ms of a batch-1024 call here)."""
+    built: dict = {}
+    if protocol == "http":
+        import http.client
+
+        host, port = url.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port))
+
+        def call(des, cat):
+            key = (des.ctypes.data, des.shape, cat.ctypes.data, cat.shape)
+            if key not in built:
+                built[key] = http_request(des, cat)
+            req = built[key]
+            conn.request("POST", req.path, req.body, req.headers)
+            reply = conn.getresponse()
+            body = reply.read()
+            if reply.status != 200:
+                raise RuntimeError(f"HTTP {reply.status}: {body[:200]!r}")
+            header = reply.getheader("Inference-Header-Content-Length")
+            if header is None:  # JSON tensors
+                return np.asarray(json.loads(body)["outputs"][0]["data"], np.float32)
+            return np.frombuffer(body, np.float32, offset=int(header))
+
+        return call
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    channel = grpc.insecure_channel(url)
+    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+    def call(des, cat):
+        key = (des.ctypes.data, des.shape, cat.ctypes.data, cat.shape)
+        if key not in built:
+            built[key] = grpc_request_bytes(des, cat)
+        reply = service_pb2.ModelInferResponse.FromString(infer(built[key]))
+        return np.frombuffer(reply.raw_output_contents[0], np.float32)
 
     return call
 
@@ -556,6 +603,23 @@ def executions(http: int) -> dict:
     return found
 
 
+def match_server_blas_threads(server_args: str) -> int:
+    """Give this process's BLAS the thread count the server's model runs with (what
+    ``server_args`` gives ``--blas-threads``, else 1: ``tierserve serve``'s default), so that
+    ``predict`` and the server compute alike; returns it."""
+    from tierserve.trainer.blas_threads import set_blas_threads
+
+    split = server_args.split()
+    threads = 1
+    for i, arg in enumerate(split):
+        if arg == "--blas-threads" and i + 1 < len(split):
+            threads = int(split[i + 1])
+        elif arg.startswith("--blas-threads="):
+            threads = int(arg.split("=", 1)[1])
+    set_blas_threads(threads)
+    return threads
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests")
@@ -603,6 +667,7 @@ def main() -> int:
     )  # fmt: skip
     args = parser.parse_args()
     use_load_arguments(args)
+    blas_threads = match_server_blas_threads(args.server_args)
     scale = 0.3 if args.quick else 1.0
     repeats = {1: int(1000 * scale), 64: int(400 * scale), 1024: int(100 * scale)}
     from tierserve.server.app import free_port
@@ -642,6 +707,7 @@ def main() -> int:
             "load_average_start": os.getloadavg()[0],
             "loadgen": LOADGEN,
             "grpc_channels": GRPC_CHANNELS,
+            "blas_threads": blas_threads,
         }
         extra: tuple[str, ...] = ()
         if args.no_malloc_tuning:
@@ -661,7 +727,12 @@ def main() -> int:
                 "predict": predict,
                 "http": client_call("http", f"127.0.0.1:{http}"),
                 "grpc": client_call("grpc", f"127.0.0.1:{grpc}"),
+                "http-raw": prebuilt_call("http", f"127.0.0.1:{http}"),
+                "grpc-raw": prebuilt_call("grpc", f"127.0.0.1:{grpc}"),
             }
+            for name in ("http-raw", "grpc-raw"):
+                got = paths[name](*data[64]).reshape(-1)
+                assert np.abs(got - predict(*data[64]).reshape(-1)).max() <= 1e-5, name
             if not args.concurrency_only:
                 results.update(interleaved(paths, data, repeats))
             u_http, u_grpc = free_port(), free_port()
@@ -698,7 +769,8 @@ def main() -> int:
 
     results["load_average_end"] = os.getloadavg()[0]
     print(
-        f"\nCPU cores: {results['cpu_count']}, volatile tier: {args.volatile}, malloc tuning: "
+        f"\nCPU cores: {results['cpu_count']}, BLAS threads (predict and server): "
+        f"{results['blas_threads']}, volatile tier: {args.volatile}, malloc tuning: "
         f"{'off' if args.no_malloc_tuning else 'on'} (server and peer), load generator "
         f"{results['loadgen']}, load average "
         f"{results['load_average_start']:.1f} at the start, {results['load_average_end']:.1f} "
@@ -707,7 +779,7 @@ def main() -> int:
     if not args.concurrency_only:
         print(f"{'path':<10}{'batch':>6}{'rows/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'overhead':>10}"
               f"{'>3x p50':>9}")  # fmt: skip
-    for path in ("predict", "http", "grpc") if not args.concurrency_only else ():
+    for path in ("predict", "http", "grpc", "http-raw", "grpc-raw") if not args.concurrency_only else ():
         for b in BATCHES:
             r = results[path][b]
             base = results["predict"][b]["p50_ms"]
