@@ -226,8 +226,13 @@ def prebuilt_call(protocol: str, url: str):
             if key not in built:
                 built[key] = http_request(des, cat)
             req = built[key]
-            conn.request("POST", req.path, req.body, req.headers)
-            reply = conn.getresponse()
+            try:
+                conn.request("POST", req.path, req.body, req.headers)
+                reply = conn.getresponse()
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                conn.close()  # the server closed the kept-alive connection: once more, anew
+                conn.request("POST", req.path, req.body, req.headers)
+                reply = conn.getresponse()
             body = reply.read()
             if reply.status != 200:
                 raise RuntimeError(f"HTTP {reply.status}: {body[:200]!r}")
