@@ -332,7 +332,16 @@ def test_an_update_reaches_both_workers_over_one_shared_memory_table(
         keys = np.arange(3, 35, dtype=np.int64)
         with UpdateProducer(kafka_broker.bootstrap) as producer:
             producer.publish(name, table, keys, np.full((keys.size, dim), 0.25, np.float32))
-        assert until(lambda: not np.allclose(answer(), before, rtol=1e-4), timeout=20), pool.text()
+        # Every key gets the same vector and every row the same dense features: once the
+        # whole update is in, the four rows answer alike.  Each worker's cache hears of the
+        # update on its own, so for a moment one worker may answer with it and the other
+        # with some keys still old: wait until 16 answers in a row (new connections, spread
+        # over both workers) have all of it.
+        def updated() -> bool:
+            got = answer()
+            return not np.allclose(got, before, rtol=1e-4) and np.allclose(got, got[0], rtol=1e-6)
+
+        assert until(lambda: all(updated() for _ in range(16)), timeout=20), pool.text()
         after = answer()
         for _ in range(30):  # every worker answers with the update (connections spread)
             np.testing.assert_allclose(answer(), after, rtol=1e-5)
