@@ -100,6 +100,14 @@ class NotReadyError(TierserveError):
     retryable = True
 
 
+class RequestCancelledError(TierserveError):
+    """The client gave up on a request (its deadline passed, it cancelled or it hung up)
+    before the request ran: it was dropped without running."""
+
+    http_status = 499  # nginx's "client closed request"
+    grpc_status = "CANCELLED"
+
+
 class BackendUnavailableError(TierserveError):
     """A storage backend or broker could not be reached; the same call may succeed later."""
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from tierserve.ps.errors import RequestCancelledError
+
 from .servables import Servable
 
 log = logging.getLogger(__name__)
@@ -39,20 +41,29 @@ Callback = Callable[[Any, BaseException | None], None]
 
 class _Pending:
     """A request waiting for its batch: it gets its outputs through ``future`` (a coroutine
-    awaits it) or ``callback`` (no coroutine: :meth:`DynamicBatcher.enqueue`)."""
+    awaits it) or ``callback`` (no coroutine: :meth:`DynamicBatcher.enqueue`, where
+    ``alive()`` turning false means its client gave up)."""
 
-    __slots__ = ("unit", "size", "future", "callback")
+    __slots__ = ("unit", "size", "future", "callback", "alive")
 
     def __init__(
-        self, unit: Any, size: int, future: asyncio.Future | None, callback: Callback | None = None
+        self,
+        unit: Any,
+        size: int,
+        future: asyncio.Future | None,
+        callback: Callback | None = None,
+        alive: Callable[[], bool] | None = None,
     ) -> None:
         self.unit = unit
         self.size = size
         self.future = future
         self.callback = callback
+        self.alive = alive
 
     def cancelled(self) -> bool:
-        return self.future is not None and self.future.cancelled()
+        if self.future is not None:
+            return self.future.cancelled()
+        return self.alive is not None and not self.alive()
 
     def resolve(self, outputs: Any, exc: BaseException | None) -> None:
         if self.callback is not None:
@@ -117,11 +128,15 @@ class DynamicBatcher:
         self._schedule(loop)
         return await pending.future
 
-    def enqueue(self, unit: Any, callback: Callback) -> None:
+    def enqueue(
+        self, unit: Any, callback: Callback, alive: Callable[[], bool] | None = None
+    ) -> None:
         """Run one prepared unit as :meth:`submit` does, without a coroutine: ``callback``
-        gets its outputs (or the exception) on the event loop.  Call it on the loop."""
+        gets its outputs (or the exception) on the event loop.  Call it on the loop.  When
+        ``alive()`` is false by the time its batch is taken, the unit does not run and
+        ``callback`` gets :class:`~tierserve.ps.errors.RequestCancelledError`."""
         loop = asyncio.get_running_loop()
-        pending = _Pending(unit, int(unit.batch_size), None, callback)
+        pending = _Pending(unit, int(unit.batch_size), None, callback, alive)
         if self._closed:
             future = loop.run_in_executor(self.executor, self._execute, [pending])
             future.add_done_callback(lambda f: self._finished_alone(pending, f))
@@ -158,8 +173,12 @@ class DynamicBatcher:
         batch, rows = [], 0
         while self._pending and (not batch or rows + self._pending[0].size <= self.max_batch_size):
             item = self._pending.pop(0)
-            if item.cancelled():
+            if item.cancelled():  # its client gave up: it does not run
                 self._rows -= item.size
+                item.resolve(None, RequestCancelledError(
+                    "the client gave up on the request (deadline, cancel or hang-up) before "
+                    "it ran"
+                ))  # fmt: skip
                 continue
             batch.append(item)
             rows += item.size

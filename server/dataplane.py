@@ -323,10 +323,13 @@ class DataPlane:
         version: str,
         request: DecodedRequest,
         done: Callable[[InferResult | None, BaseException | None], None],
+        alive: Callable[[], bool] | None = None,
     ) -> None:
         """:meth:`infer` without a coroutine, for a front end that answers from callbacks:
         raises a TierserveError at once for a request that cannot run, else ``done(result,
-        None)`` or ``done(None, exception)`` is called later on the event loop."""
+        None)`` or ``done(None, exception)`` is called later on the event loop.  ``alive()``
+        false (its client gave up) before a batched request runs drops it
+        (:class:`~tierserve.ps.errors.RequestCancelledError`)."""
         started = time.perf_counter_ns()
         handle, servable, wanted, unit = self._begin(name, version, request, started)
         t0 = time.perf_counter_ns()
@@ -343,7 +346,7 @@ class DataPlane:
         try:
             batcher: DynamicBatcher | None = handle.extras.get("batcher")
             if batcher is not None:
-                batcher.enqueue(unit, finish)
+                batcher.enqueue(unit, finish, alive)
                 return
             loop = asyncio.get_running_loop()
             future = loop.run_in_executor(self.executor, self._execute_timed, servable, unit)

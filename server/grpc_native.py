@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import grpc
@@ -176,7 +177,10 @@ class NativeGrpcServer:
                 raise _invalid("ModelInfer") from exc
             model = request.model_name
             decoded = decode_infer_request(request)
-            plane.start_infer(model_name(model), request.model_version, decoded, done)
+            plane.start_infer(
+                model_name(model), request.model_version, decoded, done,
+                partial(self.transport.pending, call_id),  # false once the client gave up
+            )  # fmt: skip
         except Exception as exc:
             finish(self._fail(call_id, exc, "ModelInfer"))
 

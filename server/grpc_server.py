@@ -286,6 +286,9 @@ class InferenceServicer:
         except Exception as exc:
             status = status_of(exc)[0].name
             raise
+        except asyncio.CancelledError:  # the client gave up (deadline, cancel, hang-up)
+            status = grpc.StatusCode.CANCELLED.name
+            raise
         finally:
             label = self.plane.metrics_label(request.model_name)
             self.plane.metrics.observe_request(label, "grpc", time.perf_counter() - started, status)

@@ -134,6 +134,11 @@ class _InferCycle:
     )  # fmt: skip
     message_event = _NoEvent
 
+    def alive(self) -> bool:
+        """Whether its client is still connected (a batched request of a client that hung
+        up is dropped before it runs)."""
+        return not self.disconnected
+
     def __init__(self, model: str, version: str, keep_alive: bool, expect_100: bool) -> None:
         self.model = model
         self.version = version
@@ -321,6 +326,7 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
             lambda status, payload, media, json_length: self._infer_reply(
                 cycle, status, payload, media, json_length
             ),
+            cycle.alive,
         )  # fmt: skip
 
     def _infer_fail(self, cycle: _InferCycle) -> None:
@@ -344,7 +350,7 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         transport = self.transport
         if cycle.disconnected or transport.is_closing():
             return
-        head = [STATUS_LINE[status]]
+        head = [STATUS_LINE.get(status) or b"HTTP/1.1 %d \r\n" % status]  # 499 has no phrase
         for name, value in self.server_state.default_headers:
             head += (name, b": ", value, b"\r\n")
         head.append(b"content-length: %d\r\ncontent-type: %s\r\n" % (len(payload), media))

@@ -201,11 +201,13 @@ class InferEndpoint:
         header_length: str | None,
         started: float,
         reply: Reply,
+        alive: Callable[[], bool] | None = None,
     ) -> None:
         """Answer one infer request whose body is all in, as :meth:`handle` does:
         ``reply(status, payload, content_type, json_header_length)`` is called once, at
-        once for a request that cannot run, else from the event loop when its batch is done.
-        The request's metrics are recorded.  Never raises."""
+        once for a request that cannot run, else from the event loop when its batch is done
+        (``alive()`` false by then, the client gone: it does not run).  The request's metrics
+        are recorded.  Never raises."""
         plane = self.plane
         decoded: DecodedRequest | None = None
         size = len(body)
@@ -232,7 +234,7 @@ class InferEndpoint:
             body = _decode_body(body, encoding or "", self.limit)
             size = len(body)
             decoded = decode_rest_request(body, _parse_header_length(header_length))
-            plane.start_infer(model_name(model), version, decoded, done)
+            plane.start_infer(model_name(model), version, decoded, done, alive)
         except Exception as exc:
             if decoded is not None:
                 trimmer.after_request(decoded.inputs, size)

@@ -4,6 +4,7 @@ unknown methods, messages that are not protobuf), many calls at once, a drain on
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -315,3 +316,93 @@ def test_a_failing_model_is_an_internal_error_in_the_metrics(tmp_path, transport
         assert error.value.details() == "internal error"  # nothing of the exception leaks
         labels = {"model": "m", "protocol": "grpc"}
         assert _sample(server, "tierserve_request_errors_total", status="INTERNAL", **labels) == 1
+
+
+class _Gate(Doubler):
+    """A Doubler whose executions take 0.6 s and are recorded (rows of each)."""
+
+    def __init__(self) -> None:
+        self.running = threading.Event()
+        self.rows: list[int] = []
+
+    def predict_batch(self, batch):
+        self.rows.append(batch.batch_size)
+        self.running.set()
+        time.sleep(0.6)
+        return super().predict_batch(batch)
+
+
+@pytest.mark.parametrize("transport", ["native", "python"])
+def test_calls_whose_client_gave_up_do_not_run(tmp_path, transport):
+    """Calls queued behind a running batch whose deadline passes, or that the client
+    cancels, are dropped before they run, and counted CANCELLED, on both transports."""
+    if transport == "native" and not native_available():
+        pytest.skip("tierserve-native is not built")
+    model = _Gate()
+    loader = lambda n, v, d, c: RankingServable(n, v, model)  # noqa: E731
+    with (
+        BackgroundServer(_settings(tmp_path, transport), loader) as server,
+        grpc.insecure_channel(server.grpc_url) as channel,
+    ):
+        infer = _call(channel, "ModelInfer")
+        first = infer.future(_request(16, 1), timeout=30)  # a whole batch: it runs alone
+        assert model.running.wait(30)
+        late = infer.future(_request(2, 2), timeout=0.2)  # expires while the first runs
+        gone = infer.future(_request(3, 3), timeout=30)
+        time.sleep(0.05)
+        gone.cancel()
+        np.testing.assert_allclose(_output(first.result()), _expected(_request(16, 1)), rtol=1e-6)
+        assert late.exception().code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert gone.cancelled()
+        after = _request(4, 4)
+        np.testing.assert_allclose(_output(infer(after, timeout=30)), _expected(after), rtol=1e-6)
+        assert model.rows == [16, 4]  # neither the late nor the cancelled call ran
+        labels = {"model": "m", "protocol": "grpc"}
+        assert until(
+            lambda: _sample(server, "tierserve_request_errors_total", status="CANCELLED",
+                            **labels) == 2, timeout=10,
+        )  # fmt: skip
+
+
+@needs_native
+def test_the_transport_answers_a_passed_deadline_itself(tmp_path):
+    """A call still unanswered at its grpc-timeout gets DEADLINE_EXCEEDED from the
+    transport at that time, not when the model is done; a malformed grpc-timeout is
+    refused naming the header."""
+    model = _Gate()
+    loader = lambda n, v, d, c: RankingServable(n, v, model)  # noqa: E731
+    with BackgroundServer(_settings(tmp_path, "native"), loader) as server:
+        host, port = server.grpc_url.rsplit(":", 1)
+        request = _request(2, 5).SerializeToString()
+        framed = b"\x00" + len(request).to_bytes(4, "big") + request
+        answers = {}
+        for timeout in ("200m", "2x"):
+            started = time.monotonic()
+            answers[timeout] = (_raw_h2_call(host, int(port), framed, timeout), time.monotonic() - started)
+        assert model.rows == [2]  # the malformed one never reached the model
+    (status, message), took = answers["200m"]
+    assert status == "4" and took < 0.5, (status, message, took)  # not after the 0.6 s run
+    (status, message), _ = answers["2x"]
+    assert status == "13" and "grpc-timeout" in message, (status, message)
+
+
+def _raw_h2_call(host: str, port: int, framed: bytes, timeout: str) -> tuple[str, str]:
+    """``(grpc-status, grpc-message)`` of one ModelInfer call sent by ``nghttp`` with the
+    ``grpc-timeout`` header as given (grpc clients do not send a malformed one)."""
+    import tempfile
+
+    from services.install import ensure_command
+
+    ensure_command("nghttp", "nghttp2-client")
+    with tempfile.NamedTemporaryFile(suffix=".bin") as body:
+        body.write(framed)
+        body.flush()
+        done = subprocess.run(
+            ["nghttp", "-v", "--no-dep", "-d", body.name,
+             "-H", "content-type: application/grpc", "-H", "te: trailers",
+             "-H", f"grpc-timeout: {timeout}",
+             f"http://{host}:{port}{SERVICE}ModelInfer"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    found = dict(re.findall(r"(grpc-status|grpc-message): (.*)", done.stdout))
+    return found.get("grpc-status", ""), found.get("grpc-message", "")

@@ -1,4 +1,6 @@
-"""GatheringTransport: writes of one loop step leave in one write, in order."""
+"""The HTTP protocol: writes of one loop step leave in one write, in order; deadlines close
+idle and stalled connections; a request whose client hung up before its batch ran is
+dropped."""
 
 from __future__ import annotations
 
@@ -95,3 +97,69 @@ def test_deadlines_close_idle_and_stalled_connections_and_spare_busy_ones(tiny_r
             assert not closed(busy)
             busy.sendall(live)
             assert busy.recv(1024).startswith(b"HTTP/1.1 200")
+
+
+def test_a_batched_request_whose_client_hung_up_does_not_run(tmp_path):
+    """A request queued behind a running batch whose client closes its connection is
+    dropped before it runs (counted as a 499), and the server goes on answering."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    import numpy as np
+    from doubler_model import Doubler, binary_body, write_doubler_repository
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tierserve.server.app import BackgroundServer
+    from tierserve.server.servables import RankingServable
+    from tierserve.server.settings import Settings
+
+    class Gate(Doubler):
+        running = threading.Event()
+        rows: list[int] = []
+
+        def predict_batch(self, batch):
+            self.rows.append(batch.batch_size)
+            self.running.set()
+            time.sleep(0.6)
+            return super().predict_batch(batch)
+
+    def request(rows: int) -> bytes:
+        body, header_length = binary_body(
+            np.ones((rows, 3), np.float32), np.ones((rows, 2), np.int64)
+        )
+        return (
+            b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+            b"Inference-Header-Content-Length: %d\r\n\r\n" % (len(body), header_length)
+        ) + body
+
+    def status(s: socket.socket) -> bytes:
+        return s.recv(65536).split(b"\r\n", 1)[0]
+
+    model = Gate()
+    settings = Settings.build(
+        model_repository=write_doubler_repository(tmp_path), http_port=0, grpc_port=None,
+        poll_interval_s=0,
+    )  # fmt: skip
+    loader = lambda n, v, d, c: RankingServable(n, v, model)  # noqa: E731
+    with BackgroundServer(settings, loader) as server:
+        address = server.http_url.split(":")[0], int(server.http_url.split(":")[1])
+        with socket.create_connection(address, timeout=10) as first:
+            first.sendall(request(16))  # a whole batch: it runs alone
+            assert model.running.wait(10)
+            with socket.create_connection(address, timeout=10) as gone:
+                gone.sendall(request(2))  # queued behind the first ...
+            # ... and its client gone before that batch is done
+            assert status(first) == b"HTTP/1.1 200 OK"
+        with socket.create_connection(address, timeout=10) as after:
+            after.sendall(request(4))
+            assert status(after) == b"HTTP/1.1 200 OK"
+        metrics = urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10).read()
+    assert model.rows == [16, 4]
+    hung_up = [
+        s.value for f in text_string_to_metric_families(metrics.decode())
+        for s in f.samples
+        if s.name == "tierserve_request_errors_total" and s.labels.get("status") == "499"
+    ]  # fmt: skip
+    assert hung_up == [1.0]

@@ -5,6 +5,9 @@
 //! code as the `grpc.aio` front end.  No thread of this module ever takes the GIL: a request
 //! is queued and an eventfd is written when the queue was empty; the event loop, woken by
 //! the eventfd, takes every queued request at once (`take`) and answers each with `reply`.
+//! A call still unanswered at its `grpc-timeout`, or cancelled by the client, stops being
+//! `pending` (Python then drops it if it has not run) and the transport answers the deadline
+//! itself.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -35,6 +38,7 @@ use tokio::sync::{oneshot, watch};
 const SERVICE_PREFIX: &str = "/inference.GRPCInferenceService/";
 
 /// gRPC status codes used by the transport itself.
+const DEADLINE_EXCEEDED: u32 = 4;
 const UNIMPLEMENTED: u32 = 12;
 const INTERNAL: u32 = 13;
 const RESOURCE_EXHAUSTED: u32 = 8;
@@ -84,6 +88,42 @@ impl Drop for Shared {
         // SAFETY: the eventfd is ours and closed once, here.
         unsafe { libc::close(self.eventfd) };
     }
+}
+
+/// Keeps call `id` answerable while it lives: dropped when the call ends (answered, its
+/// deadline passed, or the client cancelled it, which drops the request's future), it takes
+/// the call out of `waiting`, so `pending` turns false and a late `reply` is refused.
+struct Waiting {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.shared.waiting.lock().unwrap().remove(&self.id);
+    }
+}
+
+/// The `grpc-timeout` header's duration ("Timeout": at most 8 digits and a unit, H M S m u
+/// n), or `None` when it is malformed.
+fn grpc_timeout(value: &str) -> Option<Duration> {
+    if value.len() < 2 || value.len() > 9 || !value.is_ascii() {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// Counts a request in flight from its arrival until its response is built.
@@ -205,6 +245,19 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
         .get("authorization")
         .and_then(|value| value.to_str().ok())
         .map(str::to_string);
+    let timeout = match request.headers().get("grpc-timeout") {
+        None => None,
+        Some(value) => match value.to_str().ok().and_then(grpc_timeout) {
+            Some(timeout) => Some(timeout),
+            None => {
+                return Ok(status_only(
+                    INTERNAL,
+                    &format!("malformed grpc-timeout header {:?}: give 1-8 digits and a unit (H, M, S, m, u, n)", value),
+                ))
+            }
+        },
+    };
+    let arrived = tokio::time::Instant::now();
     let encoding = request
         .headers()
         .get("grpc-encoding")
@@ -246,6 +299,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
     let (sender, receiver) = oneshot::channel();
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     shared.waiting.lock().unwrap().insert(id, sender);
+    let _waiting = Waiting { shared: shared.clone(), id };
     let first = {
         let mut queue = shared.queue.lock().unwrap();
         queue.push(Call { id, method, message, authorization });
@@ -254,7 +308,16 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
     if first {
         shared.wake();
     }
-    Ok(match receiver.await {
+    let replied = match timeout {
+        None => receiver.await,
+        Some(timeout) => match tokio::time::timeout_at(arrived + timeout, receiver).await {
+            Ok(replied) => replied,
+            // the client has given up by now: answer as it expects; Python sees the call
+            // no longer pending and skips it if it has not run yet
+            Err(_) => return Ok(status_only(DEADLINE_EXCEEDED, "deadline exceeded")),
+        },
+    };
+    Ok(match replied {
         Ok(reply) => answer(reply),
         Err(_) => status_only(UNAVAILABLE, "the server is shutting down"),
     })
@@ -393,6 +456,12 @@ impl GrpcTransport {
             .into_iter()
             .map(|call| (call.id, call.method, PyBytes::new(py, &call.message), call.authorization))
             .collect()
+    }
+
+    /// Whether call `id` still waits for its answer (false once answered, past its
+    /// deadline, or cancelled by the client).
+    fn pending(&self, id: u64) -> bool {
+        self.shared.waiting.lock().unwrap().contains_key(&id)
     }
 
     /// Answer call `id`: status 0 and the serialized response, or a gRPC status code and
