@@ -105,7 +105,7 @@ impl Drop for Waiting {
 }
 
 /// The `grpc-timeout` header's duration ("Timeout": at most 8 digits and a unit, H M S m u
-/// n), or `None` when it is malformed.
+/// n), at most a year (the timer's range), or `None` when it is malformed.
 fn grpc_timeout(value: &str) -> Option<Duration> {
     if value.len() < 2 || value.len() > 9 || !value.is_ascii() {
         return None;
@@ -115,7 +115,8 @@ fn grpc_timeout(value: &str) -> Option<Duration> {
         return None;
     }
     let n: u64 = digits.parse().ok()?;
-    Some(match unit {
+    let year = Duration::from_secs(365 * 24 * 3600);
+    Some(year.min(match unit {
         "H" => Duration::from_secs(n.saturating_mul(3600)),
         "M" => Duration::from_secs(n.saturating_mul(60)),
         "S" => Duration::from_secs(n),
@@ -123,7 +124,7 @@ fn grpc_timeout(value: &str) -> Option<Duration> {
         "u" => Duration::from_micros(n),
         "n" => Duration::from_nanos(n),
         _ => return None,
-    })
+    }))
 }
 
 /// Counts a request in flight from its arrival until its response is built.
