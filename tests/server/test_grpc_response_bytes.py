@@ -3,8 +3,6 @@ they parse to the message ``encode_infer_response`` builds, and tritonclient rea
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -41,30 +39,16 @@ def test_bytes_parse_to_the_message(name):
 
 def test_tritonclient_reads_the_answer(tmp_path):
     import tritonclient.grpc as tg
+    from doubler_model import doubler_loader, write_doubler_repository
 
     from tierserve.server.app import BackgroundServer
-    from tierserve.server.servables import RankingServable
     from tierserve.server.settings import Settings
 
-    class Doubler:
-        dense_dim, label_dim, slot_nums, max_batchsize = 3, 1, [2], 16
-
-        def predict_batch(self, batch):
-            keys = batch.sparse[0].keys.reshape(batch.batch_size, -1).sum(1)
-            return (2 * batch.dense.sum(1) + keys)[:, None].astype(np.float32)
-
-    (tmp_path / "m" / "1").mkdir(parents=True)
-    model = {
-        "model": "m", "sparse_files": ["t0"], "dense_file": "", "network_file": "",
-        "embedding_table_names": ["t0"], "embedding_vecsize_per_table": [4],
-        "maxnum_catfeature_query_per_table_per_sample": [2],
-    }  # fmt: skip
-    (tmp_path / "ps.json").write_text(json.dumps({"supportlonglong": True, "models": [model]}))
     settings = Settings.build(
-        model_repository=tmp_path, http_port=0, grpc_port=0, poll_interval_s=0
-    )
-    loader = lambda name, version, folder, ps: RankingServable(name, version, Doubler())  # noqa: E731
-    with BackgroundServer(settings, loader=loader) as server:
+        model_repository=write_doubler_repository(tmp_path), http_port=0, grpc_port=0,
+        poll_interval_s=0,
+    )  # fmt: skip
+    with BackgroundServer(settings, loader=doubler_loader) as server:
         client = tg.InferenceServerClient(server.grpc_url)
         des = tg.InferInput("DES", [2, 3], "FP32")
         des.set_data_from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
