@@ -15,6 +15,7 @@ older single-table API over raw lists.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -369,7 +370,8 @@ class InferenceModel:
         else:  # any ParameterServerLike that already holds the tables
             self.version = None
             self.tables_source = parameter_server
-        self.xp = np
+        self.xp = np  # where the dense network runs: the cache's device (see below)
+        self._on_device = contextlib.nullcontext  # makes that device current (cupy: per thread)
         try:
             if use_gpu_embedding_cache:
                 self.cache = self._create_cache(config)
@@ -384,10 +386,12 @@ class InferenceModel:
         xp = getattr(self.cache, "xp", np)
         if xp is np:
             return
-        from tierserve.cache.device import device_context
+        from tierserve.cache.device import device_context  # the cache package loads numba
 
+        device_id = self.cache.device_id
         self.xp = xp
-        with device_context(xp, self.cache.device_id):
+        self._on_device = lambda: device_context(xp, device_id)
+        with self._on_device():
             self.network.to_device(xp)
 
     def _create_cache(self, config: ModelConfig):
@@ -470,13 +474,8 @@ class InferenceModel:
                 f"the batch has {len(batch.sparse)} sparse inputs; the model has "
                 f"{len(self.sparse_names)} ({', '.join(self.sparse_names)})"
             )
-        if self.xp is np:
+        with self._on_device():
             out = self.network.predict(batch.dense, self.embeddings(batch))
-        else:
-            from tierserve.cache.device import device_context
-
-            with device_context(self.xp, self.cache.device_id):  # per thread in cupy
-                out = self.network.predict(batch.dense, self.embeddings(batch))
         return to_numpy(out).astype(np.float32, copy=False)
 
     def _batches(

@@ -156,12 +156,9 @@ class InferenceGraph:
         state = list(nontrainable) if nontrainable is not None else [
             s for per_layer in self.network.init_state() for s in per_layer
         ]
-        self.params = self.network.unflatten(
-            [to_xp(xp, w, np.float32) for w in weights], self.network.param_shapes()
-        )
-        self.states = self.network.unflatten(
-            [to_xp(xp, s, np.float32) for s in state], self.network.state_shapes()
-        )
+        self.params = self.network.unflatten(list(weights), self.network.param_shapes())
+        self.states = self.network.unflatten(state, self.network.state_shapes())
+        self.to_device(xp)
 
     def to_device(self, xp: Any) -> None:
         """Move the weights to ``xp`` (cupy: its current device; numpy: the host) and predict
