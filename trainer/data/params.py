@@ -103,8 +103,9 @@ class DataReaderParams(ParamsModel):
     ``s`` must lie in ``[0, slot_size_array[s])`` and the reader adds
     ``sum(slot_size_array[:s])`` to it.  ``num_workers``: reading threads (HugeCTR's default 12;
     capped at the number of CPU cores and of files).  ``float_label_dense`` (Raw only, default
-    True as HugeCTR documents): label and dense are float32; False reads int32 values and
-    ``log(x + 1)`` of the dense ones.
+    False as in HugeCTR's binding): True reads label and dense as float32; False reads int32
+    values and ``log(x + 1)`` of the dense ones.  A file whose values cannot be what the setting
+    says is refused naming it (see :mod:`~tierserve.trainer.data.raw`).
 
     Not honoured, each warns once when set: ``cache_eval_data`` (evaluation data is read from
     the files at every evaluation), ``keyset`` (only the embedding training cache reads
@@ -121,7 +122,7 @@ class DataReaderParams(ParamsModel):
     cache_eval_data: Annotated[int, Field(ge=0)] = 0
     num_samples: Annotated[int, Field(ge=0)] = 0
     eval_num_samples: Annotated[int, Field(ge=0)] = 0
-    float_label_dense: bool = True
+    float_label_dense: bool = False
     num_workers: Annotated[int, Field(ge=1)] = 12
     slot_size_array: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
     data_source_params: Any = None
