@@ -38,7 +38,8 @@ class DataReaderSparseParam(ParamsModel):
 
     ``nnz_per_slot`` as an int is the average number of keys per slot (a sample holds at most
     ``nnz_per_slot * slot_num`` keys of this input); as a list it is each slot's maximum.
-    ``is_fixed_length`` promises exactly that many keys per slot in every sample.
+    Either way it is a maximum: a slot may hold fewer keys, also with ``is_fixed_length``, which
+    in HugeCTR only selects a faster host-to-device copy (accepted, no effect on the values).
     """
 
     sparse_name: str
