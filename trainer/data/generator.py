@@ -271,27 +271,29 @@ class DataGenerator:
                 logits.append(lg)
             files.append(source)
         else:
-            folder = Path(source).parent / ("train" if split == "train" else "val")
-            folder.mkdir(parents=True, exist_ok=True)
+            # named as HugeCTR's generator names them: <folder of source as given>/train/...,
+            # listed as such (relative to the working directory when source is relative)
+            folder = os.path.join(os.path.dirname(source), "train" if split == "train" else "val")
+            Path(folder).mkdir(parents=True, exist_ok=True)
             names = default_column_names(p.label_dim, p.dense_dim, p.num_slot)
             stats = {}
             list_slots = [p.variable_nnz or n > 1 for n in p.nnz]
             for i in range(num_files):
                 records, _, lg = self.samples(split, i, p.num_samples_per_file)
                 if p.format is DataReaderType_t.Norm:
-                    path = folder / f"gen_{i}.data"
+                    path = os.path.join(folder, f"gen_{i}.data")
                     write_norm_file(path, self.global_keys(records), p.check_type, p.i64_input_key)
                 else:
-                    path = folder / f"gen_{i}.parquet"
+                    path = os.path.join(folder, f"gen_{i}.parquet")
                     meta = ParquetMetadata({}, names[2], names[1], names[0])
                     write_parquet_file(path, records, meta, list_slots, p.i64_input_key)
-                    stats[path.name] = len(records)
-                files.append(os.fspath(path))
+                    stats[os.path.basename(path)] = len(records)
+                files.append(path)
                 labels.append(records.label)
                 logits.append(lg)
             if p.format is DataReaderType_t.Parquet:
                 write_parquet_metadata(folder, ParquetMetadata(stats, names[2], names[1], names[0]))
-            write_file_list(source, files)
+            write_file_list(source, files, as_given=True)
         label = np.concatenate(labels)
         logit = np.concatenate(logits)
         auc = float(np.mean([auc_score(label[:, j], logit[:, j]) for j in range(p.label_dim)]))

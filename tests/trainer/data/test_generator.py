@@ -42,15 +42,21 @@ def test_auc_score_matches_pair_counting():
     assert np.isnan(auc_score(np.ones(3), np.arange(3)))
 
 
-def test_norm_layout_and_determinism(tmp_path):
+def test_norm_layout_and_determinism(tmp_path, monkeypatch):
     dataset = DataGenerator(params(tmp_path / "a")).generate()
     files = read_file_list(dataset.train.source)
     assert files == [str(tmp_path / "a" / "train" / f"gen_{i}.data") for i in range(2)]
+    # HugeCTR's generator lists the paths it formed from source, as given
     assert (tmp_path / "a" / "file_list.txt").read_text().splitlines() == [
-        "2",
-        "train/gen_0.data",
-        "train/gen_1.data",
-    ]
+        "2", *files]
+    monkeypatch.chdir(tmp_path)
+    DataGenerator(params(tmp_path, source="./rel/file_list.txt",
+                         eval_source="./rel/file_list_test.txt")).generate()
+    assert (tmp_path / "rel" / "file_list.txt").read_text().splitlines() == [
+        "2", "./rel/train/gen_0.data", "./rel/train/gen_1.data"]
+    monkeypatch.chdir(tmp_path / "a")  # found from elsewhere too: in the list's parent folder
+    assert read_file_list(tmp_path / "rel" / "file_list.txt") == [
+        str(tmp_path / "./rel/train" / f"gen_{i}.data") for i in range(2)]
     assert read_file_list(dataset.eval.source) == [str(tmp_path / "a" / "val" / "gen_0.data")]
     header = read_norm_header(files[0])
     assert header["number_of_records"] == 4000 and header["slot_num"] == 5
