@@ -82,38 +82,8 @@ class ChecksumError(ValueError):
     """``Error_t::DataCheckError`` / ``BrokenFile`` of HugeCTR's checker."""
 
 
-class CheckSum:
-    """HugeCTR's ``CheckSum::read``: a frame may be consumed by several reads; its checksum
-    byte is read and compared when its length is used up."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos, self.counter, self.accum = data, 0, 0, 0
-
-    def _take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise ChecksumError(f"end of file at byte {self.pos}, {n} more wanted")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def read(self, n: int) -> bytes:
-        if self.counter == 0:
-            self.counter = struct.unpack("<i", self._take(4))[0]
-        self.counter -= n
-        if self.counter < 0:
-            raise ChecksumError(f"counter {self.counter} < 0: a read crosses its frame")
-        out = self._take(n)
-        self.accum = (self.accum + sum(out)) % 256
-        if self.counter == 0:
-            stored = self._take(1)[0]
-            ok, self.accum = stored == self.accum, 0
-            if not ok:
-                raise ChecksumError("checksum mismatch")
-        return out
-
-
 class CheckNone:
-    """HugeCTR's ``CheckNone::read``."""
+    """HugeCTR's ``CheckNone::read``: the bytes as they are."""
 
     def __init__(self, data: bytes) -> None:
         self.data, self.pos = data, 0
@@ -123,6 +93,30 @@ class CheckNone:
             raise ChecksumError(f"end of file at byte {self.pos}, {n} more wanted")
         out = self.data[self.pos : self.pos + n]
         self.pos += n
+        return out
+
+
+class CheckSum(CheckNone):
+    """HugeCTR's ``CheckSum::read``: a frame may be consumed by several reads; its checksum
+    byte is read and compared when its length is used up."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.counter, self.accum = 0, 0
+
+    def read(self, n: int) -> bytes:
+        if self.counter == 0:
+            self.counter = struct.unpack("<i", super().read(4))[0]
+        self.counter -= n
+        if self.counter < 0:
+            raise ChecksumError(f"counter {self.counter} < 0: a read crosses its frame")
+        out = super().read(n)
+        self.accum = (self.accum + sum(out)) % 256
+        if self.counter == 0:
+            stored = super().read(1)[0]
+            ok, self.accum = stored == self.accum, 0
+            if not ok:
+                raise ChecksumError("checksum mismatch")
         return out
 
 

@@ -120,34 +120,26 @@ _TINY = np.finfo(np.float32).tiny
 
 def _check_value_kind(path: str, data: np.ndarray, float_label_dense: bool, start: int) -> None:
     """Refuse labels (and, as floats, dense values) that are the other type's bit pattern."""
-    if float_label_dense:
-        for name in ("label", "dense"):
-            values = data[name].reshape(len(data), -1)
+    names = ("label", "dense") if float_label_dense else ("label",)
+    for name in names:
+        values = np.ascontiguousarray(data[name].reshape(len(data), -1))
+        if float_label_dense:  # a small int32 read as float32 is a denormal
             bad = (values != 0) & (np.abs(values) < _TINY)
-            if bad.any():
-                r, d = np.argwhere(bad)[0]
-                raise DataFileError(
-                    path,
-                    f"{name} {values[r, d]:.9g} is not a normal float32: it is the bit pattern "
-                    f"of int32 {values[r:r + 1, d].view('<i4')[0]}; the file holds int32 label "
-                    "and dense values: set float_label_dense=False",
-                    record=start + int(r),
-                    field=f"{name}[{d}]",
-                )
-        return
-    labels = data["label"].reshape(len(data), -1)
-    as_float = np.abs(np.ascontiguousarray(labels).view("<f4"))
-    bad = (as_float >= 1e-6) & (as_float <= 1e6)
-    if bad.any():
+        else:  # a float32 read as int32: its bits are a float of a plausible magnitude
+            as_float = np.abs(values.view("<f4"))
+            bad = (as_float >= 1e-6) & (as_float <= 1e6)
+        if not bad.any():
+            continue
         r, d = np.argwhere(bad)[0]
-        raise DataFileError(
-            path,
-            f"label {labels[r, d]} read as int32 is the bit pattern of float32 "
-            f"{labels[r:r + 1, d].view('<f4')[0]:.9g}; the file holds float32 label and dense "
-            "values: set float_label_dense=True",
-            record=start + int(r),
-            field=f"label[{d}]",
-        )
+        if float_label_dense:
+            problem = (f"{name} {values[r, d]:.9g} is not a normal float32: it is the bit "
+                       f"pattern of int32 {values[r:r + 1, d].view('<i4')[0]}; the file holds "
+                       "int32 label and dense values: set float_label_dense=False")
+        else:
+            problem = (f"{name} {values[r, d]} read as int32 is the bit pattern of float32 "
+                       f"{values[r:r + 1, d].view('<f4')[0]:.9g}; the file holds float32 label "
+                       "and dense values: set float_label_dense=True")
+        raise DataFileError(path, problem, record=start + int(r), field=f"{name}[{d}]")
 
 
 def read_raw_records(
