@@ -38,7 +38,8 @@ class DataReaderSparseParam(ParamsModel):
 
     ``nnz_per_slot`` as an int is the average number of keys per slot (a sample holds at most
     ``nnz_per_slot * slot_num`` keys of this input); as a list it is each slot's maximum.
-    ``is_fixed_length`` promises exactly that many keys per slot in every sample.
+    Either way it is a maximum: a slot may hold fewer keys, also with ``is_fixed_length``, which
+    in HugeCTR only selects a faster host-to-device copy (accepted, no effect on the values).
     """
 
     sparse_name: str
@@ -103,8 +104,9 @@ class DataReaderParams(ParamsModel):
     ``s`` must lie in ``[0, slot_size_array[s])`` and the reader adds
     ``sum(slot_size_array[:s])`` to it.  ``num_workers``: reading threads (HugeCTR's default 12;
     capped at the number of CPU cores and of files).  ``float_label_dense`` (Raw only, default
-    True as HugeCTR documents): label and dense are float32; False reads int32 values and
-    ``log(x + 1)`` of the dense ones.
+    False as in HugeCTR's binding): True reads label and dense as float32; False reads int32
+    values and ``log(x + 1)`` of the dense ones.  A file whose values cannot be what the setting
+    says is refused naming it (see :mod:`~tierserve.trainer.data.raw`).
 
     Not honoured, each warns once when set: ``cache_eval_data`` (evaluation data is read from
     the files at every evaluation), ``keyset`` (only the embedding training cache reads
@@ -121,7 +123,7 @@ class DataReaderParams(ParamsModel):
     cache_eval_data: Annotated[int, Field(ge=0)] = 0
     num_samples: Annotated[int, Field(ge=0)] = 0
     eval_num_samples: Annotated[int, Field(ge=0)] = 0
-    float_label_dense: bool = True
+    float_label_dense: bool = False
     num_workers: Annotated[int, Field(ge=1)] = 12
     slot_size_array: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
     data_source_params: Any = None
