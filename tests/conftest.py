@@ -14,6 +14,8 @@ it stops at the end of the session. Fixtures:
   failover tests); stopped at the end of the session.
 - ``kafka_broker``: Apache Kafka 4.x, broker and controller in one process (``.bootstrap``,
   ``.stop()``, ``.start()``, ``.kill()``).
+- ``kafka_broker_factory()``: starts a broker of the test's own, for tests that restart it
+  or delete its topics; stopped at the end of the session.
 - ``triton_server_factory(model_repository, model_control_mode="none", load_models=())``:
   starts a tritonserver (``.http_url``, ``.grpc_url``, ``.stop()``); see tests/services/triton.py
   for how a Python-backend model finds the virtual environment.
@@ -52,6 +54,7 @@ FIXTURE_MARKERS = {
     "redis_cluster": "redis_cluster",
     "redis_cluster_factory": "redis_cluster",
     "kafka_broker": "kafka",
+    "kafka_broker_factory": "kafka",
     "triton_server_factory": "triton",
 }
 
@@ -208,6 +211,23 @@ def kafka_broker(service_workspace: Workspace) -> Iterator[KafkaBroker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker_factory(service_workspace: Workspace) -> Iterator[Callable[[], KafkaBroker]]:
+    """``start()`` starts another Kafka broker (its own ports and log directory)."""
+    kafka = _timed(service_workspace, "kafka install", ensure_kafka)
+    with contextlib.ExitStack() as cleanup:
+
+        def start() -> KafkaBroker:
+            broker = KafkaBroker(
+                kafka, service_workspace.data_dir("kafka"), service_workspace.log_path("kafka")
+            )
+            cleanup.callback(broker.stop)
+            _timed(service_workspace, "kafka start", broker.start)
+            return broker
+
+        yield start
 
 
 @pytest.fixture(scope="session")
