@@ -419,6 +419,7 @@ class UpdateConsumer:
         try:
             self._commit(asynchronous=False)
         finally:
+            self._topics = None  # its client goes with it (AdminClient has no close)
             self._consumer.close()
 
     def status(self) -> ConsumerStatus:
