@@ -144,6 +144,7 @@ def test_hostile_messages_do_not_stop_updates_nor_health(tmp_path, kafka_broker)
         volatile = 'role="apply",tier="volatile:hash_map"'
         assert _metric(url, f"tierserve_update_consumers_alive{{{volatile}}}") == 1
         assert _metric(url, f"tierserve_update_consumer_restarts_total{{{volatile}}}") == 0
+        assert _metric(url, f"tierserve_update_consumers_caught_up{{{volatile}}}") == 1
         assert _metric(url, 'tierserve_tier_updates_total{outcome="malformed",'
                        'tier="volatile:hash_map"}') >= 20  # fmt: skip
         # A consumer that does not run makes the server not ready, and shows in the metrics.
@@ -180,6 +181,9 @@ def test_a_server_that_cannot_read_its_topics_end_offsets_is_not_ready_and_says_
             return False
 
         assert until(says_why, timeout=30)
+        volatile = 'role="apply",tier="volatile:hash_map"'
+        assert _metric(url, f"tierserve_update_consumers_caught_up{{{volatile}}}") == 0
+        assert _metric(url, f"tierserve_update_consumers_alive{{{volatile}}}") == 1
         # It serves meanwhile: not ready is advice to a load balancer, not a refusal.
         assert urllib.request.urlopen(f"{url}/v2/health/live").status == 200
 
