@@ -18,7 +18,14 @@ an empty message key, and a value of at most ``max_batch_size`` records
   process id and a random part, :func:`replica_id`), so two servers on one host never split
   the updates of their in-process tiers between them.  A process with a new id reads the
   topics from the start (``auto.offset.reset: earliest``); a stable id resumes where the
-  last process with that id stopped;
+  last process with that id stopped, and in a group of its own (an unshared tier, cache
+  invalidation) it is a static member (``group.instance.id``), so a process restarted after
+  a SIGKILL gets its partitions back at once rather than after the dead one's session;
+- at its start an applying consumer reads the end offsets of its topics and reports itself
+  caught up (:meth:`UpdateConsumer.status`, hence the server's readiness) only once it read
+  them up to there (:mod:`tierserve.ps.kafka_catchup`);
+- a topic deleted and created again (a new topic id, :mod:`tierserve.ps.kafka_topics`) is
+  read from its start by a new Kafka client;
 - a malformed message (any value the decoder refuses), or one for a model or table this
   server does not hold, is counted, logged (its first bytes in hex) and skipped, and its
   offset committed; a tier that cannot be reached is retried after ``failure_backoff_ms``
