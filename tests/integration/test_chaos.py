@@ -347,7 +347,7 @@ def test_chaos(versions, redis_cluster, kafka_broker, tmp_path):
 
 # --- real faults, one at a time: failover, a recreated topic, a restart's replay ----------------
 
-FILLER_ROWS = 300_000  # replayed before the rows the requests read: the replay takes seconds
+FILLER_ROWS = 150_000  # replayed before the rows the requests read: it takes a second or so
 FILLER_KEY = 1_000_000  # filler keys start here, far from the requests' keys (< 300)
 #: How soon after a fault is over (a replica promoted, a topic recreated) answers must carry
 #: the stored rows again: one topology refresh or topic check, plus slack for a loaded VM.
