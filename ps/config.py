@@ -12,7 +12,8 @@ Beyond HugeCTR: ``type: "redis"`` is a standalone Redis server given by ``addres
 HugeCTR has no settings for how its Redis client waits and retries; ours are on the ``redis``
 and ``redis_cluster`` configs (:class:`_RedisBase`): ``socket_timeout_ms``,
 ``connect_timeout_ms``, ``max_retries``, the circuit breaker's ``failure_threshold``,
-``failure_backoff_ms`` and ``max_failure_backoff_ms``, and ``refill_interval_ms``.
+``failure_backoff_ms`` and ``max_failure_backoff_ms``, and ``refill_interval_ms``; a
+cluster's also ``topology_refresh_ms``.
 """
 
 from __future__ import annotations
@@ -245,10 +246,16 @@ class _RedisBase(_VolatileBase):
 
 
 class RedisClusterConfig(_RedisBase):
-    """An existing Redis Cluster; ``address`` lists seed nodes ``host:port[,host:port...]``."""
+    """An existing Redis Cluster; ``address`` lists seed nodes ``host:port[,host:port...]``.
+
+    ``topology_refresh_ms`` (500): while calls to a node fail, are skipped or are redirected
+    (``MOVED``), the slot map is read again in the background at most this often, so a
+    replica the cluster promoted in place of a dead master is used within this time.
+    """
 
     type: Literal[DatabaseType_t.redis_cluster] = DatabaseType_t.redis_cluster
     address: str = "127.0.0.1:7000"
+    topology_refresh_ms: PositiveInt = 500
 
     @field_validator("address")
     @classmethod

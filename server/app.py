@@ -101,8 +101,11 @@ def create_app(
 
         plane.load = plane.unload = one_worker_only  # type: ignore[method-assign]
         # Readiness is the pool's: this worker reports its own, and answers for all of them.
-        own_ready = plane.ready
+        own_ready, own_reason = plane.ready, plane.not_ready_reason
         plane.ready = lambda: own_ready() and pool.all_ready()  # type: ignore[method-assign]
+        plane.not_ready_reason = lambda: (  # type: ignore[method-assign]
+            own_reason() if not own_ready() else "another worker process is not ready"
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

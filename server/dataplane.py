@@ -124,6 +124,19 @@ class DataPlane:
             and all(e.state == "READY" or e.unloaded for e in self.repository.entries.values())
         )
 
+    def not_ready_reason(self) -> str:
+        """Why :meth:`ready` is false, for the body of a 503 (a hint: read after ready())."""
+        if not self.started:
+            return "starting: loading the models"
+        reason = getattr(self.repository.loader, "not_ready_reason", None)
+        text = reason() if reason is not None else None
+        if text:
+            return text
+        for name, e in self.repository.entries.items():
+            if e.state != "READY" and not e.unloaded:
+                return f"model {name!r} is {e.state}"
+        return "not ready"
+
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": version(), "extensions": EXTENSIONS}
 

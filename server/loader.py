@@ -166,8 +166,20 @@ class RepositoryLoader:
 
     def healthy(self) -> bool:
         """False while a Kafka consumer does not run (it failed and waits to restart, or
-        stopped): the server then reports not ready, as its embeddings may be going stale."""
-        return all(status.alive for status in self.consumer_status())
+        stopped), or has not yet read its topics up to where they ended when it started
+        (the replay after a restart): the server then reports not ready, as its embeddings
+        may be stale."""
+        return self.not_ready_reason() is None
+
+    def not_ready_reason(self) -> str | None:
+        """Why :meth:`healthy` is false (None when it is true)."""
+        for status in self.consumer_status():
+            consumer = f"the Kafka {status.role} consumer of the {status.level} tier"
+            if not status.alive:
+                return f"{consumer} does not run (last error: {status.last_error})"
+            if not status.caught_up:
+                return f"{consumer} is not caught up: {status.not_ready}"
+        return None
 
     def close(self) -> None:
         for consumer in self.update_consumers:

@@ -82,6 +82,12 @@ class _TierCollector(Collector):
             "the tier; invalidate: tells this replica's caches of another replica's writes)",
             labels=["tier", "role"],
         )
+        caught_up = GaugeMetricFamily(
+            "tierserve_update_consumers_caught_up",
+            "Kafka update consumers that read their topics up to the end offsets seen when "
+            "they started (the replay after a restart); the server is ready only when all are",
+            labels=["tier", "role"],
+        )
         restarts = CounterMetricFamily(
             "tierserve_update_consumer_restarts",
             "Times a Kafka update consumer's loop failed and was restarted",
@@ -116,12 +122,14 @@ class _TierCollector(Collector):
                     updates.add_metric([tier, outcome], count)
                 by_role: dict[str, list[int]] = {}
                 for consumer in snap.get("consumers", ()):
-                    counts = by_role.setdefault(consumer["role"], [0, 0])
+                    counts = by_role.setdefault(consumer["role"], [0, 0, 0])
                     counts[0] += bool(consumer["alive"])
                     counts[1] += consumer["restarts"]
-                for role, (n_alive, n_restarts) in by_role.items():
+                    counts[2] += bool(consumer.get("caught_up", True))
+                for role, (n_alive, n_restarts, n_caught_up) in by_role.items():
                     alive.add_metric([tier, role], n_alive)
                     restarts.add_metric([tier, role], n_restarts)
+                    caught_up.add_metric([tier, role], n_caught_up)
                 self._consumer_metrics(snap, tier, lag, waiting, kafka_down, freshness)
                 errors.add_metric([tier], snap.get("errors", 0))
                 hits.add_metric([tier], snap.get("hits", 0))
@@ -135,6 +143,7 @@ class _TierCollector(Collector):
                     latency.add_metric([tier, op], buckets=buckets, sum_value=h["sum"])
         yield updates
         yield alive
+        yield caught_up
         yield restarts
         yield lag
         yield waiting

@@ -352,12 +352,17 @@ def build_router(
         response_class=Response,
         responses={
             200: {"description": "every model serves", **empty},
-            503: {"description": "starting, or a model does not serve", **empty},
+            503: {"description": "starting, a model does not serve, or the Kafka updates are "
+                   "not read up to where they were at start; the body says which "
+                   '(`{"error": "..."}`)'},
         },
     )
     async def ready() -> Response:
-        """Whether the server and all its models serve (KServe v2 readiness); no body."""
-        return Response(status_code=200 if plane.ready() else 503)
+        """Whether the server and all its models serve (KServe v2 readiness); no body when
+        ready, the reason when not."""
+        if plane.ready():
+            return Response(status_code=200)
+        return JSONResponse({"error": plane.not_ready_reason()}, status_code=503)
 
     @router.get("/v2", response_model=docs.ServerMetadata)
     async def server_metadata() -> dict[str, Any]:

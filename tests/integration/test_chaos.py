@@ -14,6 +14,12 @@ message and updates, and restarts the broker.  Afterwards:
 - the final tables, in both tiers, equal the new version's files plus every published update.
 
 ``TIERSERVE_CHAOS_SECONDS`` sets the length (default 60); the faults keep their proportions.
+
+Then real faults one at a time, each against what a reference server answers with the same
+rows: a Redis Cluster master SIGKILLed and its replica promoted (the server follows it within
+seconds, answering 200 meanwhile); a broker restarted and the model's topic deleted and
+created again (the server applies the new topic's updates); ``tierserve serve`` stopped or
+SIGKILLed mid-stream and started again (it says ready only once it replayed the updates).
 """
 
 from __future__ import annotations
@@ -35,14 +41,25 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
 from frozen import frozen
-from kafka_clients import raw_producer
+from kafka_clients import create_topic, delete_topic, raw_producer
 from polling import until
+from serve_process import (
+    demo_repository,
+    infer_body,
+    predict,
+    ready_status,
+    serve,
+    stop,
+    wait_ready,
+)
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
-from tierserve.ps.kafka_updates import UpdateProducer
+from tierserve.ps.kafka_updates import REPLICA_ENV, UpdateProducer
+from tierserve.ps.redis_tier import value_hash
 from tierserve.ps.sparse_file import read_sparse_model
-from tierserve.server.app import BackgroundServer
+from tierserve.server.app import BackgroundServer, free_port
 from tierserve.server.inference_model import InferenceModel, InferenceParams
+from tierserve.server.loader import RepositoryLoader
 from tierserve.server.settings import Settings
 from tierserve.trainer.data.batch import Batch, SparseInput
 
@@ -325,3 +342,234 @@ def test_chaos(versions, redis_cluster, kafka_broker, tmp_path):
     for version, rows, out in traffic.answers:
         np.testing.assert_allclose(out, expected[version][rows], atol=1e-5, err_msg=version)
     assert np.percentile(health, 99) < 0.1, (np.percentile(health, [50, 99]), health.max())
+
+
+
+# --- real faults, one at a time: failover, a recreated topic, a restart's replay ----------------
+
+FILLER_ROWS = 150_000  # replayed before the rows the requests read: it takes a second or so
+FILLER_KEY = 1_000_000  # filler keys start here, far from the requests' keys (< 300)
+#: How soon after a fault is over (a replica promoted, a topic recreated) answers must carry
+#: the stored rows again: one topology refresh or topic check, plus slack for a loaded VM.
+RECOVERED_WITHIN_S = 5.0
+
+
+class _Served:
+    """The demo model as a fresh model name, served from ``repo`` with ``volatile`` and
+    ``source``; a fixed request, its keys, and reference answers (:meth:`answers`)."""
+
+    def __init__(self, tmp_path, demo, volatile: dict, source: dict | None, prefix: str) -> None:
+        self.name = f"{prefix}{uuid.uuid4().hex[:8]}"
+        self.demo, self.tmp_path = demo, tmp_path
+        self.repo = tmp_path / "repo"
+        if "update_filters" in volatile:
+            volatile = {**volatile, "update_filters": [self.name]}
+        self.table, self.dim = demo_repository(demo, self.repo, self.name, volatile, source)
+        rng = np.random.default_rng(5)
+        des = rng.random((8, 13), dtype=np.float32)
+        cat = rng.integers(0, 300, (8, 8)).astype(np.int64)
+        self.body = infer_body(des, cat)
+        self.keys = np.unique(cat)
+
+    def vectors(self, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        return rng.normal(0, 1, (self.keys.size, self.dim)).astype(np.float32)
+
+    def answers(self, *vector_sets) -> list[np.ndarray]:
+        """The answer to the request from the model's files, then after each of
+        ``vector_sets`` is written to its keys: a reference server with no Kafka, no Redis."""
+        ref_repo = self.tmp_path / f"ref-{uuid.uuid4().hex[:6]}"
+        demo_repository(self.demo, ref_repo, self.name, {"type": "hash_map"}, None)
+        loader = RepositoryLoader()
+        settings = Settings.build(model_repository=ref_repo, http_port=0, grpc_port=None,
+                                  poll_interval_s=0)  # fmt: skip
+        with BackgroundServer(settings, loader=loader) as ref, httpx.Client() as client:
+            url = f"http://{ref.http_url}"
+            out = [predict(client, url, self.name, self.body)]
+            for vectors in vector_sets:
+                loader.parameter_server.insert(self.name, self.table, self.keys, vectors)
+                out.append(predict(client, url, self.name, self.body))
+        for a, b in zip(out, out[1:]):
+            assert np.abs(a - b).max() > 1e-3  # each set changes the answer
+        return out
+
+    def publish(self, broker, vectors, keys=None, max_batch_size: int = 1000) -> None:
+        keys = self.keys if keys is None else keys
+        with UpdateProducer(broker.bootstrap, max_batch_size=max_batch_size) as producer:
+            producer.publish(self.name, self.table, keys, vectors)
+
+    def publish_filler(self, broker, start: int, rows: int) -> None:
+        keys = np.arange(FILLER_KEY + start, FILLER_KEY + start + rows, dtype=np.int64)
+        self.publish(broker, np.ones((rows, self.dim), np.float32), keys)
+
+    def answers_equal(self, client, url: str, want: np.ndarray) -> bool:
+        got = predict(client, url, self.name, self.body)
+        return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
+
+
+def _server(served: _Served) -> BackgroundServer:
+    settings = Settings.build(model_repository=served.repo, http_port=0, grpc_port=None,
+                              poll_interval_s=0)  # fmt: skip
+    return BackgroundServer(settings)
+
+
+@pytest.fixture(scope="module")
+def fault_demo(tmp_path_factory):
+    return train_demo_model(tmp_path_factory.mktemp("faults"), iterations=10, batch_size=256,
+                            seed=3)  # fmt: skip
+
+
+def test_a_killed_redis_master_is_followed_to_its_promoted_replica(
+    tmp_path, redis_cluster_factory, fault_demo
+):
+    """Three masters with a replica each, no persistent tier: while a master is dead its
+    keys answer the default vector (200, never an error); once its replica is promoted the
+    answers carry the stored rows again within RECOVERED_WITHIN_S."""
+    cluster = redis_cluster_factory(masters=3, replicas=1, node_timeout_ms=1000)
+    volatile = {"type": "redis_cluster", "address": cluster.addresses, "num_partitions": 6,
+                "socket_timeout_ms": 300, "connect_timeout_ms": 300, "failure_threshold": 2,
+                "failure_backoff_ms": 200, "max_failure_backoff_ms": 1000,
+                "topology_refresh_ms": 500}  # fmt: skip
+    served = _Served(tmp_path, fault_demo, volatile, None, "failover")
+    (stored,) = served.answers()
+    with _server(served) as server, httpx.Client(timeout=30) as client:
+        url = f"http://{server.http_url}"
+        assert served.answers_equal(client, url, stored)
+        cluster.wait_replicated()  # the loaded rows are on the replicas too
+        ps = server.app.state.plane.repository.loader.parameter_server
+        storage = ps.model(served.name).table(served.table).storage
+        victim = cluster.node_index_for_key(value_hash(storage, 0))
+        replica = cluster.replicas_of(victim)[0]
+        cluster.kill_node(victim)
+        killed = time.monotonic()
+        answered = []
+
+        def promoted() -> bool:  # requests go on meanwhile: 200s, default vectors for some
+            r = client.post(f"{url}/v2/models/{served.name}/infer", json=served.body)
+            assert r.status_code == 200, r.text
+            answered.append(np.asarray(r.json()["outputs"][0]["data"], np.float32))
+            return cluster.role(replica) == "master"
+
+        assert until(promoted, timeout=30), "the replica was never promoted"
+        promoted_at = time.monotonic()
+        assert any(not np.allclose(a, stored, rtol=1e-5, atol=1e-6) for a in answered), (
+            "no answer missed the dead master's rows: the test did not test the outage"
+        )
+        assert until(lambda: served.answers_equal(client, url, stored), timeout=30), (
+            "the promoted replica's rows were never served"
+        )
+        took = time.monotonic() - promoted_at
+        print(f"promoted {promoted_at - killed:.2f} s after the kill; stored rows served "
+              f"{took:.2f} s after the promotion was visible")  # fmt: skip
+        assert took < RECOVERED_WITHIN_S, took
+        assert client.get(f"{url}/v2/health/ready").status_code == 200
+
+
+def test_a_topic_recreated_after_a_broker_restart_is_applied(
+    tmp_path, kafka_broker_factory, fault_demo
+):
+    """A broker of the test's own is restarted once, then the model's topic is deleted and
+    created again: the running server applies the new topic's updates (it used to apply
+    nothing more, while ready, alive and with no lag)."""
+    broker = kafka_broker_factory()
+    source = {"type": "kafka_message_queue", "brokers": broker.bootstrap,
+              "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500}  # fmt: skip
+    served = _Served(tmp_path, fault_demo, {"type": "hash_map", "update_filters": []}, source,
+                     "recreate")  # fmt: skip
+    sets = [served.vectors(seed) for seed in (1, 2, 3)]
+    _, first, second, third = served.answers(*sets)
+    create_topic(broker, f"hps_et.{served.name}.{served.table}")
+    with _server(served) as server, httpx.Client(timeout=30) as client:
+        url = f"http://{server.http_url}"
+        for _ in range(10):  # offsets 0..9 on the first topic
+            served.publish(broker, sets[0])
+        assert until(lambda: served.answers_equal(client, url, first), timeout=60)
+        broker.stop()
+        broker.start()
+        served.publish(broker, sets[1])
+        assert until(lambda: served.answers_equal(client, url, second), timeout=60)
+        delete_topic(broker, f"hps_et.{served.name}.{served.table}")
+        create_topic(broker, f"hps_et.{served.name}.{served.table}")
+        served.publish(broker, sets[2])  # offset 0 of the new topic
+        published = time.monotonic()
+        applied = until(lambda: served.answers_equal(client, url, third), timeout=30)
+        consumers = server.app.state.plane.repository.loader.consumer_status()
+        assert applied, f"the recreated topic's update was never applied: {consumers}"
+        took = time.monotonic() - published
+        print(f"recreated topic's update served {took:.2f} s after it was published")
+        assert took < RECOVERED_WITHIN_S, took
+        assert client.get(f"{url}/v2/health/ready").status_code == 200
+
+
+def _replica_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k != REPLICA_ENV}
+
+
+def _first_ready_answer(served: _Served, proc, url: str, client) -> tuple[float, np.ndarray]:
+    """Poll readiness as a load balancer would (every 20 ms); the seconds from the server's
+    first answer (it listens once its models are loaded) until it is ready, and the answer
+    to the request sent the moment it was."""
+    assert until(lambda: ready_status(url) is not None or proc.poll() is not None,
+                 timeout=120, interval=0.02)  # fmt: skip
+    took = wait_ready(proc, url, interval=0.02)
+    return took, predict(client, url, served.name, served.body)
+
+
+def _replay_model(tmp_path, broker, demo) -> tuple[_Served, np.ndarray]:
+    source = {"type": "kafka_message_queue", "brokers": broker.bootstrap,
+              "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500}  # fmt: skip
+    served = _Served(tmp_path, demo, {"type": "hash_map", "update_filters": []}, source,
+                     "replay")  # fmt: skip
+    final = served.vectors(4)
+    return served, final
+
+
+@pytest.mark.parametrize("fault", ["stop", "sigkill"])
+def test_a_restarted_server_is_ready_only_after_replaying_the_updates(
+    tmp_path, kafka_broker, fault_demo, fault
+):
+    """``tierserve serve`` with a stable replica id takes many updates, the last ones to the
+    request's rows; started again it loads the older files and replays the updates: it must
+    not say ready before the replay reached the end offsets seen at start.  ``stop``: the
+    first server applied everything and stopped cleanly.  ``sigkill``: it is SIGKILLed while
+    updates stream in (it commits nothing more and does not leave its consumer group): the
+    restarted one takes its partitions back at once (static membership)."""
+    served, final = _replay_model(tmp_path, kafka_broker, fault_demo)
+    _, after = served.answers(final)
+    replica = ["--replica-id", f"{served.name}-{fault}"]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs = []
+    with httpx.Client(timeout=30) as client:
+        try:
+            procs.append(serve(served.repo, port, _replica_env(), *replica))
+            wait_ready(procs[-1], url)
+            if fault == "stop":
+                served.publish_filler(kafka_broker, 0, FILLER_ROWS)
+                served.publish(kafka_broker, final)
+                assert until(lambda: served.answers_equal(client, url, after), timeout=120)
+                stop(procs[-1])
+            else:
+                served.publish_filler(kafka_broker, 0, FILLER_ROWS // 2)
+                keys = 'tierserve_tier_updates_total{outcome="keys",tier="volatile:hash_map"}'
+                assert until(lambda: _metric(client, url, keys) > 0, timeout=60)
+                procs[-1].kill()  # mid-stream: no commit, no leaving the group
+                procs[-1].wait()
+                served.publish_filler(kafka_broker, FILLER_ROWS // 2, FILLER_ROWS // 2)
+                served.publish(kafka_broker, final)
+            procs.append(serve(served.repo, port, _replica_env(), *replica))
+            took, first = _first_ready_answer(served, procs[-1], url, client)
+            print(f"server restarted after {fault} ready {took:.2f} s after it first answered")
+            np.testing.assert_allclose(first, after, rtol=1e-5, atol=1e-6,
+                                       err_msg="ready before the replay reached its end")  # fmt: skip
+            # Without static membership a SIGKILLed member holds the partitions 45 s.
+            assert took < 20, f"ready only {took:.1f} s after it first answered"
+        finally:
+            stop(*procs)
+
+
+def _metric(client, url: str, series: str) -> float:
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
