@@ -365,17 +365,18 @@ class Estimator:
 
     def _input_batches(self, result: Any, repeat_single: bool) -> Iterator[tuple[dict, Any]]:
         """The batches an input_fn's return value stands for."""
-        single = _as_batch(result)
-        from ..data.dataset import NextFeatures
+        from ..data.iterator import stream_of
 
-        if single is not None and not isinstance(single[0], NextFeatures):
+        stream = stream_of(result)  # get_next() values: the rest of the iterator's pass
+        single = _as_batch(result) if stream is None else None
+        if single is not None:
             while True:  # arrays, not a dataset: TensorFlow's constant tensors
                 yield single
                 if not repeat_single:
                     return
         from .inputs import batches
 
-        for item in batches(result):
+        for item in batches(result) if stream is None else stream:
             batch = _as_batch(item)
             if batch is None:
                 raise InvalidInputError(
