@@ -94,6 +94,18 @@ def check_labels(labels: Any) -> tuple[np.ndarray, str]:
     return arr, name
 
 
+class _Overridable:
+    """A read-only view of attribute ``source`` that an instance may replace by assigning
+    (a non-data descriptor): ``Estimator.run_config`` is the config, and DLRover's adaptors
+    set their own ``self.run_config`` before calling ``Estimator.__init__``."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.source)
+
+
 class _Session:
     """What hooks see as the session: the global step, checkpoints and a stop request."""
 
@@ -165,7 +177,7 @@ class Estimator:
     def config(self) -> RunConfig:
         return self._config
 
-    run_config = config
+    run_config = _Overridable("_config")
 
     @property
     def params(self) -> dict:
