@@ -36,6 +36,7 @@ from . import checkpoint as ckpt
 from .graph import LABEL, FeatureTensor, Graph, LabelTensor, Tensor, building
 from .hooks import (
     CheckpointSaverHook,
+    GraphSummaryHook,
     SessionRunContext,
     SessionRunHook,
     SessionRunValues,
@@ -218,7 +219,7 @@ class Estimator:
             arr = np.asarray(labels)
             label_dim = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
             graph.shapes[LABEL] = (label_dim,)
-            label_tensor = LabelTensor(graph, LABEL, (label_dim,))
+            label_tensor = LabelTensor(graph, LABEL, (label_dim,), arr.shape[1:])
             graph.label = label_tensor
         with building(graph):
             spec = self._call_model_fn(graph.features, label_tensor, mode)
@@ -445,11 +446,14 @@ class Estimator:
                         else []
                     hooks = hooks + list(chief_hooks) + list(prog.spec.training_hooks)
                     hooks.append(self._saver_hook(saving_listeners))
+                    writer = self._writer("train")
+                    if writer is not None and prog.graph.summaries:  # tf.summary.scalar
+                        hooks.append(GraphSummaryHook(prog.graph.summaries, writer,
+                                                      self._config.save_summary_steps))
                     for h in hooks:
                         h.begin()
                     for h in hooks:
                         h.after_create_session(session, None)
-                    writer = self._writer("train")
                     self._check_head_labels(prog, labels)
                 else:
                     prog = self._program(ModeKeys.TRAIN, features, labels)

@@ -90,6 +90,26 @@ def sparse_softmax_cross_entropy(labels: Any, logits: Any, weights: Any = 1.0,
                  name or "sparse_softmax_cross_entropy_loss", "WeightedCrossEntropyLoss")
 
 
+def softmax_cross_entropy(onehot_labels: Any, logits: Any, weights: Any = 1.0,
+                          label_smoothing: float = 0.0, scope: str | None = None,
+                          name: str | None = None, **_: Any) -> Loss:
+    """Mean softmax cross entropy against label distributions of the logits' shape
+    (``one_hot(labels, n)``, or soft labels); ``label_smoothing`` as TensorFlow."""
+    if _weights(current_graph("softmax_cross_entropy"), weights,
+                "softmax_cross_entropy") is not None:
+        raise ConfigError("softmax_cross_entropy: per-example weights are not supported; use "
+                          "sparse_softmax_cross_entropy(class ids, logits, weights=...)")
+    if not 0.0 <= float(label_smoothing) < 1.0:
+        raise ConfigError(f"softmax_cross_entropy: label_smoothing must lie in [0, 1), got "
+                          f"{label_smoothing}")
+    loss = _loss("SoftmaxCrossEntropyLoss", logits, onehot_labels, None,
+                 name or scope or "softmax_cross_entropy_loss")
+    if label_smoothing:
+        layer = loss.graph.layers[-1]
+        layer["label_smoothing"] = float(label_smoothing)
+    return loss
+
+
 def mean_squared_error(labels: Any, predictions: Any, weights: Any = 1.0,
                        name: str | None = None) -> Loss:
     """Mean of squared differences (weighted mean with ``weights``)."""
@@ -109,4 +129,4 @@ def get_total_loss(add_regularization_losses: bool = True, name: str | None = No
 
 
 __all__ = ["LabelTensor", "Loss", "get_total_loss", "mean_squared_error",
-           "sigmoid_cross_entropy", "sparse_softmax_cross_entropy"]
+           "sigmoid_cross_entropy", "softmax_cross_entropy", "sparse_softmax_cross_entropy"]
