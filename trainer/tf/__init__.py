@@ -40,7 +40,8 @@ from ..estimator import metrics as _metrics
 from ..estimator import optimizers as _optimizers
 from ..estimator.export import placeholder, sparse_placeholder
 from ..estimator.graph import current_graph
-from . import app, summary
+from . import app, keras, summary
+from . import ops as _ops
 from . import tf_logging as logging
 from ._namespace import Namespace, RefusedError, UnsupportedError, unsupported
 from .dtypes import (
@@ -84,13 +85,7 @@ from .ops import (
     to_int64,
     truediv,
 )
-from .refusals import (
-    FEATURE_COLUMN_REFUSED,
-    TF_HINTS,
-    TF_REFUSED,
-    TRAIN_REFUSED,
-    keras_namespace,
-)
+from .refusals import FEATURE_COLUMN_REFUSED, TF_HINTS, TF_REFUSED, TRAIN_REFUSED
 from .variables import Variable, get_variable
 
 concat = _layers.concat
@@ -110,7 +105,9 @@ losses = Namespace("tf.losses", _losses)
 metrics = Namespace("tf.metrics", _metrics)
 train = Namespace("tf.train", _optimizers, _hooks, refused=TRAIN_REFUSED)
 errors = Namespace("tf.errors", {"OutOfRangeError": OutOfRangeError})
-keras = keras_namespace()
+math = Namespace("tf.math", _ops, {"sigmoid": _layers.sigmoid, "tanh": _layers.tanh,
+                                   "softmax": _layers.softmax})
+math_ops = math
 
 
 def disable_v2_behavior() -> None:
@@ -166,7 +163,8 @@ __all__ = [
     "compat", "data", "device", "disable_eager_execution", "disable_v2_behavior", "divide", "double",
     "errors", "estimator", "expand_dims", "feature_column", "float16", "float32", "float64",
     "get_logger", "get_variable", "group", "half", "identity", "int8", "int16", "int32",
-    "int64", "keras", "layers", "logging", "losses", "metrics", "multiply", "name_scope",
+    "int64", "keras", "layers", "logging", "losses", "math", "math_ops", "metrics", "multiply",
+    "name_scope",
     "newaxis", "nn", "one_hot", "placeholder", "reduce_mean", "reduce_sum", "reshape",
     "sigmoid", "sparse_placeholder", "squeeze", "string", "subtract", "summary", "tanh",
     "to_float", "to_int32", "to_int64", "train", "truediv", "uint8", "uint16", "uint32",

@@ -4,10 +4,6 @@ whose nearest supported form is worth naming."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ._namespace import Namespace, RefusedError
-
 KERAS = ("Keras layers and models are not supported: tierserve's trainer runs model_fn "
          "graphs, not Keras")
 KERAS_INSTEAD = ("tf.layers / tf.compat.v1.layers (dense, dropout, batch_normalization) in a "
@@ -18,40 +14,6 @@ EMBEDDING_VARIABLE = ("DeepRec's EmbeddingVariable is not supported (tierserve's
 EV_INSTEAD = ("tf.feature_column.categorical_column_with_hash_bucket (or _with_identity) "
               "with tf.feature_column.embedding_column")
 SESSION = "TF1 sessions are not supported: training runs through an Estimator"
-
-
-def keras_namespace() -> Namespace:
-    """``tf.keras``: only ``tf.keras.layers.DenseFeatures`` (the feature-column layer);
-    anything else is refused by name."""
-    refused = {name: (KERAS, KERAS_INSTEAD) for name in (
-        "Model", "Sequential", "Input", "models", "losses", "optimizers", "metrics",
-        "initializers", "regularizers", "activations", "callbacks", "backend", "estimator")}
-    refused["utils"] = ("tf.keras.utils (get_file downloads) is not supported",
-                        "a local file path")
-    return _KerasNamespace("tf.keras", {"layers": _KerasLayers()}, refused=refused)
-
-
-class _KerasLayers(Namespace):
-    """``tf.keras.layers``: DenseFeatures, every other layer refused as Keras."""
-
-    def __init__(self) -> None:
-        from ..feature_column import DenseFeatures
-
-        super().__init__("tf.keras.layers", {"DenseFeatures": DenseFeatures})
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr == "DenseFeatures":
-            return super().__getattr__(attr)
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        raise RefusedError(f"tf.keras.layers.{attr}: {KERAS}; use {KERAS_INSTEAD}")
-
-
-class _KerasNamespace(Namespace):
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__") or attr in ("layers",) or attr in self._refused:
-            return super().__getattr__(attr)
-        raise RefusedError(f"tf.keras.{attr}: {KERAS}; use {KERAS_INSTEAD}")
 
 
 #: top-level ``tf.<name>`` refused on purpose: (why, instead)

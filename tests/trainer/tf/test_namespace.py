@@ -70,6 +70,8 @@ def test_keras_and_embedding_variables_are_refused_by_name():
         tf.keras.Sequential  # noqa: B018
     with pytest.raises(RefusedError, match="get_file downloads"):
         tf.keras.utils  # noqa: B018
+    with pytest.raises(RefusedError, match=r"tf\.keras\.backend: Keras"):  # the reason
+        from tierserve.trainer.tf.keras import backend  # noqa: F401
     for get in (lambda: tf.feature_column.categorical_column_with_embedding,
                 lambda: tf.get_embedding_variable, lambda: tf.EmbeddingVariableOption):
         with pytest.raises(RefusedError, match="EmbeddingVariable is not supported.*"
