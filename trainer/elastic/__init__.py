@@ -9,6 +9,7 @@ tierserve.trainer.elastic``) runs a conf; ``default_logger`` stands for DLRover'
 """
 
 from .column import Column
+from .hooks import ElasticDataShardReportHook, ReportModelInfoHook
 from .input_fn import build_input_fn, check_data_set
 from .log_util import default_logger
 from .readers import ElasticReader, FileReader
@@ -16,8 +17,10 @@ from .sharding import Shard, ShardDispatcher, ShardingClient
 
 __all__ = [
     "Column",
+    "ElasticDataShardReportHook",
     "ElasticReader",
     "FileReader",
+    "ReportModelInfoHook",
     "Shard",
     "ShardDispatcher",
     "ShardingClient",
