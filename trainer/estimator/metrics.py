@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.ps.errors import ConfigError, InvalidInputError
 
 from ..metrics import AUC
 from .graph import Tensor, as_tensor
@@ -96,8 +96,23 @@ class MetricOp:
         return self
 
 
-def auc(labels: Any, predictions: Any, name: str | None = None, **_: Any) -> MetricOp:
-    """Area under the ROC curve (exact, over every evaluated example)."""
+def auc(labels: Any, predictions: Any, weights: Any = None, num_thresholds: int = 200,
+        metrics_collections: Any = None, updates_collections: Any = None, curve: str = "ROC",
+        name: str | None = None, summation_method: str = "trapezoidal",
+        thresholds: Any = None) -> MetricOp:
+    """Area under the ROC curve over every evaluated example, computed exactly (the value
+    TensorFlow's ``num_thresholds`` buckets and ``summation_method`` approximate, so those
+    change nothing).  Example ``weights``, ``curve='PR'`` and collections are refused."""
+    if weights is not None:
+        raise ConfigError("auc: weights are not supported (the AUC counts every example once)")
+    if str(curve).upper() != "ROC":
+        raise ConfigError(f"auc: curve={curve!r} is not supported; the ROC AUC is computed")
+    if metrics_collections is not None or updates_collections is not None:
+        raise ConfigError("auc: metrics_collections / updates_collections are TensorFlow graph "
+                          "collections; there are none here")
+    if summation_method not in ("trapezoidal", "careful_interpolation", "minoring",
+                                "majoring"):
+        raise ConfigError(f"auc: unknown summation_method {summation_method!r}")
     return MetricOp("auc", [as_tensor(labels, "auc"), as_tensor(predictions, "auc")])
 
 
