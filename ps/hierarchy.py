@@ -142,6 +142,9 @@ class HierarchicalParameterServer:
         }
         self._models: dict[str, ServedModel] = {}  # committed versions, by model name
         self._staged: dict[str, list[ServedModel]] = {}  # staged, not yet committed
+        # Storage names of dropped versions whose tables are still being freed: never reused
+        # until they are gone, or the drop would take the new version's tables with it.
+        self._dropping: set[str] = set()
         self._listeners: list = []  # update listeners (embedding caches), see add_update_listener
         self._listener_lock = threading.Lock()
         self._load_lock = threading.Lock()  # guards _models and _staged
@@ -202,6 +205,7 @@ class HierarchicalParameterServer:
             self._generation += 1
             gen = self._generation
             live = config.model in self._models or bool(self._staged.get(config.model))
+            dropping = set(self._dropping)
         attach = self._attach and not live
         tables = self._read_tables(config) if not attach else None
         specs: dict[str, TableSpec] = {}
@@ -210,9 +214,10 @@ class HierarchicalParameterServer:
             for i, name in enumerate(config.embedding_table_names):
                 tag = table_tag(config.model, name)
                 dim = int(config.embedding_vecsize_per_table[i])
-                storage = (
-                    self._attached_storage(tag) if attach else f"{tag}@{gen}" if live else tag
-                )
+                if attach:
+                    storage = self._attached_storage(tag)
+                else:
+                    storage = f"{tag}@{gen}" if live or tag in dropping else tag
                 spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i])
                 if attach:
                     for tier in self.tiers.values():
@@ -272,7 +277,13 @@ class HierarchicalParameterServer:
             served.dropped = True
             versions = [*self._models.values(), *(v for vs in self._staged.values() for v in vs)]
             live = {spec.storage for v in versions for spec in v.tables.values()}
-        self._retire(served, keep=live)
+            freed = {spec.storage for spec in served.tables.values()} - live
+            self._dropping |= freed
+        try:
+            self._retire(served, keep=live)
+        finally:
+            with self._load_lock:
+                self._dropping -= freed
 
     def load_model(self, config: ModelConfig | str) -> ServedModel:
         """Stage, commit, and drop the version it replaces (direct use, outside a repository).

@@ -325,3 +325,146 @@ def test_chaos(versions, redis_cluster, kafka_broker, tmp_path):
     for version, rows, out in traffic.answers:
         np.testing.assert_allclose(out, expected[version][rows], atol=1e-5, err_msg=version)
     assert np.percentile(health, 99) < 0.1, (np.percentile(health, [50, 99]), health.max())
+
+
+# --- load/unload storms ----------------------------------------------------------------------
+
+#: What a request may be told while its model is unloaded or loading (503 / UNAVAILABLE).
+NOT_SERVING = ("is not ready", "is loading")
+
+
+class Storm:
+    """6 clients (binary HTTP, gRPC, JSON) against ``name`` while two admin clients load and
+    unload it as fast as the server answers; records every answer and every failure."""
+
+    def __init__(self, server, name: str, des, cat, admin: bool = True) -> None:
+        self.server, self.name, self.des, self.cat = server, name, des, cat
+        self.answers: list[tuple[str, np.ndarray, np.ndarray]] = []
+        self.refused = 0  # answers saying the model does not serve right now
+        self.failures: list[str] = []
+        self.admin_calls = 0
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        kinds = ["http", "http", "grpc", "grpc", "json", "json"]
+        self.threads = [threading.Thread(target=self._client, args=(k, i), daemon=True)
+                        for i, k in enumerate(kinds)]  # fmt: skip
+        if admin:
+            self.threads += [threading.Thread(target=self._admin, args=(op,), daemon=True)
+                             for op in ("load", "unload")]  # fmt: skip
+
+    def __enter__(self) -> Storm:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def _answer(self, version: str, rows, out) -> None:
+        with self._lock:
+            self.answers.append((version, rows, np.asarray(out, np.float32).reshape(-1, 1)))
+
+    def _error(self, what: str, message: str) -> None:
+        with self._lock:
+            if any(m in message for m in NOT_SERVING):
+                self.refused += 1
+            else:
+                self.failures.append(f"{what}: {message[:300]}")
+
+    def _client(self, kind: str, seed: int) -> None:
+        rng = np.random.default_rng(100 + seed)
+        http = th.InferenceServerClient(self.server.http_url, network_timeout=60)
+        grpc = tg.InferenceServerClient(self.server.grpc_url)
+        plain = httpx.Client(base_url=f"http://{self.server.http_url}", timeout=60)
+        while not self.stop.is_set():
+            rows = rng.choice(POOL, size=int(rng.integers(1, 9)), replace=False)
+            des, cat = self.des[rows], self.cat[rows]
+            try:
+                if kind == "http":
+                    a = th.InferInput("DES", list(des.shape), "FP32")
+                    a.set_data_from_numpy(des, binary_data=True)
+                    b = th.InferInput("CATCOLUMN", list(cat.shape), "INT64")
+                    b.set_data_from_numpy(cat, binary_data=True)
+                    r = http.infer(self.name, [a, b])
+                    self._answer(r.get_response()["model_version"], rows, r.as_numpy("OUTPUT0"))
+                elif kind == "grpc":
+                    a = tg.InferInput("DES", list(des.shape), "FP32")
+                    a.set_data_from_numpy(des)
+                    b = tg.InferInput("CATCOLUMN", list(cat.shape), "INT64")
+                    b.set_data_from_numpy(cat)
+                    r = grpc.infer(self.name, [a, b], client_timeout=60)
+                    self._answer(r.get_response().model_version, rows, r.as_numpy("OUTPUT0"))
+                else:
+                    body = {"inputs": [
+                        {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
+                         "data": des.reshape(-1).tolist()},
+                        {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
+                         "data": cat.reshape(-1).tolist()},
+                    ]}  # fmt: skip
+                    r = plain.post(f"/v2/models/{self.name}/infer", json=body)
+                    if r.status_code == 200:
+                        data = r.json()
+                        self._answer(data["model_version"], rows, data["outputs"][0]["data"])
+                    else:
+                        self._error(f"json {r.status_code}", r.text)
+            except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
+                self._error(f"{kind} {type(exc).__name__}", str(exc))
+        plain.close()
+
+    def _admin(self, op: str) -> None:
+        with httpx.Client(base_url=f"http://{self.server.http_url}", timeout=120) as plain:
+            while not self.stop.is_set():
+                r = plain.post(f"/v2/repository/models/{self.name}/{op}")
+                with self._lock:
+                    self.admin_calls += 1
+                    if r.status_code != 200:
+                        self.failures.append(f"{op} {r.status_code}: {r.text[:300]}")
+
+    def check(self, expected: dict[str, np.ndarray]) -> None:
+        """No failure; every 200 answer equals the predict of the version it names."""
+        print(f"storm: {len(self.answers)} answers, {self.refused} refused while unloaded, "
+              f"{self.admin_calls} loads and unloads, {len(self.failures)} failures")  # fmt: skip
+        assert not self.failures, self.failures[:10]
+        assert len(self.answers) > 50
+        wrong = [(v, rows.tolist()) for v, rows, out in self.answers
+                 if not np.allclose(out, expected[v][rows], atol=1e-5)]  # fmt: skip
+        assert not wrong, f"{len(wrong)} wrong answers, e.g. {wrong[:5]}"
+
+
+def _plain_repository(root, demo) -> None:
+    """The demo model in ``root`` (hash map and RocksDB beside the repository)."""
+    write_repository(demo, root)
+    path = root / "ps.json"
+    data = json.loads(path.read_text())
+    data["models"][0]["max_batch_size"] = POOL
+    path.write_text(json.dumps(data))
+
+
+def _pool(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return (rng.random((POOL, 13), dtype=np.float32),
+            rng.integers(0, 300, (POOL, 8)).astype(np.int64))  # fmt: skip
+
+
+def test_a_load_unload_storm_answers_only_with_the_version_it_names(versions, tmp_path):
+    """Two admin clients load and unload the model as fast as they can while 6 clients send
+    requests, and version 2 lands halfway: each request is refused (model not ready) or
+    answered wholly by the version it names, never by a version whose tables were dropped
+    (default embeddings) or are missing (404)."""
+    v1, v2 = versions
+    repo = tmp_path / "repo"
+    _plain_repository(repo, v1)
+    des, cat = _pool()
+    expected = {"1": _reference(v1, des, cat), "2": _reference(v2, des, cat)}
+    seconds = max(10.0, SECONDS / 3)
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=0,
+                              poll_interval_s=0.2)  # fmt: skip
+    with BackgroundServer(settings) as server, Storm(server, "dlrm", des, cat) as storm:
+        time.sleep(seconds / 2)
+        write_repository(v2, tmp_path / "staging", version=2)
+        shutil.move(tmp_path / "staging" / "dlrm" / "2", repo / "dlrm" / "2")
+        assert until(lambda: {v for v, _, _ in storm.answers} >= {"2"}, timeout=60)
+        time.sleep(seconds / 2)
+    storm.check(expected)

@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from polling import until
 from ps_helpers import expected, write_model
 
 from tierserve.ps import CreateParameterServer, HierarchicalParameterServer
@@ -169,6 +170,29 @@ def test_unload_frees_the_tables(tmp_path):
         assert ps.persistent.tables() == ps.volatile.tables()
         with pytest.raises(NotFoundError):
             ps.lookup("a", "sparse_embedding1", [1])
+
+
+def test_a_version_staged_while_an_unloaded_one_is_still_dropped_keeps_its_tables(tmp_path):
+    """An unloaded version whose last lookup is still running is dropped once that lookup
+    ends; a version staged meanwhile must not take its storage name, or the drop would free
+    the new version's tables (404 "no table", or default vectors) under its requests."""
+    keys = np.arange(100)
+    v1 = write_model(tmp_path / "v1", "m", [(keys, 4)], fill=1.0)
+    v2 = write_model(tmp_path / "v2", "m", [(keys, 4)], fill=2.0)
+    with server(tmp_path, [v1], persistent=rocks(tmp_path)) as ps:
+        old = ps.model("m")
+        assert old.acquire()  # a lookup of the unloaded version, still running
+        dropping = threading.Thread(target=ps.drop_model, args=(old,))
+        dropping.start()
+        assert until(lambda: "m" not in ps.models())  # the drop waits for that lookup
+        new = ps.load_model(parse_model(v2))
+        old.release()
+        dropping.join()
+        assert new.table("sparse_embedding1").storage != old.table("sparse_embedding1").storage
+        np.testing.assert_array_equal(ps.lookup("m", "sparse_embedding1", keys),
+                                      np.full((100, 4), 2.0, np.float32))  # fmt: skip
+        live = {s.storage for s in new.tables.values()}
+        assert set(ps.volatile.tables()) == live == set(ps.persistent.tables())
 
 
 def test_corrupt_sparse_file_fails_the_load_and_the_old_version_keeps_serving(tmp_path):
