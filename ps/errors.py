@@ -55,6 +55,11 @@ class CorruptModelFileError(TierserveError):
     grpc_status = "INVALID_ARGUMENT"
 
 
+class IncompleteModelError(CorruptModelFileError):
+    """A model version folder lacks a file its manifest or ``ps.json`` names, or holds one
+    shorter or longer than recorded: perhaps still being copied."""
+
+
 class NotFoundError(TierserveError):
     """A model, version, table or route does not exist."""
 
