@@ -311,6 +311,7 @@ class HierarchicalParameterServer:
                     keys = as_keys(keys, 32, f"{path}")
                 except InvalidInputError as exc:
                     raise ConfigError(f"{exc} (supportlonglong is false)") from None
+            _warn_repeated_keys(keys, path)
             out.append((keys, table.embeddings))
         return out
 
@@ -572,6 +573,21 @@ class HierarchicalParameterServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _warn_repeated_keys(keys: np.ndarray, path) -> None:
+    """Log how many rows of a key file repeat a key of an earlier row.  They are loaded as
+    HugeCTR's backends load them, row after row, so a key's last row is the one served (every
+    tier inserts in file order)."""
+    if keys.size < 2:
+        return
+    ordered = np.sort(keys)
+    repeated = int(np.count_nonzero(ordered[1:] == ordered[:-1]))
+    if repeated:
+        log.warning(
+            "%s: %d rows repeat a key of an earlier row; each key's last row is served",
+            path, repeated,
+        )  # fmt: skip
 
 
 class VersionView:

@@ -195,6 +195,33 @@ def test_a_version_staged_while_an_unloaded_one_is_still_dropped_keeps_its_table
         assert set(ps.volatile.tables()) == live == set(ps.persistent.tables())
 
 
+def test_duplicate_keys_in_a_key_file_warn_with_a_count_and_the_last_row_wins(tmp_path, caplog):
+    """As HugeCTR's backends insert a table's rows in order (a repeated key updates the row
+    before), the last row of a key wins, in every tier alike; loading says how many rows
+    were repeated instead of taking them silently."""
+    from tierserve.ps.sparse_file import write_sparse_model
+
+    keys = np.array([7, 3, 7, 9, 3, 7, 1], np.int64)
+    vectors = np.arange(keys.size, dtype=np.float32)[:, None].repeat(4, 1)
+    folder = tmp_path / "m0_sparse_0.model"
+    write_sparse_model(folder, keys, vectors)
+    model = {"model": "m", "sparse_files": [str(folder)], "embedding_vecsize_per_table": [4],
+             "maxnum_catfeature_query_per_table_per_sample": [1]}  # fmt: skip
+    vol = {"type": "parallel_hash_map", "num_partitions": 3}
+    with (
+        caplog.at_level(logging.WARNING, logger="tierserve.ps.hierarchy"),
+        server(tmp_path, [model], volatile=vol, persistent=rocks(tmp_path)) as ps,
+    ):
+        storage = ps.model("m").table("sparse_embedding1").storage
+        want = np.array([5, 4, 3, 6], np.float32)  # keys 7, 3, 9, 1: their last rows
+        for level, tier in ps.tiers.items():
+            got, found = tier.lookup(storage, np.array([7, 3, 9, 1]))
+            assert found.all(), level
+            np.testing.assert_array_equal(got[:, 0], want, err_msg=level)
+    assert "3 rows repeat a key of an earlier row" in caplog.text
+    assert str(folder) in caplog.text
+
+
 def test_corrupt_sparse_file_fails_the_load_and_the_old_version_keeps_serving(tmp_path):
     v1 = write_model(tmp_path / "v1", "m", [(np.arange(100), 4)], fill=1.0)
     v2 = write_model(tmp_path / "v2", "m", [(np.arange(100), 4)], fill=2.0)
