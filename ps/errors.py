@@ -126,6 +126,14 @@ class BackendSkippedError(BackendUnavailableError):
     sent to it, and the same call may succeed once its back-off ends."""
 
 
+class StorageFullError(BackendUnavailableError):
+    """A storage backend has no room for a write: a full disk under RocksDB, a Redis node at
+    ``maxmemory`` that evicts nothing.  Space can be freed, so it is retryable."""
+
+    http_status = 507
+    grpc_status = "RESOURCE_EXHAUSTED"
+
+
 class MissingExtraError(ImportError, TierserveError):
     """An optional backend was requested but its extra is not installed."""
 
