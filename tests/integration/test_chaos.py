@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -467,4 +468,86 @@ def test_a_load_unload_storm_answers_only_with_the_version_it_names(versions, tm
         shutil.move(tmp_path / "staging" / "dlrm" / "2", repo / "dlrm" / "2")
         assert until(lambda: {v for v, _, _ in storm.answers} >= {"2"}, timeout=60)
         time.sleep(seconds / 2)
+    storm.check(expected)
+
+
+# --- the served dense file changed on disk ----------------------------------------------------
+
+
+class WorkerPool:
+    """``tierserve serve --workers 2`` in a subprocess (its log kept beside the repository)."""
+
+    def __init__(self, repo) -> None:
+        from tierserve.server.app import free_port
+
+        self.http, self.grpc = free_port(), free_port()
+        self.log = repo.parent / "pool.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository",
+             str(repo), "--workers", "2", "--http-port", str(self.http), "--grpc-port",
+             str(self.grpc), "--threads", "1", "--poll-interval", "0.2"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.http_url, self.grpc_url = f"127.0.0.1:{self.http}", f"127.0.0.1:{self.grpc}"
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"http://{self.http_url}/v2/health/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def workers(self) -> set[int]:
+        proc = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return {int(pid) for pid in proc.read_text().split()
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()}  # fmt: skip
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_overwriting_the_served_dense_file_neither_kills_a_worker_nor_changes_answers(
+    versions, tmp_path
+):
+    """Under ``--workers 2`` with clients sending requests, the serving version's dense file is
+    overwritten in place with a plain copy (another run's weights), truncated to nothing and
+    to half, and copied back: no worker dies (a memory-mapped file that shrinks is a SIGBUS),
+    and every answer stays version 1's own (a mapped file copied over would change them)."""
+    v1, v2 = versions
+    repo = tmp_path / "repo"
+    _plain_repository(repo, v1)
+    data = json.loads((repo / "ps.json").read_text())
+    data.pop("persistent_db")  # a hash map alone: the workers may share the repository
+    data["volatile_db"] = {"type": "hash_map"}
+    (repo / "ps.json").write_text(json.dumps(data))
+    served = repo / "dlrm" / "1" / v1.dense_file.name
+    original = served.read_bytes()
+    des, cat = _pool(1)
+    expected = {"1": _reference(v1, des, cat)}
+    pool = WorkerPool(repo)
+    try:
+        assert until(pool.ready, timeout=180), pool.log.read_text()[-3000:]
+        workers = pool.workers()
+        assert len(workers) == 2
+        with Storm(pool, "dlrm", des, cat, admin=False) as storm:
+            assert until(lambda: len(storm.answers) > 20, timeout=60)
+            for step in ("copy", "truncate", "half", "restore"):
+                if step == "copy":
+                    subprocess.run(["cp", str(v2.dense_file), str(served)], check=True)
+                elif step == "truncate":
+                    os.truncate(served, 0)
+                elif step == "half":
+                    served.write_bytes(original[: len(original) // 2])
+                else:
+                    served.write_bytes(original)
+                seen = len(storm.answers)
+                assert until(lambda s=seen: len(storm.answers) > s + 20, timeout=60), step
+        assert pool.workers() == workers, pool.log.read_text()[-3000:]
+        assert "exited" not in pool.log.read_text()
+    finally:
+        pool.stop()
     storm.check(expected)
