@@ -99,6 +99,62 @@ def _repository(root, demo, name: str, cluster, broker) -> None:
     path.write_text(json.dumps(data))
 
 
+class Refused(Exception):
+    """A plain HTTP request answered with another status than 200."""
+
+
+class Clients:
+    """One client of each protocol to a server; :meth:`infer` sends one request of a kind:
+    ``http`` (tritonclient, binary tensors), ``grpc`` (tritonclient), ``json`` (KServe v2
+    JSON) or ``predict`` (``/predict``)."""
+
+    def __init__(self, server, timeout: float) -> None:
+        url = server.http_url
+        self.http = th.InferenceServerClient(url, connection_timeout=timeout,
+                                             network_timeout=timeout)  # fmt: skip
+        self.grpc = tg.InferenceServerClient(server.grpc_url)
+        self.plain = httpx.Client(base_url=f"http://{url}", timeout=timeout)
+        self.timeout = timeout
+
+    def infer(self, kind: str, name: str, des, cat) -> tuple[str, np.ndarray]:
+        """``(model_version, OUTPUT0)`` of one request; raises what the client raises, or
+        :class:`Refused` for a plain request answered with an error."""
+        if kind in ("http", "grpc"):
+            lib = th if kind == "http" else tg
+            a = lib.InferInput("DES", list(des.shape), "FP32")
+            b = lib.InferInput("CATCOLUMN", list(cat.shape), "INT64")
+            if kind == "http":
+                a.set_data_from_numpy(des, binary_data=True)
+                b.set_data_from_numpy(cat, binary_data=True)
+                r = self.http.infer(name, [a, b])
+                return r.get_response()["model_version"], r.as_numpy("OUTPUT0")
+            a.set_data_from_numpy(des)
+            b.set_data_from_numpy(cat)
+            r = self.grpc.infer(name, [a, b], client_timeout=self.timeout)
+            return r.get_response().model_version, r.as_numpy("OUTPUT0")
+        if kind == "predict":
+            body = {"model": name, "inputs": {"DES": des.tolist(), "CATCOLUMN": cat.tolist()}}
+            data = self._post("/predict", body)
+            return data["version"], np.asarray(data["outputs"]["OUTPUT0"])
+        body = {"inputs": [
+            {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
+             "data": des.reshape(-1).tolist()},
+            {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
+             "data": cat.reshape(-1).tolist()},
+        ]}  # fmt: skip
+        data = self._post(f"/v2/models/{name}/infer", body)
+        return data["model_version"], np.asarray(data["outputs"][0]["data"])
+
+    def _post(self, path: str, body: dict) -> dict:
+        r = self.plain.post(path, json=body)
+        if r.status_code != 200:
+            raise Refused(f"{r.status_code}: {r.text}")
+        return r.json()
+
+    def close(self) -> None:
+        self.plain.close()
+
+
 class Traffic:
     """32 clients and a health prober; records answers, failures and health latencies."""
 
@@ -125,7 +181,7 @@ class Traffic:
         for t in self.threads:
             t.join(timeout=60)
 
-    def _record(self, version: str, rows: np.ndarray, out) -> None:
+    def _record(self, version: str, out, rows: np.ndarray) -> None:
         with self._lock:
             self.answers.append((version, rows, np.asarray(out, np.float32).reshape(-1, 1)))
 
@@ -135,54 +191,16 @@ class Traffic:
 
     def _client(self, kind: str, seed: int) -> None:
         rng = np.random.default_rng(seed)
-        url = self.server.http_url
-        http = th.InferenceServerClient(url, connection_timeout=30, network_timeout=30)
-        grpc = tg.InferenceServerClient(self.server.grpc_url)
-        plain = httpx.Client(base_url=f"http://{url}", timeout=30)
+        clients = Clients(self.server, timeout=30)
         while not self.stop.is_set():
             rows = rng.choice(POOL, size=int(rng.integers(1, 9)), replace=False)
-            des, cat = self.des[rows], self.cat[rows]
             try:
-                if kind == "http":
-                    a = th.InferInput("DES", list(des.shape), "FP32")
-                    a.set_data_from_numpy(des, binary_data=True)
-                    b = th.InferInput("CATCOLUMN", list(cat.shape), "INT64")
-                    b.set_data_from_numpy(cat, binary_data=True)
-                    r = http.infer(self.name, [a, b])
-                    self._record(r.get_response()["model_version"], rows, r.as_numpy("OUTPUT0"))
-                elif kind == "grpc":
-                    a = tg.InferInput("DES", list(des.shape), "FP32")
-                    a.set_data_from_numpy(des)
-                    b = tg.InferInput("CATCOLUMN", list(cat.shape), "INT64")
-                    b.set_data_from_numpy(cat)
-                    r = grpc.infer(self.name, [a, b], client_timeout=30)
-                    self._record(r.get_response().model_version, rows, r.as_numpy("OUTPUT0"))
-                elif kind == "predict":
-                    body = {"model": self.name,
-                            "inputs": {"DES": des.tolist(), "CATCOLUMN": cat.tolist()}}  # fmt: skip
-                    r = plain.post("/predict", json=body)
-                    if r.status_code != 200:
-                        self._fail(f"predict {r.status_code}: {r.text[:200]}")
-                    else:
-                        data = r.json()
-                        self._record(data["version"], rows, data["outputs"]["OUTPUT0"])
-                else:
-                    body = {"inputs": [
-                        {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
-                         "data": des.reshape(-1).tolist()},
-                        {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
-                         "data": cat.reshape(-1).tolist()},
-                    ]}  # fmt: skip
-                    r = plain.post(f"/v2/models/{self.name}/infer", json=body)
-                    if r.status_code != 200:
-                        self._fail(f"json {r.status_code}: {r.text[:200]}")
-                    else:
-                        data = r.json()
-                        self._record(data["model_version"], rows, data["outputs"][0]["data"])
+                self._record(*clients.infer(kind, self.name, self.des[rows], self.cat[rows]),
+                             rows)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
                 self._fail(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
             time.sleep(0.05)  # 32 clients at up to ~20 requests/s each, on 2 shared cores
-        plain.close()
+        clients.close()
 
     def _prober(self) -> None:
         """Times the health endpoints from a process of its own, so that the 32 client threads
@@ -363,7 +381,7 @@ class Storm:
         for t in self.threads:
             t.join(timeout=60)
 
-    def _answer(self, version: str, rows, out) -> None:
+    def _answer(self, version: str, out, rows) -> None:
         with self._lock:
             self.answers.append((version, rows, np.asarray(out, np.float32).reshape(-1, 1)))
 
@@ -376,43 +394,15 @@ class Storm:
 
     def _client(self, kind: str, seed: int) -> None:
         rng = np.random.default_rng(100 + seed)
-        http = th.InferenceServerClient(self.server.http_url, network_timeout=60)
-        grpc = tg.InferenceServerClient(self.server.grpc_url)
-        plain = httpx.Client(base_url=f"http://{self.server.http_url}", timeout=60)
+        clients = Clients(self.server, timeout=60)
         while not self.stop.is_set():
             rows = rng.choice(POOL, size=int(rng.integers(1, 9)), replace=False)
-            des, cat = self.des[rows], self.cat[rows]
             try:
-                if kind == "http":
-                    a = th.InferInput("DES", list(des.shape), "FP32")
-                    a.set_data_from_numpy(des, binary_data=True)
-                    b = th.InferInput("CATCOLUMN", list(cat.shape), "INT64")
-                    b.set_data_from_numpy(cat, binary_data=True)
-                    r = http.infer(self.name, [a, b])
-                    self._answer(r.get_response()["model_version"], rows, r.as_numpy("OUTPUT0"))
-                elif kind == "grpc":
-                    a = tg.InferInput("DES", list(des.shape), "FP32")
-                    a.set_data_from_numpy(des)
-                    b = tg.InferInput("CATCOLUMN", list(cat.shape), "INT64")
-                    b.set_data_from_numpy(cat)
-                    r = grpc.infer(self.name, [a, b], client_timeout=60)
-                    self._answer(r.get_response().model_version, rows, r.as_numpy("OUTPUT0"))
-                else:
-                    body = {"inputs": [
-                        {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
-                         "data": des.reshape(-1).tolist()},
-                        {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
-                         "data": cat.reshape(-1).tolist()},
-                    ]}  # fmt: skip
-                    r = plain.post(f"/v2/models/{self.name}/infer", json=body)
-                    if r.status_code == 200:
-                        data = r.json()
-                        self._answer(data["model_version"], rows, data["outputs"][0]["data"])
-                    else:
-                        self._error(f"json {r.status_code}", r.text)
+                self._answer(*clients.infer(kind, self.name, self.des[rows], self.cat[rows]),
+                             rows)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
                 self._error(f"{kind} {type(exc).__name__}", str(exc))
-        plain.close()
+        clients.close()
 
     def _admin(self, op: str) -> None:
         with httpx.Client(base_url=f"http://{self.server.http_url}", timeout=120) as plain:

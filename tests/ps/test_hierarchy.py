@@ -195,6 +195,30 @@ def test_a_version_staged_while_an_unloaded_one_is_still_dropped_keeps_its_table
         assert set(ps.volatile.tables()) == live == set(ps.persistent.tables())
 
 
+def test_a_replaced_version_still_read_keeps_its_storage_from_later_versions(tmp_path):
+    """Version 1 (the plain storage name) is replaced by version 2 but requests still read
+    it; version 2 is unloaded, so nothing is committed or staged; version 3 must not take
+    version 1's storage name (staging it first drops what is there: version 1's table)."""
+    keys = np.arange(100)
+    v1, v2, v3 = (write_model(tmp_path / f"v{i}", "m", [(keys, 4)], fill=float(i))
+                  for i in (1, 2, 3))  # fmt: skip
+    with server(tmp_path, [v1], persistent=rocks(tmp_path)) as ps:
+        first = ps.model("m")
+        view = ps.version_view(first)
+        second = ps.stage_model(parse_model(v2))
+        assert ps.commit_model(second) is first  # first is replaced, still read by requests
+        ps.drop_model(second)  # unloaded: nothing of m is committed or staged now
+        third = ps.load_model(parse_model(v3))
+        assert third.table("sparse_embedding1").storage != first.table("sparse_embedding1").storage
+        np.testing.assert_array_equal(view.lookup("m", "sparse_embedding1", keys),
+                                      np.full((100, 4), 1.0, np.float32))  # fmt: skip
+        ps.drop_model(first)  # its last request is done
+        np.testing.assert_array_equal(ps.lookup("m", "sparse_embedding1", keys),
+                                      np.full((100, 4), 3.0, np.float32))  # fmt: skip
+        live = {s.storage for s in third.tables.values()}
+        assert set(ps.volatile.tables()) == live == set(ps.persistent.tables())
+
+
 def test_duplicate_keys_in_a_key_file_warn_with_a_count_and_the_last_row_wins(tmp_path, caplog):
     """As HugeCTR's backends insert a table's rows in order (a repeated key updates the row
     before), the last row of a key wins, in every tier alike; loading says how many rows

@@ -13,20 +13,12 @@ import shutil
 
 import pytest
 
-from tierserve.clients.demo_model import train_demo_model, write_repository
+from tierserve.clients.demo_model import write_repository
 from tierserve.ps.errors import TierserveError
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.repository import ModelRepository
 from tierserve.server.servables import EmbeddingLookupServable, RankingServable
 from tierserve.trainer import manifest
-
-
-@pytest.fixture(scope="module")
-def demos(tmp_path_factory):
-    work = tmp_path_factory.mktemp("versions-demos")
-    first = train_demo_model(work / "a", iterations=10, batch_size=256, seed=1)
-    second = train_demo_model(work / "b", iterations=30, batch_size=256, seed=2)
-    return first, second
 
 
 @pytest.fixture
