@@ -102,13 +102,14 @@ _DENSE = re.compile(r"^(?!.*_opt_).*_dense_\d+\.model$")
 def model_files(path: str | Path) -> tuple[Path, Path, list[Path]]:
     """(graph, dense file, sparse folders) of a version folder or a model folder's latest."""
     from tierserve.ps.errors import ConfigError
+    from tierserve.trainer.version_folder import version_numbers
 
     folder = Path(path)
     if not folder.is_dir():
         raise ConfigError(f"--model {folder} is not a folder")
-    versions = [p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
+    versions = version_numbers(folder)
     if versions and not list(folder.glob("*.json")):
-        folder = max(versions, key=lambda p: int(p.name))
+        folder = folder / str(versions[-1])
     graphs = sorted(folder.glob("*.json"))
     dense = sorted(p for p in folder.iterdir() if _DENSE.match(p.name))
     sparse = sorted((p for p in folder.iterdir() if p.is_dir() and _SPARSE.match(p.name)),

@@ -347,6 +347,11 @@ UpdateSourceConfig = Annotated[
 # --- models --------------------------------------------------------------------------------
 
 
+#: The most keys one request may carry (INT32 row pointers): bounds ``max_batch_size`` times
+#: the sum of ``maxnum_catfeature_query_per_table_per_sample``, the default key limit.
+MAX_KEYS_PER_REQUEST = 2**31 - 1
+
+
 class ModelConfig(_Strict):
     """One served model: its files and per-table settings (``models[]`` in ``ps.json``)."""
 
@@ -408,6 +413,14 @@ class ModelConfig(_Strict):
                 raise ValueError(f"{field} has {len(values)} entries, sparse_files has {n} tables")
         if len(set(self.embedding_table_names)) != n:
             raise ValueError("embedding_table_names must be unique")
+        keys = self.max_batch_size * sum(self.maxnum_catfeature_query_per_table_per_sample)
+        if keys > MAX_KEYS_PER_REQUEST:
+            raise ValueError(
+                f"max_batch_size {self.max_batch_size} x maxnum_catfeature_query_per_table_per_"
+                f"sample {self.maxnum_catfeature_query_per_table_per_sample} is {keys} keys per "
+                f"request, over {MAX_KEYS_PER_REQUEST} (the most keys the INT32 ROWINDEX row "
+                "pointers of one request address; the product is the default key limit)"
+            )
         return self
 
     @model_validator(mode="after")

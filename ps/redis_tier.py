@@ -45,6 +45,7 @@ from .errors import (
     BackendSkippedError,
     BackendUnavailableError,
     InvalidInputError,
+    StorageFullError,
     require_extra,
 )
 from .eviction import make_policy, resolution_size
@@ -220,6 +221,14 @@ class RedisTier(Tier):
                     raise
                 attempt += 1
                 time.sleep(self._retry_backoff.compute(attempt))
+            except self._redis.exceptions.OutOfMemoryError as exc:
+                # redis-py quotes the refused command, key and vector bytes included: only
+                # the server's reply is kept.
+                reply = str(exc).rpartition("caused error: ")[2].rstrip(". ")
+                raise StorageFullError(
+                    f"{self.kind}: the Redis server is out of memory ({reply}; its "
+                    "maxmemory-policy evicts nothing); retried once memory is freed"
+                ) from None
 
     def _allow(self, name: str) -> bool:
         """Whether node ``name`` may be called now; a skipped cluster node may have been

@@ -164,6 +164,7 @@ def create_app(
         title="tierserve",
         summary="KServe v2 inference for CTR models with tiered embedding storage",
         lifespan=lifespan,
+        redirect_slashes=False,  # a route is answered as written or 404, never redirected
     )
     app.state.plane = plane
     app.state.settings = settings

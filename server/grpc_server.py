@@ -27,7 +27,14 @@ from tierserve.ps.errors import InvalidInputError, TierserveError
 from .allocator import trimmer
 from .dataplane import DataPlane
 from .grpc_gen import grpc_predict_v2_pb2 as pb
-from .policy import AdminToken, load_name, model_name, public_index, public_message
+from .policy import (
+    AdminToken,
+    load_name,
+    model_name,
+    public_index,
+    public_message,
+    repository_parameters,
+)
 from .tensors import (
     DATATYPES,
     DecodedRequest,
@@ -263,11 +270,13 @@ class InferenceServicer:
 
     async def RepositoryModelLoad(self, request, context):
         self._authorize(context)
+        repository_parameters("load", dict(request.parameters))
         await self.plane.load(load_name(request.model_name))
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
         self._authorize(context)
+        repository_parameters("unload", dict(request.parameters))
         await self.plane.unload(load_name(request.model_name))
         return pb.RepositoryModelUnloadResponse()
 

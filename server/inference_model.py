@@ -419,10 +419,12 @@ class InferenceModel:
         return self.parameter_server.commit_model(self.version)
 
     def discard(self) -> None:
-        """Drop this version's tables (staged or replaced) once nothing reads them."""
+        """Drop this version's tables (staged or replaced) once nothing reads them, and its
+        worker pool's shared copy of the dense weights."""
         if self.cache is not None and hasattr(self.cache, "close"):
             self.cache.close()
             self.cache = None
+        self.network.release()
         if self.version is not None:
             self.parameter_server.drop_model(self.version)
 

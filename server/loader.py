@@ -13,6 +13,11 @@ entry may point into any version) or, failing that, the files found by their pat
 ``*.json`` (graph), ``<prefix>_dense_<iter>.model`` and ``<prefix><i>_sparse_<iter>.model/``.
 With a graph it serves as a ranking model (``DES``, ``CATCOLUMN``, ``ROWINDEX``); without one
 as an embedding-lookup model (``KEYS``, ``NUMKEYS``).
+
+A version is *complete* when every file its manifest lists is there with its recorded size
+and every file its ``ps.json`` entry names (graph, dense file, sparse folders) is found; an
+incomplete one is refused (:class:`~tierserve.ps.errors.IncompleteModelError`) before anything
+is loaded, so a version whose graph is still being copied never serves as an embedding store.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import threading
 from pathlib import Path
 
 from tierserve.ps.config import ModelConfig, PSConfig
-from tierserve.ps.errors import CorruptModelFileError
+from tierserve.ps.errors import CorruptModelFileError, IncompleteModelError
 from tierserve.trainer import manifest
 from tierserve.trainer.dense_file import NONTRAINABLE_SUFFIX
 
@@ -54,13 +59,19 @@ def version_files(entry: ModelConfig, folder: Path) -> ModelConfig:
     """``entry`` with its files taken from version ``folder``."""
     if not folder.is_dir():
         raise CorruptModelFileError(f"version folder {folder} does not exist")
+    manifest.check_complete(folder)
     sparse = [folder / Path(f).name for f in entry.sparse_files]
     if not all(p.is_dir() for p in sparse):
         found = [p for p in folder.iterdir() if p.is_dir() and _SPARSE.match(p.name)]
         found.sort(key=lambda p: int(_SPARSE.match(p.name).group(2)))
         if len(found) != len(entry.sparse_files):
-            raise CorruptModelFileError(
-                f"{folder}: ps.json lists {len(entry.sparse_files)} sparse model folders "
+            error = IncompleteModelError if len(found) < len(entry.sparse_files) else (
+                CorruptModelFileError
+            )
+            raise error(
+                f"version folder {folder} is "
+                f"{'incomplete' if error is IncompleteModelError else 'inconsistent'}: ps.json "
+                f"lists {len(entry.sparse_files)} sparse model folders "
                 f"({', '.join(Path(f).name for f in entry.sparse_files)}); the folder has "
                 f"{len(found)}"
             )
@@ -72,6 +83,13 @@ def version_files(entry: ModelConfig, folder: Path) -> ModelConfig:
         if (entry.network_file or graphs)
         else None
     )
+    for named, found, what in ((entry.network_file, network, "graph JSON"),
+                               (entry.dense_file, dense, "dense model file")):  # fmt: skip
+        if named and found is None:
+            raise IncompleteModelError(
+                f"version folder {folder} is incomplete: ps.json names the {what} "
+                f"{Path(named).name} and the folder has none"
+            )
     used = [p.name for p in (*sparse, dense, network) if p is not None]
     if dense is not None:
         used.append(dense.name + NONTRAINABLE_SUFFIX)

@@ -40,7 +40,14 @@ from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, Tierser
 from . import openapi as docs
 from .allocator import LARGE_ROWS, trimmer
 from .dataplane import DataPlane
-from .policy import AdminToken, error_body, load_name, model_name, public_index
+from .policy import (
+    AdminToken,
+    error_body,
+    load_name,
+    model_name,
+    public_index,
+    repository_parameters,
+)
 from .tensors import (
     DecodedRequest,
     array_from_json,
@@ -435,6 +442,24 @@ def build_router(
                 raise InvalidInputError("'ready' must be true or false")
         return JSONResponse(public_index(plane.repository_index(ready)))
 
+    async def _repository_body(request: Request, action: str) -> None:
+        """Refuse what a load or unload body carries that is not supported (policy)."""
+        body = await _read_body(request, max_request_bytes)
+        if not body.strip():
+            return
+        data = parse_json(body)
+        if not isinstance(data, dict):
+            raise InvalidInputError(
+                f'the repository {action} body must be a JSON object: {{"parameters": {{}}}}'
+            )
+        extra = sorted(set(data) - {"parameters"})
+        if extra:
+            raise InvalidInputError(
+                f"repository {action}: unknown field {', '.join(map(repr, extra))} (the body "
+                "takes 'parameters' only)"
+            )
+        repository_parameters(action, data.get("parameters", {}))
+
     admin_responses = {
         200: {"description": "done", **empty},
         **docs.ADMIN_ERRORS,
@@ -445,6 +470,7 @@ def build_router(
     )
     async def repository_load(model: str, request: Request) -> Response:
         token.check(request.headers.get("authorization"))
+        await _repository_body(request, "load")
         await plane.load(load_name(model))
         return Response(status_code=200)
 
@@ -453,6 +479,7 @@ def build_router(
     )
     async def repository_unload(model: str, request: Request) -> Response:
         token.check(request.headers.get("authorization"))
+        await _repository_body(request, "unload")
         await plane.unload(load_name(model))
         return Response(status_code=200)
 

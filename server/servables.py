@@ -57,6 +57,9 @@ class Servable(ABC):
     name: str
     version: str
     platform: str = "tierserve"
+    #: What the model is to its clients (its inputs and outputs); a version of another kind
+    #: never replaces it unasked (see :mod:`.repository`).  Empty: not compared.
+    kind: str = ""
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     #: Largest batch one request (and one merged execution) may carry; 0: no batch dimension.
@@ -187,6 +190,8 @@ class RankingServable(Servable):
     ``i64_input_key`` (True when it has none).  A request of zero rows is answered with
     zero rows without running the model, alone or merged.
     """
+
+    kind = "ranking model"
 
     def __init__(
         self,
@@ -353,6 +358,7 @@ class EmbeddingLookupServable(Servable):
     """
 
     max_batch_size = 0
+    kind = "embedding store"
 
     def __init__(
         self,

@@ -28,8 +28,10 @@ Tables: with an in-process tier (``hash_map``, ``parallel_hash_map``) each worke
 own copy; with ``multi_process_hash_map`` (:mod:`tierserve.ps.shm_hash_map`) the workers share
 one copy in ``/dev/shm`` (the first to load a version's table fills it, the others attach;
 one worker applies each Kafka update to it and every worker's cache hears of it; a table
-stays while any worker uses it).  Each worker polls the repository on its own and stages a
-new version when it sees it; a staged version then waits (:meth:`PoolState.wait_for_peers`)
+stays while any worker uses it).  Dense weights are read into a file of ``/dev/shm`` per
+version that every worker maps (:mod:`tierserve.trainer.served_weights`; the parent removes
+what is left when it stops), never mapped from the model's own files.  Each worker polls the
+repository on its own and stages a new version when it sees it; a staged version then waits (:meth:`PoolState.wait_for_peers`)
 until every running worker has staged it too, and the workers commit it together, within
 milliseconds of each other (after :data:`COMMIT_BARRIER_S` a worker commits alone, with a
 warning naming the workers it waited for).  Every answer is wholly one version's.  A
@@ -262,6 +264,7 @@ class WorkerPool:
         self.due = [0.0] * count  # when a worker that exited is started again
         self._stopping = False
         self.metrics_dir = Path(tempfile.mkdtemp(prefix="tierserve-metrics-"))
+        self.shared_dense = f"tierserve-dense-{os.getpid()}"  # see trainer/served_weights.py
         self.shares: list[set[int] | None] = (
             list(core_shares(count, allowed_cores()))
             if settings.pin_workers and hasattr(os, "sched_setaffinity")  # Linux
@@ -299,7 +302,10 @@ class WorkerPool:
 
     def run(self) -> None:
         """Start the workers and keep them running until SIGTERM or SIGINT."""
+        from tierserve.trainer.served_weights import SHARED_ENV, remove_shared
+
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
+        os.environ[SHARED_ENV] = self.shared_dense  # workers share their dense weights
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
         }
@@ -318,7 +324,9 @@ class WorkerPool:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            os.environ.pop(SHARED_ENV, None)
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            remove_shared(self.shared_dense)
 
     def _watch(self) -> None:
         live = {p.sentinel: i for i, p in enumerate(self.procs) if p is not None}

@@ -13,12 +13,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def version_number(name: str) -> int | None:
+    """The version a folder named ``name`` is: a positive integer written in ASCII digits;
+    None for any other name (``'²'.isdigit()`` is true and ``int('٣')`` is 3, yet neither
+    names a version)."""
+    if not (name.isascii() and name.isdigit()):
+        return None
+    number = int(name)
+    return number if number > 0 else None
+
+
+def version_numbers(home: str | Path) -> list[int]:
+    """The versions of the folders in ``home``, lowest first (none when it is not a folder)."""
+    home = Path(home)
+    if not home.is_dir():
+        return []
+    numbers = (version_number(p.name) for p in home.iterdir() if p.is_dir())
+    return sorted(n for n in numbers if n is not None)
+
+
 def next_version(home: str | Path) -> int:
     """One more than the highest numbered version in ``home`` (1 when none)."""
-    home = Path(home)
-    numbers = [int(p.name) for p in home.iterdir() if p.is_dir() and p.name.isdigit()] \
-        if home.is_dir() else []  # fmt: skip
-    return max(numbers, default=0) + 1
+    return max(version_numbers(home), default=0) + 1
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -115,6 +116,62 @@ def _repository(root, demo, name: str, cluster, broker) -> None:
     path.write_text(json.dumps(data))
 
 
+class Refused(Exception):
+    """A plain HTTP request answered with another status than 200."""
+
+
+class Clients:
+    """One client of each protocol to a server; :meth:`infer` sends one request of a kind:
+    ``http`` (tritonclient, binary tensors), ``grpc`` (tritonclient), ``json`` (KServe v2
+    JSON) or ``predict`` (``/predict``)."""
+
+    def __init__(self, server, timeout: float) -> None:
+        url = server.http_url
+        self.http = th.InferenceServerClient(url, connection_timeout=timeout,
+                                             network_timeout=timeout)  # fmt: skip
+        self.grpc = tg.InferenceServerClient(server.grpc_url)
+        self.plain = httpx.Client(base_url=f"http://{url}", timeout=timeout)
+        self.timeout = timeout
+
+    def infer(self, kind: str, name: str, des, cat) -> tuple[str, np.ndarray]:
+        """``(model_version, OUTPUT0)`` of one request; raises what the client raises, or
+        :class:`Refused` for a plain request answered with an error."""
+        if kind in ("http", "grpc"):
+            lib = th if kind == "http" else tg
+            a = lib.InferInput("DES", list(des.shape), "FP32")
+            b = lib.InferInput("CATCOLUMN", list(cat.shape), "INT64")
+            if kind == "http":
+                a.set_data_from_numpy(des, binary_data=True)
+                b.set_data_from_numpy(cat, binary_data=True)
+                r = self.http.infer(name, [a, b])
+                return r.get_response()["model_version"], r.as_numpy("OUTPUT0")
+            a.set_data_from_numpy(des)
+            b.set_data_from_numpy(cat)
+            r = self.grpc.infer(name, [a, b], client_timeout=self.timeout)
+            return r.get_response().model_version, r.as_numpy("OUTPUT0")
+        if kind == "predict":
+            body = {"model": name, "inputs": {"DES": des.tolist(), "CATCOLUMN": cat.tolist()}}
+            data = self._post("/predict", body)
+            return data["version"], np.asarray(data["outputs"]["OUTPUT0"])
+        body = {"inputs": [
+            {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
+             "data": des.reshape(-1).tolist()},
+            {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
+             "data": cat.reshape(-1).tolist()},
+        ]}  # fmt: skip
+        data = self._post(f"/v2/models/{name}/infer", body)
+        return data["model_version"], np.asarray(data["outputs"][0]["data"])
+
+    def _post(self, path: str, body: dict) -> dict:
+        r = self.plain.post(path, json=body)
+        if r.status_code != 200:
+            raise Refused(f"{r.status_code}: {r.text}")
+        return r.json()
+
+    def close(self) -> None:
+        self.plain.close()
+
+
 class Traffic:
     """32 clients and a health prober; records answers, failures and health latencies."""
 
@@ -141,7 +198,7 @@ class Traffic:
         for t in self.threads:
             t.join(timeout=60)
 
-    def _record(self, version: str, rows: np.ndarray, out) -> None:
+    def _record(self, version: str, out, rows: np.ndarray) -> None:
         with self._lock:
             self.answers.append((version, rows, np.asarray(out, np.float32).reshape(-1, 1)))
 
@@ -151,54 +208,16 @@ class Traffic:
 
     def _client(self, kind: str, seed: int) -> None:
         rng = np.random.default_rng(seed)
-        url = self.server.http_url
-        http = th.InferenceServerClient(url, connection_timeout=30, network_timeout=30)
-        grpc = tg.InferenceServerClient(self.server.grpc_url)
-        plain = httpx.Client(base_url=f"http://{url}", timeout=30)
+        clients = Clients(self.server, timeout=30)
         while not self.stop.is_set():
             rows = rng.choice(POOL, size=int(rng.integers(1, 9)), replace=False)
-            des, cat = self.des[rows], self.cat[rows]
             try:
-                if kind == "http":
-                    a = th.InferInput("DES", list(des.shape), "FP32")
-                    a.set_data_from_numpy(des, binary_data=True)
-                    b = th.InferInput("CATCOLUMN", list(cat.shape), "INT64")
-                    b.set_data_from_numpy(cat, binary_data=True)
-                    r = http.infer(self.name, [a, b])
-                    self._record(r.get_response()["model_version"], rows, r.as_numpy("OUTPUT0"))
-                elif kind == "grpc":
-                    a = tg.InferInput("DES", list(des.shape), "FP32")
-                    a.set_data_from_numpy(des)
-                    b = tg.InferInput("CATCOLUMN", list(cat.shape), "INT64")
-                    b.set_data_from_numpy(cat)
-                    r = grpc.infer(self.name, [a, b], client_timeout=30)
-                    self._record(r.get_response().model_version, rows, r.as_numpy("OUTPUT0"))
-                elif kind == "predict":
-                    body = {"model": self.name,
-                            "inputs": {"DES": des.tolist(), "CATCOLUMN": cat.tolist()}}  # fmt: skip
-                    r = plain.post("/predict", json=body)
-                    if r.status_code != 200:
-                        self._fail(f"predict {r.status_code}: {r.text[:200]}")
-                    else:
-                        data = r.json()
-                        self._record(data["version"], rows, data["outputs"]["OUTPUT0"])
-                else:
-                    body = {"inputs": [
-                        {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
-                         "data": des.reshape(-1).tolist()},
-                        {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
-                         "data": cat.reshape(-1).tolist()},
-                    ]}  # fmt: skip
-                    r = plain.post(f"/v2/models/{self.name}/infer", json=body)
-                    if r.status_code != 200:
-                        self._fail(f"json {r.status_code}: {r.text[:200]}")
-                    else:
-                        data = r.json()
-                        self._record(data["model_version"], rows, data["outputs"][0]["data"])
+                self._record(*clients.infer(kind, self.name, self.des[rows], self.cat[rows]),
+                             rows)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
                 self._fail(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
             time.sleep(0.05)  # 32 clients at up to ~20 requests/s each, on 2 shared cores
-        plain.close()
+        clients.close()
 
     def _prober(self) -> None:
         """Times the health endpoints from a process of its own, so that the 32 client threads
@@ -573,3 +592,198 @@ def _metric(client, url: str, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+# --- load/unload storms ----------------------------------------------------------------------
+
+#: What a request may be told while its model is unloaded or loading (503 / UNAVAILABLE).
+NOT_SERVING = ("is not ready", "is loading")
+
+
+class Storm:
+    """6 clients (binary HTTP, gRPC, JSON) against ``name`` while two admin clients load and
+    unload it as fast as the server answers; records every answer and every failure."""
+
+    def __init__(self, server, name: str, des, cat, admin: bool = True) -> None:
+        self.server, self.name, self.des, self.cat = server, name, des, cat
+        self.answers: list[tuple[str, np.ndarray, np.ndarray]] = []
+        self.refused = 0  # answers saying the model does not serve right now
+        self.failures: list[str] = []
+        self.admin_calls = 0
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        kinds = ["http", "http", "grpc", "grpc", "json", "json"]
+        self.threads = [threading.Thread(target=self._client, args=(k, i), daemon=True)
+                        for i, k in enumerate(kinds)]  # fmt: skip
+        if admin:
+            self.threads += [threading.Thread(target=self._admin, args=(op,), daemon=True)
+                             for op in ("load", "unload")]  # fmt: skip
+
+    def __enter__(self) -> Storm:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def _answer(self, version: str, out, rows) -> None:
+        with self._lock:
+            self.answers.append((version, rows, np.asarray(out, np.float32).reshape(-1, 1)))
+
+    def _error(self, what: str, message: str) -> None:
+        with self._lock:
+            if any(m in message for m in NOT_SERVING):
+                self.refused += 1
+            else:
+                self.failures.append(f"{what}: {message[:300]}")
+
+    def _client(self, kind: str, seed: int) -> None:
+        rng = np.random.default_rng(100 + seed)
+        clients = Clients(self.server, timeout=60)
+        while not self.stop.is_set():
+            rows = rng.choice(POOL, size=int(rng.integers(1, 9)), replace=False)
+            try:
+                self._answer(*clients.infer(kind, self.name, self.des[rows], self.cat[rows]),
+                             rows)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
+                self._error(f"{kind} {type(exc).__name__}", str(exc))
+        clients.close()
+
+    def _admin(self, op: str) -> None:
+        with httpx.Client(base_url=f"http://{self.server.http_url}", timeout=120) as plain:
+            while not self.stop.is_set():
+                r = plain.post(f"/v2/repository/models/{self.name}/{op}")
+                with self._lock:
+                    self.admin_calls += 1
+                    if r.status_code != 200:
+                        self.failures.append(f"{op} {r.status_code}: {r.text[:300]}")
+
+    def check(self, expected: dict[str, np.ndarray]) -> None:
+        """No failure; every 200 answer equals the predict of the version it names."""
+        print(f"storm: {len(self.answers)} answers, {self.refused} refused while unloaded, "
+              f"{self.admin_calls} loads and unloads, {len(self.failures)} failures")  # fmt: skip
+        assert not self.failures, self.failures[:10]
+        assert len(self.answers) > 50
+        wrong = [(v, rows.tolist()) for v, rows, out in self.answers
+                 if not np.allclose(out, expected[v][rows], atol=1e-5)]  # fmt: skip
+        assert not wrong, f"{len(wrong)} wrong answers, e.g. {wrong[:5]}"
+
+
+def _plain_repository(root, demo) -> None:
+    """The demo model in ``root`` (hash map and RocksDB beside the repository)."""
+    write_repository(demo, root)
+    path = root / "ps.json"
+    data = json.loads(path.read_text())
+    data["models"][0]["max_batch_size"] = POOL
+    path.write_text(json.dumps(data))
+
+
+def _pool(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return (rng.random((POOL, 13), dtype=np.float32),
+            rng.integers(0, 300, (POOL, 8)).astype(np.int64))  # fmt: skip
+
+
+def test_a_load_unload_storm_answers_only_with_the_version_it_names(versions, tmp_path):
+    """Two admin clients load and unload the model as fast as they can while 6 clients send
+    requests, and version 2 lands halfway: each request is refused (model not ready) or
+    answered wholly by the version it names, never by a version whose tables were dropped
+    (default embeddings) or are missing (404)."""
+    v1, v2 = versions
+    repo = tmp_path / "repo"
+    _plain_repository(repo, v1)
+    des, cat = _pool()
+    expected = {"1": _reference(v1, des, cat), "2": _reference(v2, des, cat)}
+    seconds = max(10.0, SECONDS / 3)
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=0,
+                              poll_interval_s=0.2)  # fmt: skip
+    with BackgroundServer(settings) as server, Storm(server, "dlrm", des, cat) as storm:
+        time.sleep(seconds / 2)
+        write_repository(v2, tmp_path / "staging", version=2)
+        shutil.move(tmp_path / "staging" / "dlrm" / "2", repo / "dlrm" / "2")
+        assert until(lambda: {v for v, _, _ in storm.answers} >= {"2"}, timeout=60)
+        time.sleep(seconds / 2)
+    storm.check(expected)
+
+
+# --- the served dense file changed on disk ----------------------------------------------------
+
+
+class WorkerPool:
+    """``tierserve serve --workers 2`` in a subprocess (its log kept beside the repository)."""
+
+    def __init__(self, repo) -> None:
+        from tierserve.server.app import free_port
+
+        self.http, self.grpc = free_port(), free_port()
+        self.log = repo.parent / "pool.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository",
+             str(repo), "--workers", "2", "--http-port", str(self.http), "--grpc-port",
+             str(self.grpc), "--threads", "1", "--poll-interval", "0.2"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.http_url, self.grpc_url = f"127.0.0.1:{self.http}", f"127.0.0.1:{self.grpc}"
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"http://{self.http_url}/v2/health/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def workers(self) -> set[int]:
+        proc = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return {int(pid) for pid in proc.read_text().split()
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()}  # fmt: skip
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_overwriting_the_served_dense_file_neither_kills_a_worker_nor_changes_answers(
+    versions, tmp_path
+):
+    """Under ``--workers 2`` with clients sending requests, the serving version's dense file is
+    overwritten in place with a plain copy (another run's weights), truncated to nothing and
+    to half, and copied back: no worker dies (a memory-mapped file that shrinks is a SIGBUS),
+    and every answer stays version 1's own (a mapped file copied over would change them)."""
+    v1, v2 = versions
+    repo = tmp_path / "repo"
+    _plain_repository(repo, v1)
+    data = json.loads((repo / "ps.json").read_text())
+    data.pop("persistent_db")  # a hash map alone: the workers may share the repository
+    data["volatile_db"] = {"type": "hash_map"}
+    (repo / "ps.json").write_text(json.dumps(data))
+    served = repo / "dlrm" / "1" / v1.dense_file.name
+    original = served.read_bytes()
+    des, cat = _pool(1)
+    expected = {"1": _reference(v1, des, cat)}
+    pool = WorkerPool(repo)
+    try:
+        assert until(pool.ready, timeout=180), pool.log.read_text()[-3000:]
+        workers = pool.workers()
+        assert len(workers) == 2
+        with Storm(pool, "dlrm", des, cat, admin=False) as storm:
+            assert until(lambda: len(storm.answers) > 20, timeout=60)
+            for step in ("copy", "truncate", "half", "restore"):
+                if step == "copy":
+                    subprocess.run(["cp", str(v2.dense_file), str(served)], check=True)
+                elif step == "truncate":
+                    os.truncate(served, 0)
+                elif step == "half":
+                    served.write_bytes(original[: len(original) // 2])
+                else:
+                    served.write_bytes(original)
+                seen = len(storm.answers)
+                assert until(lambda s=seen: len(storm.answers) > s + 20, timeout=60), step
+        assert pool.workers() == workers, pool.log.read_text()[-3000:]
+        assert "exited" not in pool.log.read_text()
+    finally:
+        pool.stop()
+    storm.check(expected)

@@ -385,27 +385,66 @@ def test_a_staged_version_commits_when_every_running_worker_has_staged_it():
     assert first.wait_for_peers("m", "3", timeout=0.2) is False
 
 
-def test_dense_weights_are_read_only_maps_of_the_dense_file(tiny_dlrm):
-    """Served weights are pages of the dense file (shared by every worker serving it), not
-    copies; the trainer's reader still gives writable copies."""
+def _mapped_file(array) -> str | None:
+    """The file whose mapping ``array`` views (a numpy memmap), ``"mmap"`` for a view of a
+    Python mmap (anonymous, or a /dev/shm file), None for plain memory."""
+    import mmap
+
+    while isinstance(array, np.ndarray):
+        if isinstance(array, np.memmap):
+            return str(array.filename)
+        base = array.base
+        if isinstance(base, memoryview):
+            base = base.obj
+        if isinstance(base, mmap.mmap):
+            return "mmap"
+        array = base
+    return None
+
+
+def test_served_dense_weights_never_map_the_model_file(tiny_dlrm, tmp_path, monkeypatch):
+    """Served weights are read into memory of their own (no operation on the dense file can
+    reach them: a truncated mapped file is a SIGBUS), read-only, and equal to the file; in a
+    worker pool they map one /dev/shm copy per version that every worker shares, removed
+    when the version is released.  The trainer's reader still gives writable copies."""
+    from tierserve.trainer import served_weights
     from tierserve.trainer.dense_file import read_dense_file
     from tierserve.trainer.inference_graph import InferenceGraph
 
-    graph = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
-    weights = [w for layer in graph.params for w in (layer or [])]
-    assert weights
-
-    def mapped(array) -> bool:
-        while array is not None:
-            if isinstance(array, np.memmap) and Path(array.filename) == tiny_dlrm.dense_file:
-                return True
-            array = array.base if isinstance(array, np.ndarray) else None
-        return False
-
-    assert all(mapped(w) and not w.flags.writeable for w in weights)
-    shapes = graph.network.flat_param_shapes()
+    shapes = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file).network.flat_param_shapes()
     copies = read_dense_file(tiny_dlrm.dense_file, shapes)
-    assert all(c.flags.writeable and not mapped(c) for c in copies)
+    assert all(c.flags.writeable and _mapped_file(c) != str(tiny_dlrm.dense_file)
+               for c in copies)  # fmt: skip
+
+    def weights(graph):
+        return [w for layer in graph.params for w in (layer or [])]
+
+    alone = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
+    assert alone.served.shared is None
+    for w, c in zip(weights(alone), copies):
+        assert not w.flags.writeable and _mapped_file(w) != str(tiny_dlrm.dense_file)
+        np.testing.assert_array_equal(w, c)
+
+    monkeypatch.setattr(served_weights, "SHM_DIR", tmp_path)  # /dev/shm's stand-in folder
+    monkeypatch.setenv(served_weights.SHARED_ENV, "tierserve-dense-test")
+    first = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
+    second = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
+    [shared] = tmp_path.glob("tierserve-dense-test-*")
+    assert first.served.shared == second.served.shared == shared
+    for a, b, c in zip(weights(first), weights(second), copies):
+        assert _mapped_file(a) == _mapped_file(b) == "mmap" and not a.flags.writeable
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, c)
+    other = tmp_path / "other"  # other bytes under the name (a new file: the maps keep theirs)
+    other.write_bytes(shared.read_bytes()[:-4] + b"\0\0\0\0")
+    other.replace(shared)
+    third = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
+    assert third.served.shared is None  # kept in its own memory instead
+    first.release()
+    second.release()
+    assert not shared.exists()
+    for w, c in zip(weights(second), copies):
+        np.testing.assert_array_equal(w, c)  # the mapping outlives the file's name
 
 
 def test_the_cores_split_into_disjoint_shares_that_cover_them_all():

@@ -49,7 +49,7 @@ from .. import manifest
 from ..compat import warn_once
 from ..dense_file import NONTRAINABLE_SUFFIX, write_dense_file
 from ..graph_json import save_graph_json
-from ..version_folder import new_version
+from ..version_folder import new_version, version_numbers
 from .graph import DENSE, LABEL, Tensor
 from .layer_types import EXPORT_LOSS
 from .spec import ModeKeys
@@ -445,7 +445,7 @@ class Exporter:
                            model_name=self.name)
         if self.exports_to_keep:
             root = Path(export_path) / self.name
-            versions = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
+            versions = version_numbers(root)
             for v in versions[: -self.exports_to_keep]:
                 shutil.rmtree(root / str(v), ignore_errors=True)
         return out
