@@ -11,10 +11,13 @@
   in turn while the other idles.
 - Data: one ``--input-data`` file of ``--rows`` real rows of the test split, batch-1
   requests sent in turn; the same file for both servers.
-- Load: ``perf_analyzer --concurrency-range 1:64:9`` (1, 10, ..., 64 requests in flight)
-  over HTTP and gRPC, with each server's answers checked against the other's first.  Prints,
-  per protocol and concurrency, requests/s and client p50/p99 of both, and tierserve's
-  throughput over tritonserver's.  ``--json FILE`` writes the figures.
+- Load: ``--concurrency-range 1:64:9`` (1, 10, ..., 64 requests in flight) over HTTP and
+  gRPC, with each server's answers checked against the other's first.  Each level is one
+  perf_analyzer run per server, the servers in turn (perf_analyzer's own sweep stops at the
+  first level it cannot stabilise, and the machine's noise should fall on both alike); a
+  level without a stable window is shown as such.  Prints, per protocol and concurrency,
+  requests/s and client p50/p99 of both, and tierserve's throughput over tritonserver's.
+  ``--json FILE`` writes the figures.
 
 perf_analyzer is the one in tritonclient's wheel (``.venv/bin/perf_analyzer``); its two
 missing libraries are installed as the tests install them (tests/services/perf_analyzer.py).
@@ -35,11 +38,15 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from bench.server import run as server_bench  # noqa: E402
-from bench.triton.run import start_triton  # noqa: E402
+from bench.triton.run import prepare_dlrm, start_triton  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from services.perf_analyzer import ensure_perf_analyzer, write_input_data  # noqa: E402
+from services.perf_analyzer import (  # noqa: E402
+    UnstableMeasurement,
+    ensure_perf_analyzer,
+    write_input_data,
+)
 
 SERVERS = ("tierserve", "triton")
 
@@ -65,16 +72,36 @@ def check_same_answers(urls: dict, data: dict) -> None:
             raise SystemExit(f"{key} answers differ from {next(iter(answers))}")
 
 
-def measure(analyzer, args, url: str, protocol: str, data_file: Path) -> list[dict]:
-    rows = analyzer.run(
-        ["-m", "dlrm", "-u", url, "-i", protocol, "--input-data", str(data_file),
-         "--concurrency-range", args.concurrency_range,
-         "--measurement-interval", str(args.measurement_interval),
-         "--stability-percentage", str(args.stability_percentage),
-         "--max-trials", str(args.max_trials)],
-        timeout=3600,
-    )  # fmt: skip
-    return [r.__dict__ for r in rows]
+def concurrencies(text: str) -> list[int]:
+    """``START:END:STEP`` (perf_analyzer's ``--concurrency-range``) as a list."""
+    try:
+        start, end, step = (list(map(int, text.split(":"))) + [1])[:3]
+    except ValueError:
+        raise SystemExit(f"--concurrency-range {text!r}: expected START:END[:STEP]") from None
+    return list(range(start, end + 1, step))
+
+
+def sweep(analyzer, args, urls: dict, protocol: str, data_file: Path) -> dict[str, list]:
+    """Each concurrency with one perf_analyzer run per server, the servers in turn (so the
+    machine's noise falls on both alike); a level perf_analyzer cannot stabilise is recorded
+    as such and the sweep goes on."""
+    results: dict[str, list] = {name: [] for name in SERVERS}
+    for concurrency in concurrencies(args.concurrency_range):
+        for name in SERVERS:
+            argv = ["-m", "dlrm", "-u", urls[name][protocol], "-i", protocol,
+                    "--input-data", str(data_file), "--concurrency-range", str(concurrency),
+                    "--measurement-interval", str(args.measurement_interval),
+                    "--stability-percentage", str(args.stability_percentage),
+                    "--max-trials", str(args.max_trials)]  # fmt: skip
+            try:
+                row = analyzer.run(argv, timeout=900)[0].__dict__
+            except UnstableMeasurement:
+                row = {"concurrency": concurrency, "unstable": True}
+            results[name].append(row)
+            shown = (f"{row['throughput']:,.0f} req/s, p50 {row['p50_ms']:.2f} ms, p99 "
+                     f"{row['p99_ms']:.2f} ms" if "throughput" in row else "no stable window")  # fmt: skip
+            print(f"  {protocol} {name:<9} concurrency {concurrency:>3}: {shown}", flush=True)
+    return results
 
 
 def main() -> int:
@@ -86,9 +113,9 @@ def main() -> int:
     parser.add_argument("--concurrency-range", default="1:64:9", metavar="START:END:STEP")
     parser.add_argument("--measurement-interval", type=int, default=3000, metavar="MS",
                         help="perf_analyzer's window (default 3000 ms)")  # fmt: skip
-    parser.add_argument("--stability-percentage", type=float, default=25.0,
+    parser.add_argument("--stability-percentage", type=float, default=50.0,
                         help="perf_analyzer's (its default 10 rarely settles on a shared "
-                        "machine; default 25)")  # fmt: skip
+                        "machine; default 50)")  # fmt: skip
     parser.add_argument("--max-trials", type=int, default=10)
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--server-args", default="--workers 1", metavar="ARGS",
@@ -101,15 +128,7 @@ def main() -> int:
     from tierserve.server.app import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.train_dir) if args.train_dir else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        out = work / "out"
-        if not (out / f"dlrm_dense_{args.iterations}.model").exists():
-            print("training the DLRM ...", flush=True)
-            out = server_bench.train(work, args.iterations)
-        repo = Path(tmp) / "repo"
-        version = server_bench.make_repository(out, args.iterations, repo)
-        data = server_bench.batches_from(version, work / "data")
+        repo, _, data = prepare_dlrm(args.train_dir, args.iterations, Path(tmp))
         data_file = input_data(data, args.rows, Path(tmp) / "input-data.json")
         http, grpc = free_port(), free_port()
         proc = server_bench.start_server(
@@ -122,11 +141,8 @@ def main() -> int:
                     "triton": {"http": triton.http_url, "grpc": triton.grpc_url}}  # fmt: skip
             check_same_answers(urls, data)
             for protocol in args.protocols.split(","):
-                for name in SERVERS:
-                    print(f"perf_analyzer: {name} over {protocol} ...", flush=True)
-                    results[f"{name}_{protocol}"] = measure(
-                        analyzer, args, urls[name][protocol], protocol, data_file
-                    )
+                for name, rows in sweep(analyzer, args, urls, protocol, data_file).items():
+                    results[f"{name}_{protocol}"] = rows
         finally:
             if triton is not None:
                 triton.stop()
@@ -150,6 +166,12 @@ def report(results: dict, protocols: list[str]) -> None:
         theirs = {r["concurrency"]: r for r in results[f"triton_{protocol}"]}
         for c in sorted(set(ours) & set(theirs)):
             a, b = ours[c], theirs[c]
+            if a.get("unstable") or b.get("unstable"):
+                who = " and ".join(
+                    n for n, r in (("tierserve", a), ("triton", b)) if r.get("unstable")
+                )
+                print(f"{protocol:<9}{c:>5}  no stable window for {who}")
+                continue
             print(f"{protocol:<9}{c:>5}{a['throughput']:>17,.0f}{a['p50_ms']:>8.2f}"
                   f"{a['p99_ms']:>8.2f}{b['throughput']:>14,.0f}{b['p50_ms']:>8.2f}"
                   f"{b['p99_ms']:>8.2f}{a['throughput'] / b['throughput']:>6.2f}x")  # fmt: skip

@@ -42,6 +42,11 @@ CUDART_REQUIREMENT = "nvidia-cuda-runtime-cu12==12.9.79"
 B64_PACKAGE = "libb64-0d"
 
 
+class UnstableMeasurement(AssertionError):
+    """perf_analyzer found no window of stable throughput and latency (a busy machine):
+    give it a wider ``--stability-percentage`` or a longer ``--measurement-interval``."""
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One concurrency of a run: requests/s and client-side latency percentiles (ms)."""
@@ -76,6 +81,8 @@ class PerfAnalyzer:
                                   stdin=subprocess.DEVNULL, text=True, timeout=timeout,
                                   env=self.environment())  # fmt: skip
             if proc.returncode != 0 or not report.exists():
+                if "Failed to obtain stable measurement" in proc.stdout:
+                    raise UnstableMeasurement(f"`{' '.join(argv)}`: {proc.stdout[-1000:]}")
                 raise AssertionError(
                     f"`{' '.join(argv)}` exited with {proc.returncode}:\n{proc.stdout[-4000:]}"
                 )
