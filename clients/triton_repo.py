@@ -19,8 +19,10 @@ Contracts (HugeCTR's Triton backends): a one-hot ranking model is batched by Tri
 [label_dim], dynamic batching on); a multi-hot one takes whole requests (``DES`` [-1,
 dense_dim], ``CATCOLUMN`` [-1], ``ROWINDEX`` INT32 [-1] -> ``OUTPUT0`` [-1, label_dim]:
 Triton's batcher needs every input to share the batch dimension, which CSR inputs do not);
-an embedding store (no graph) has the HPS backend's ``KEYS`` INT64, ``NUMKEYS`` INT32 ->
-``OUTPUT0`` FP32.
+an embedding store (no graph) has the HPS backend's ``KEYS`` INT64 [-1] and ``NUMKEYS`` INT32
+[tables] -> ``OUTPUT0`` FP32 [-1].  These are the shapes ``tierserve serve`` presents for the
+same models (its model metadata and config), so a client such as ``perf_analyzer`` drives
+both alike.
 """
 
 from __future__ import annotations
@@ -128,12 +130,15 @@ def graph_signature(graph, max_batch_size: int, i64_keys: bool) -> Signature:
     )
 
 
-STORE_SIGNATURE = Signature(
-    "embedding store",
-    0,
-    (Tensor("KEYS", "TYPE_INT64", (-1,)), Tensor("NUMKEYS", "TYPE_INT32", (-1,))),
-    (Tensor("OUTPUT0", "TYPE_FP32", (-1,)),),
-)
+def store_signature(tables: int) -> Signature:
+    """The signature of an embedding store of ``tables`` tables (``NUMKEYS``: one count per
+    table, as tierserve serve presents it)."""
+    return Signature(
+        "embedding store",
+        0,
+        (Tensor("KEYS", "TYPE_INT64", (-1,)), Tensor("NUMKEYS", "TYPE_INT32", (tables,))),
+        (Tensor("OUTPUT0", "TYPE_FP32", (-1,)),),
+    )
 
 
 def version_signature(entry, folder: Path, i64_keys: bool) -> Signature:
@@ -143,7 +148,7 @@ def version_signature(entry, folder: Path, i64_keys: bool) -> Signature:
 
     config = version_files(entry, folder)
     if not config.network_file:
-        return STORE_SIGNATURE
+        return store_signature(len(config.embedding_vecsize_per_table))
     graph = load_graph_json(config.network_file)
     try:
         return graph_signature(graph, entry.max_batch_size, i64_keys)

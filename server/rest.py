@@ -50,6 +50,7 @@ from .policy import (
 )
 from .tensors import (
     DecodedRequest,
+    TensorSpec,
     array_from_json,
     decode_rest_request,
     dump_json,
@@ -497,8 +498,7 @@ def build_router(
             body = await _read_body(request, max_request_bytes)
             data, name, version = _plain_json(body)
             label = name
-            meta = plane.model_metadata(name, version)
-            decoded = _plain_request(data, {t["name"]: t for t in meta["inputs"]})
+            decoded = _plain_request(data, plane.input_specs(name, version))
             result = await plane.infer(name, version, decoded)
             # encoded here (orjson), not by FastAPI's encoder; the response model documents it
             answer = {
@@ -547,7 +547,7 @@ def _plain_json(body: bytes) -> tuple[dict[str, Any], str, str]:
     return data, model_name(data["model"]), str(version)
 
 
-def _plain_request(data: dict[str, Any], specs: dict[str, dict[str, Any]]) -> DecodedRequest:
+def _plain_request(data: dict[str, Any], specs: dict[str, TensorSpec]) -> DecodedRequest:
     """Nested lists as arrays of the datatypes the model declares for them; an empty list is
     an empty batch of the declared row shape."""
     inputs, declared = {}, {}
@@ -556,7 +556,7 @@ def _plain_request(data: dict[str, Any], specs: dict[str, dict[str, Any]]) -> De
             raise InvalidInputError(
                 f"unexpected input {key[:120]!r}; the model's inputs are {sorted(specs)}"
             )
-        datatype, shape = specs[key]["datatype"], specs[key]["shape"]
+        datatype, shape = specs[key].datatype, specs[key].shape
         array = array_from_json(key, datatype, value)
         if array.shape == (0,) and len(shape) > 1 and all(d >= 0 for d in shape[1:]):
             array = array.reshape(0, *shape[1:])

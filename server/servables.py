@@ -15,6 +15,15 @@ Two kinds exist:
   ``[n]`` (the keys of table 0, then table 1, ...) and ``NUMKEYS`` INT32 ``[num_tables]`` (how
   many keys each table gets) -> ``OUTPUT0`` FP32 ``[sum(n_t * dim_t)]``, the embeddings
   row-major, table after table.  Unknown keys get the table's default vector.
+
+What a servable *takes* (its specs, checked on every request) may be wider than what it
+*presents* in model metadata and model config (:meth:`Servable.interface`): the presented
+signature is the one a Triton client builds requests from without help (``perf_analyzer``,
+``model_analyzer``), the same as ``tierserve triton-repo`` writes for tritonserver.  A
+one-hot ranking model presents ``DES`` and ``CATCOLUMN`` with a batch dimension (the
+``ROWINDEX`` it also takes, as HugeCTR's clients send it, has no per-row shape); a multi-hot
+one presents no batch dimension (CSR inputs do not split by row): ``DES`` [-1, dense_dim],
+``CATCOLUMN`` [-1], ``ROWINDEX`` [-1].
 """
 
 from __future__ import annotations
@@ -49,6 +58,19 @@ class RequestLimits:
 
 
 NO_LIMITS = RequestLimits()
+
+
+@dataclass(frozen=True)
+class Interface:
+    """What model metadata and model config present (Triton's view of a model).
+
+    ``max_batch_size`` > 0: every tensor's first dimension is the batch, which a client
+    may fill with up to that many rows; 0: requests carry shapes as the specs say, whole.
+    """
+
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
 
 
 class Servable(ABC):
@@ -91,6 +113,11 @@ class Servable(ABC):
     @abstractmethod
     def execute(self, unit: Any) -> dict[str, np.ndarray]:
         """Run one unit; outputs are batch-first when ``max_batch_size > 0``."""
+
+    def interface(self) -> Interface:
+        """What metadata and config present (see the module docstring): by default every
+        spec and ``max_batch_size``."""
+        return Interface(self.max_batch_size, tuple(self.inputs), tuple(self.outputs))
 
     def config(self) -> dict[str, Any]:
         """Extra model-config fields (``parameters``) for the config endpoint."""
@@ -220,6 +247,23 @@ class RankingServable(Servable):
             TensorSpec("ROWINDEX", "INT32", (-1,), optional=True, alternatives=((1, -1),)),
         ]  # fmt: skip
         self.outputs = [TensorSpec("OUTPUT0", "FP32", (-1, model.label_dim))]
+        self.multi_hot = self.hotness != self.slot_nums
+
+    def interface(self) -> Interface:
+        """One-hot: ``DES``, ``CATCOLUMN`` batched; multi-hot: CSR inputs, no batch dimension
+        (the module docstring says why)."""
+        if not self.multi_hot:
+            return Interface(self.max_batch_size, tuple(self.inputs[:2]), tuple(self.outputs))
+        des, catcolumn, _ = self.inputs
+        return Interface(
+            0,
+            (
+                des,
+                TensorSpec("CATCOLUMN", catcolumn.datatype, (-1,)),
+                TensorSpec("ROWINDEX", "INT32", (-1,)),
+            ),
+            tuple(self.outputs),
+        )
 
     def _check_batch_size(self, batch_size: int) -> None:
         if batch_size > self.max_batch_size:

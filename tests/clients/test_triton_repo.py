@@ -74,7 +74,7 @@ def test_configs_follow_graph_and_ps_json(repo, tmp_path):
     assert 'key: "site_packages" value: { string_value: "/opt/site" }' in dlrm
     store = (out / "store" / "config.pbtxt").read_text()
     assert _tensors(store, "input") == {"KEYS": ("TYPE_INT64", "-1"),
-                                        "NUMKEYS": ("TYPE_INT32", "-1")}  # fmt: skip
+                                        "NUMKEYS": ("TYPE_INT32", "1")}  # one table  # fmt: skip
     assert _tensors(store, "output") == {"OUTPUT0": ("TYPE_FP32", "-1")}
     assert "max_batch_size: 0\n" in store and "dynamic_batching" not in store
     version = out / "dlrm" / "1"
