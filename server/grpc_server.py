@@ -24,10 +24,12 @@ from google.protobuf import json_format
 
 from tierserve.ps.errors import InvalidInputError, TierserveError
 
+from .admission import max_descriptor
 from .allocator import trimmer
 from .dataplane import DataPlane
 from .grpc_gen import grpc_predict_v2_pb2 as pb
 from .policy import AdminToken, load_name, model_name, public_index, public_message
+from .settings import Settings
 from .tensors import (
     DATATYPES,
     DecodedRequest,
@@ -329,15 +331,28 @@ def create_grpc_server(
     admin_token: str | None = None,
     max_message_bytes: int = 64 * 1024 * 1024,
     reuse_port: bool = False,
+    settings: Settings | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """An unstarted ``grpc.aio`` server bound to ``address`` (``host:port``), and its port;
-    ``reuse_port``: other processes may bind the port too (worker processes)."""
+    ``reuse_port``: other processes may bind the port too (worker processes).
+
+    grpc's core holds it to ``settings``' limits where it has them: calls in flight
+    (``max_inflight_calls``; more are refused with RESOURCE_EXHAUSTED at once), connections
+    (``max_connections``, less those the descriptor reserve keeps), the handshake within
+    ``header_timeout_s`` and idle connections closed after ``grpc_idle_timeout_s``.
+    """
+    settings = settings or Settings(max_request_bytes=max_message_bytes)
+    connections = min(settings.max_connections, max_descriptor(settings.descriptor_reserve))
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ("grpc.max_metadata_size", settings.max_header_bytes),
+        ("grpc.max_allowed_incoming_connections", max(1, connections)),
+        ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(settings.grpc_idle_timeout_s * 1000)),
     ]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=settings.max_inflight_calls)
     server.add_generic_rpc_handlers((service_handler(InferenceServicer(plane, admin_token)),))
     port = server.add_insecure_port(address)
     return server, port
