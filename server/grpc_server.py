@@ -24,7 +24,7 @@ from google.protobuf import json_format
 
 from tierserve.ps.errors import InvalidInputError, TierserveError
 
-from .admission import max_descriptor
+from .admission import max_descriptor, open_descriptors
 from .allocator import trimmer
 from .dataplane import DataPlane
 from .grpc_gen import grpc_predict_v2_pb2 as pb
@@ -342,7 +342,9 @@ def create_grpc_server(
     ``header_timeout_s`` and idle connections closed after ``grpc_idle_timeout_s``.
     """
     settings = settings or Settings(max_request_bytes=max_message_bytes)
-    connections = min(settings.max_connections, max_descriptor(settings.descriptor_reserve))
+    # grpc's core counts connections, not descriptors: those open now are left out
+    free = max_descriptor(settings.descriptor_reserve) - open_descriptors()
+    connections = min(settings.max_connections, free)
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),

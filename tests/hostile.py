@@ -85,8 +85,9 @@ class H2Connection:
         """Read and handle what the server sent within ``timeout``; False when nothing came."""
         if self.closed:
             return False
-        ready, _, _ = select.select([self.sock], [], [], timeout)
-        if not ready:
+        poller = select.poll()  # not select(): a test may hold more than 1,024 descriptors
+        poller.register(self.sock, select.POLLIN)
+        if not poller.poll(timeout * 1000):
             return False
         try:
             chunk = self.sock.recv(1 << 20)

@@ -199,3 +199,84 @@ def test_grpc_bodies_that_never_end_hold_bounded_memory_and_time_out(tiny_reposi
         with grpc.insecure_channel(server.grpc_url) as channel:
             infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
             assert pb.ModelInferResponse.FromString(infer(_grpc_request(4), timeout=30)).outputs
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (what it sent before is read and dropped)."""
+    sock.settimeout(0)
+    try:
+        while sock.recv(65536):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass  # reset
+    return True
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_silent_and_idle_grpc_connections_are_closed_and_leave_descriptors(
+    tiny_repository, transport
+):
+    """1,100 gRPC connections that never send the preface, under a limit of 1,024
+    descriptors, and 50 that send it and then no call: health, a gRPC channel that was
+    already open and the repository poller keep working while they are held (new gRPC
+    connections are refused first), and the server closes them all, silent ones after
+    header_timeout_s, idle ones after grpc_idle_timeout_s."""
+    repo = tiny_repository()
+    args = ("--grpc-transport", transport, "--header-timeout", "3", "--grpc-idle-timeout", "4",
+            "--poll-interval", "0.5")  # fmt: skip
+    with _started(ServerProcess(repo, *args, nofile=1024)) as server:
+        channel = grpc.insecure_channel(server.grpc_url)
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        assert infer(_grpc_request(2), timeout=30)
+        silent = []
+        for _ in range(1100):
+            try:
+                silent.append(socket.create_connection(("127.0.0.1", server.grpc), timeout=5))
+            except OSError:
+                break  # refused: the listener's queue is full
+        idle = [H2Connection("127.0.0.1", server.grpc) for _ in range(50)]
+        for conn in idle:
+            conn.pump(0.05)
+        flooded = time.monotonic()
+        assert server.descriptors() < 1024
+        # health, an open channel, and the poller (a new version appears) work meanwhile
+        assert _health_ms(server) < 1000
+        assert infer(_grpc_request(2), timeout=30)
+        _add_version(repo, "2")
+        assert until(lambda: _served_version(server) == "2", timeout=30), server.text()
+        assert "Too many open files" not in server.text()
+        # the server closes them all
+        assert until(lambda: all(_closed_by_server(s) for s in silent), timeout=15), (
+            sum(map(_closed_by_server, silent)), len(silent), server.descriptors()
+        )
+        assert time.monotonic() - flooded >= 2  # not before the header timeout
+        assert until(lambda: all(c.pump(0.01) is not None and c.closed for c in idle), timeout=15)
+        for sock in silent:
+            sock.close()
+        for conn in idle:
+            conn.close()
+        assert until(lambda: server.descriptors() < 200, timeout=10), server.descriptors()
+        with grpc.insecure_channel(server.grpc_url) as fresh:
+            again = fresh.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            assert again(_grpc_request(2), timeout=30)
+        channel.close()
+
+
+def _add_version(repo, version: str) -> None:
+    """A copy of version 1 appears, whole, as ``version``."""
+    import shutil
+
+    from tierserve.trainer.manifest import MANIFEST
+
+    staging = repo / "dlrm" / f".{version}.tmp"
+    shutil.copytree(repo / "dlrm" / "1", staging)
+    (staging / MANIFEST).unlink(missing_ok=True)
+    staging.rename(repo / "dlrm" / version)
+
+
+def _served_version(server: ServerProcess) -> str:
+    r = httpx.post(f"{server.url}/v2/models/dlrm/infer", content=_infer_json(), timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["model_version"]
