@@ -192,17 +192,20 @@ class Admission:
 
 
 class BurstTrim:
-    """Hands a burst's memory back to the OS once it is over: every ``interval`` seconds,
-    when the bytes in flight peaked at ``threshold`` or more and are now under an eighth of
-    that peak, the heap is trimmed (:data:`~.allocator.trimmer`)."""
+    """Hands a burst's memory back to the OS once it is over: checked every ``interval``
+    seconds, when the bytes in flight peaked at ``threshold`` or more since the last trim and
+    are now under an eighth of that peak, the heap is trimmed (:data:`~.allocator.trimmer`)."""
 
-    def __init__(self, budget: Budget, threshold: int = 4 * LARGE_BODY, interval: float = 0.5):
+    def __init__(self, budget: Budget, threshold: int = LARGE_BODY, interval: float = 0.5):
         self.budget, self.threshold, self.interval = budget, threshold, interval
+        self.peak = 0
 
     def check(self) -> bool:
         """Trim now if a burst just ended (True)."""
-        peak, now = self.budget.take_peak(), self.budget.nbytes
-        if peak >= self.threshold and now * 8 < peak:
+        self.peak = max(self.peak, self.budget.take_peak())
+        now = self.budget.nbytes
+        if self.peak >= self.threshold and now * 8 < self.peak:
+            self.peak = now
             trimmer.after(0, LARGE_BODY)
             return True
         return False

@@ -180,10 +180,11 @@ class NativeGrpcServer:
         started = time.perf_counter()
         model = ""
         decoded = None
+        size = len(message)  # the callbacks keep neither the message nor its parse alive
 
         def finish(status: str | None) -> None:
             if decoded is not None:
-                trimmer.after_request(decoded.inputs, len(message))
+                trimmer.after_request(decoded.inputs, size)
             label = plane.metrics_label(model)
             plane.metrics.observe_request(label, "grpc", time.perf_counter() - started, status)
 

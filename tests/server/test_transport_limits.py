@@ -280,3 +280,151 @@ def _served_version(server: ServerProcess) -> str:
     r = httpx.post(f"{server.url}/v2/models/dlrm/infer", content=_infer_json(), timeout=30)
     assert r.status_code == 200, r.text
     return r.json()["model_version"]
+
+
+_PROBE = """
+import http.client, json, signal, sys, time
+took, stop = [], []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+print("ready", flush=True)
+while not stop:
+    started = time.perf_counter()
+    c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=30)
+    c.request("GET", "/v2/health/live")
+    assert c.getresponse().status == 200
+    c.close()
+    took.append((time.perf_counter() - started) * 1000)
+    time.sleep(0.02)
+print(json.dumps(took))
+"""
+
+
+class _Probe:
+    """Health asked every 20 ms from a process of its own (the test's own threads would
+    share its GIL with the load it makes): the latencies in ms, and the server's peak
+    memory meanwhile."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        import subprocess
+        import sys
+
+        self.server, self.peak, self._stop = server, server.rss(), threading.Event()
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, str(server.http)],
+                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert self.proc.stdout.readline().strip() == "ready"
+        self._sampler = threading.Thread(target=self._sample)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.server.rss())
+            time.sleep(0.02)
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._sampler.join()
+        self.proc.terminate()
+        return json.loads(self.proc.communicate(timeout=30)[0])
+
+
+def _warm(server: ServerProcess, message: bytes) -> float:
+    """Serve a few of ``message`` (the heap warms up to its size), then the memory."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for _ in range(8):
+            infer(message, timeout=60)
+    time.sleep(1)
+    return server.rss()
+
+
+@pytest.mark.skipif(not native_available(), reason="the native transport is not built")
+def test_a_burst_of_large_grpc_calls_is_admitted_in_bounds(tiny_repository):
+    """4,000 ModelInfer calls of 1,024 rows at once, over 20 connections: the server holds
+    at most max_inflight_calls (1,024) of them, refuses those that wait past
+    admission_timeout_s with RESOURCE_EXHAUSTED, answers the others right, keeps answering
+    health, and gives the burst's memory back.  (grpc.aio, ``--grpc-transport python``, has
+    only grpc's own limits: it holds 0.9 GB here and answers some calls CANCELLED.)"""
+    import asyncio
+
+    message = _grpc_request(1024, seed=3)
+    args = ("--grpc-transport", "native")
+    with _started(ServerProcess(tiny_repository(max_batch_size=1024), *args)) as server:
+        before = _warm(server, message)
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            expected = pb.ModelInferResponse.FromString(infer(message, timeout=60))
+
+        async def burst() -> list:
+            channels = [grpc.aio.insecure_channel(server.grpc_url, options=[("grpc.channel_id", i)])
+                        for i in range(20)]  # fmt: skip
+            calls = [c.unary_unary("/inference.GRPCInferenceService/ModelInfer") for c in channels]
+
+            async def one(i: int):
+                try:
+                    return await calls[i % 20](message, timeout=120)
+                except grpc.aio.AioRpcError as exc:
+                    return exc.code()
+
+            try:
+                return await asyncio.gather(*(one(i) for i in range(4000)))
+            finally:
+                for c in channels:
+                    await c.close()
+
+        probe = _Probe(server)
+        answers = asyncio.run(burst())
+        health = probe.stop()
+        refused = [a for a in answers if not isinstance(a, bytes)]
+        assert set(refused) <= {grpc.StatusCode.RESOURCE_EXHAUSTED}, collections.Counter(refused)
+        assert len(refused) < 4000 - 1000  # the first 1,024 had room at once
+        got = {a for a in answers if isinstance(a, bytes)}
+        assert {pb.ModelInferResponse.FromString(a).raw_output_contents[0] for a in got} == {
+            expected.raw_output_contents[0]
+        }
+        # 1,024 calls of 119 KB at most, a few copies of each while it runs (4,000 took 1.7 GB)
+        assert probe.peak - before < 700, (before, probe.peak)
+        assert np.percentile(health, 99) < 500 and max(health) < 2000, sorted(health)[-5:]
+        assert until(lambda: server.rss() < before * 1.2 + 8, timeout=15), (before, server.rss())
+
+
+def test_http_bodies_that_stop_short_are_admitted_in_bounds_and_given_back(tiny_repository):
+    """30 infer requests declaring 60 MiB bodies that stop one byte short: at most
+    max_inflight_bytes (512 MiB) of them are read, the others get 503 after
+    admission_timeout_s, the body timeout closes the rest, and the memory goes back."""
+    size = 60 << 20
+    with _started(ServerProcess(tiny_repository(), "--body-timeout", "8")) as server:
+        r = httpx.post(f"{server.url}/v2/models/dlrm/infer", content=_infer_json(), timeout=30)
+        assert r.status_code == 200
+        before = server.rss()
+        statuses: list[bytes] = []
+        head = (b"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\n\r\n" % size)  # fmt: skip
+        chunk = bytes(1 << 20)
+
+        def send() -> None:
+            with socket.create_connection(("127.0.0.1", server.http), timeout=30) as sock:
+                try:
+                    sock.sendall(head)
+                    for _ in range(59):
+                        sock.sendall(chunk)
+                    sock.sendall(chunk[:-1])
+                except OSError:
+                    pass  # refused: the server closed the connection
+                statuses.append(_status_line(sock) or b"closed")
+
+        probe = _Probe(server)
+        senders = [threading.Thread(target=send) for _ in range(30)]
+        for thread in senders:
+            thread.start()
+        for thread in senders:
+            thread.join(60)
+        health = probe.stop()
+        # 8 bodies of 60 MiB fit in 512 MiB: they were read, then closed by the body
+        # timeout; the others were refused unread
+        assert statuses.count(b"HTTP/1.1 503 Service Unavailable") >= 20, statuses
+        assert set(statuses) <= {b"HTTP/1.1 503 Service Unavailable", b"closed"}, statuses
+        assert probe.peak - before < 512 + 96, (before, probe.peak)  # 30 took 2 GiB
+        assert max(health) < 2000, sorted(health)[-5:]
+        assert until(lambda: server.rss() < before * 1.2 + 8, timeout=15), (before, server.rss())
+        r = httpx.post(f"{server.url}/v2/models/dlrm/infer", content=_infer_json(), timeout=30)
+        assert r.status_code == 200

@@ -32,6 +32,10 @@ use crate::grpc::{handle, GrpcBody, Server};
 
 /// The client connection preface every HTTP/2 connection starts with (RFC 9113, 3.4).
 const PREFACE_LEN: usize = 24;
+/// HTTP/2 flow-control windows: what a client may send before the server reads it, on one
+/// call and on one connection (calls waiting for room hold what they sent in these).
+const STREAM_WINDOW: u32 = 1 << 20;
+const CONNECTION_WINDOW: u32 = 2 << 20;
 
 /// The bounds every connection and call is held to (see server/settings.py for each).
 #[derive(Clone, Copy, Debug)]
@@ -167,8 +171,8 @@ async fn serve_connection(server: Arc<Server>, stream: TcpStream, shutdown: watc
         })
     };
     let connection = http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(4 << 20)
-        .initial_connection_window_size(8 << 20)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(crate::grpc::MAX_FRAME as u32)
         .max_header_list_size(limits.max_header_bytes)
         .serve_connection(TokioIo::new(io), service);

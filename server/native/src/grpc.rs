@@ -141,11 +141,20 @@ pub fn grpc_timeout(value: &str) -> Option<Duration> {
     }))
 }
 
-/// A unary gRPC response body: at most one data frame, then the trailers.
+/// A unary gRPC response body: at most one data frame, then the trailers.  A call refused
+/// before its request was read keeps the request here until the answer is sent: dropping an
+/// unread request first would reset the stream (CANCEL) ahead of the answer.
 #[derive(Debug)]
 pub struct GrpcBody {
     data: Option<Bytes>,
     trailers: Option<HeaderMap>,
+    request: Option<Incoming>,
+}
+
+/// `response`, keeping `request` until it is sent.
+fn holding(mut response: Response<GrpcBody>, request: Incoming) -> Response<GrpcBody> {
+    response.body_mut().request = Some(request);
+    response
 }
 
 impl http_body::Body for GrpcBody {
@@ -190,7 +199,7 @@ fn grpc_headers(headers: &mut HeaderMap) {
 
 /// A Trailers-Only response: the status in the headers, no body.
 fn status_only(status: u32, message: &str) -> Response<GrpcBody> {
-    let mut response = Response::new(GrpcBody { data: None, trailers: None });
+    let mut response = Response::new(GrpcBody { data: None, trailers: None, request: None });
     let headers = response.headers_mut();
     grpc_headers(headers);
     headers.insert("grpc-status", HeaderValue::from(status));
@@ -206,7 +215,7 @@ fn answer(reply: Reply) -> Response<GrpcBody> {
     }
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    let mut response = Response::new(GrpcBody { data: Some(reply.payload), trailers: Some(trailers) });
+    let mut response = Response::new(GrpcBody { data: Some(reply.payload), trailers: Some(trailers), request: None });
     grpc_headers(response.headers_mut());
     response
 }
@@ -260,7 +269,7 @@ async fn read_message(
     server: &Server,
     connection: &Arc<ConnState>,
     held: &mut Held,
-    mut body: Incoming,
+    body: &mut Incoming,
     admission: Instant,
     deadline: Instant,
 ) -> Result<Bytes, Response<GrpcBody>> {
@@ -335,20 +344,27 @@ fn unframe(body: Bytes, encoding: &str, limit: usize) -> Result<Bytes, Response<
 }
 
 pub async fn handle(server: Arc<Server>, connection: Arc<ConnState>, request: Request<Incoming>) -> Response<GrpcBody> {
+    let (head, mut request) = request.into_parts();
+    let answer = call(server, connection, head, &mut request).await;
+    holding(answer, request)
+}
+
+async fn call(
+    server: Arc<Server>,
+    connection: Arc<ConnState>,
+    head: hyper::http::request::Parts,
+    request: &mut Incoming,
+) -> Response<GrpcBody> {
     let _in_flight = InFlight::new(&server);
     let _active = connection.call();
     let arrived = Instant::now();
-    let path = request.uri().path();
+    let path = head.uri.path();
     let method = match path.strip_prefix(SERVICE_PREFIX) {
-        Some(method) if request.method() == Method::POST && !method.is_empty() => method.to_string(),
+        Some(method) if head.method == Method::POST && !method.is_empty() => method.to_string(),
         _ => return status_only(UNIMPLEMENTED, &format!("unknown method {path}")),
     };
-    let authorization = request
-        .headers()
-        .get("authorization")
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_string);
-    let timeout = match request.headers().get("grpc-timeout") {
+    let authorization = head.headers.get("authorization").and_then(|value| value.to_str().ok()).map(str::to_string);
+    let timeout = match head.headers.get("grpc-timeout") {
         None => None,
         Some(value) => match value.to_str().ok().and_then(grpc_timeout) {
             Some(timeout) => Some(timeout),
@@ -360,12 +376,7 @@ pub async fn handle(server: Arc<Server>, connection: Arc<ConnState>, request: Re
             }
         },
     };
-    let encoding = request
-        .headers()
-        .get("grpc-encoding")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or("identity")
-        .to_string();
+    let encoding = head.headers.get("grpc-encoding").and_then(|value| value.to_str().ok()).unwrap_or("identity").to_string();
     let limits = server.limits;
     // the call's own deadline, when sooner, ends every wait, and is answered as such
     let called_off = timeout.map(|timeout| arrived + timeout);
@@ -376,7 +387,7 @@ pub async fn handle(server: Arc<Server>, connection: Arc<ConnState>, request: Re
         return if gave_up() { status_only(DEADLINE_EXCEEDED, "deadline exceeded") } else { busy(&server) };
     };
     let body_deadline = sooner(arrived + limits.body_timeout);
-    let body = match read_message(&server, &connection, &mut held, request.into_body(), admission, body_deadline).await {
+    let body = match read_message(&server, &connection, &mut held, request, admission, body_deadline).await {
         Ok(body) => body,
         Err(_) if gave_up() => return status_only(DEADLINE_EXCEEDED, "deadline exceeded"),
         Err(refusal) => return refusal,
