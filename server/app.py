@@ -29,6 +29,7 @@ from tierserve.ps.table_tag import is_valid_name
 from . import heap, openapi
 from .admission import Admission, Budget, BurstTrim, make_budget
 from .dataplane import DataPlane
+from .drain import Server
 from .grpc_native import NativeGrpcServer, check_native_transport, native_available
 from .grpc_server import create_grpc_server
 from .metrics import ServerMetrics
@@ -266,7 +267,7 @@ def serve(settings: Settings, loader: Loader | None = None, pool: PoolState | No
         check_ports(settings)
     app = create_app(settings, loader, pool)
     app.state.freeze_heap = True
-    server = uvicorn.Server(uvicorn_config(app, settings, settings.log_level))
+    server = Server(uvicorn_config(app, settings, settings.log_level))
     if pool is None:
         server.run()
     else:
@@ -359,7 +360,7 @@ class BackgroundServer:
         self.settings = with_free_ports(settings)
         self.app = create_app(self.settings, loader)
         self.plane: DataPlane = self.app.state.plane
-        self._server = uvicorn.Server(uvicorn_config(self.app, self.settings, "warning"))
+        self._server = Server(uvicorn_config(self.app, self.settings, "warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="tierserve")
 
     @property

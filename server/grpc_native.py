@@ -131,11 +131,16 @@ class NativeGrpcServer:
         self._loop.add_reader(self.transport.fd, self._drain)
 
     async def stop(self, grace: float | None = None) -> None:
-        """Refuse new connections, answer the calls in flight for up to ``grace`` seconds,
-        then close (calls still unanswered get UNAVAILABLE)."""
-        self.transport.begin_shutdown()
+        """Refuse new connections and ask open ones to go (GOAWAY); answer the calls in
+        flight, and those the clients had sent before the GOAWAY, for up to ``grace``
+        seconds, until every connection has gone; then close (calls still unanswered get
+        UNAVAILABLE)."""
+        transport = self.transport
+        transport.begin_shutdown()
         deadline = time.monotonic() + (grace or 0.0)
-        while self.transport.in_flight and time.monotonic() < deadline:
+        # no call in flight is not enough: a call may still be on its way in (read by the
+        # transport once the client has seen the GOAWAY), until its connection has gone
+        while (transport.in_flight or transport.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if self._loop is not None:
             self._loop.remove_reader(self.transport.fd)

@@ -9,6 +9,7 @@ that stops one byte short) while ``h2`` keeps the flow-control windows and setti
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import subprocess
@@ -37,6 +38,7 @@ class H2Connection:
         self.h2.initiate_connection()
         self.statuses: dict[int, str] = {}  # stream -> grpc-status ("" when reset)
         self.closed = self.goaway = False
+        self._buffer = b""
         self._flush()
 
     def _flush(self) -> None:
@@ -96,22 +98,52 @@ class H2Connection:
         if not chunk:
             self.closed = True
             return True
-        try:
-            events = self.h2.receive_data(chunk)
-        except h2.exceptions.ProtocolError:
-            self.closed = True
-            return True
-        for event in events:
-            if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                status = dict(event.headers).get(b"grpc-status")
-                if status is not None:
-                    self.statuses[event.stream_id] = status.decode()
-            elif isinstance(event, h2.events.StreamReset):
-                self.statuses.setdefault(event.stream_id, "")
-            elif isinstance(event, h2.events.ConnectionTerminated):
-                self.goaway = True
+        self._buffer += chunk
+        while len(self._buffer) >= 9:  # frame by frame: see _after_goaway
+            end = 9 + int.from_bytes(self._buffer[:3], "big")
+            if len(self._buffer) < end:
+                break
+            raw, self._buffer = self._buffer[:end], self._buffer[end:]
+            if self.goaway:
+                self._after_goaway(raw)
+                continue
+            try:
+                events = self.h2.receive_data(raw)
+            except h2.exceptions.ProtocolError:
+                self.closed = True
+                return True
+            for event in events:
+                self._handle(event)
         self._flush()
         return True
+
+    def _handle(self, event) -> None:
+        if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+            status = dict(event.headers).get(b"grpc-status")
+            if status is not None:
+                self.statuses[event.stream_id] = status.decode()
+        elif isinstance(event, h2.events.StreamReset):
+            self.statuses.setdefault(event.stream_id, "")
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.goaway = True
+
+    def _after_goaway(self, raw: bytes) -> None:
+        """One frame after a GOAWAY, which ``h2`` takes as the end of the connection although
+        the server still answers the calls it had (a graceful shutdown): answers decoded
+        with ``h2``'s header decoder, PINGs acknowledged."""
+        kind, flags = raw[3], raw[4]
+        stream = int.from_bytes(raw[5:9], "big") & 0x7FFFFFFF
+        payload = raw[9:]
+        if kind == 1:  # HEADERS (hyper sends them unpadded, without priority)
+            fields = dict(self.h2.decoder.decode(payload, raw=True))
+            if b"grpc-status" in fields:
+                self.statuses[stream] = fields[b"grpc-status"].decode()
+        elif kind == 3:  # RST_STREAM
+            self.statuses.setdefault(stream, "")
+        elif kind == 6 and not flags & 1:  # PING: the server's graceful shutdown waits for it
+            header = len(payload).to_bytes(3, "big") + bytes([6, 1]) + bytes(4)
+            with contextlib.suppress(OSError):
+                self.sock.sendall(header + payload)
 
     def status(self, stream: int, timeout: float) -> str | None:
         """The grpc-status the server answered ``stream`` with, "" when it reset the stream,
