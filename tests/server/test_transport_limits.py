@@ -428,3 +428,24 @@ def test_http_bodies_that_stop_short_are_admitted_in_bounds_and_given_back(tiny_
         assert until(lambda: server.rss() < before * 1.2 + 8, timeout=15), (before, server.rss())
         r = httpx.post(f"{server.url}/v2/models/dlrm/infer", content=_infer_json(), timeout=30)
         assert r.status_code == 200
+
+
+def test_the_cli_sets_every_limit_and_the_settings_refuse_a_budget_below_a_request():
+    from tierserve.clients.cli import build_parser
+    from tierserve.clients.serve import settings_from_args
+    from tierserve.ps.errors import ConfigError
+    from tierserve.server.settings import Settings
+
+    args = build_parser().parse_args([
+        "serve", "--model-repository", "r", "--max-header-bytes", "2048", "--max-header-count",
+        "20", "--max-inflight-mb", "100", "--max-inflight-calls", "7", "--max-connection-mb",
+        "70", "--admission-timeout", "1.5", "--grpc-idle-timeout", "9", "--max-connections",
+        "33", "--descriptor-reserve", "10",
+    ])  # fmt: skip
+    s = settings_from_args(args)
+    assert (s.max_header_bytes, s.max_header_count, s.max_inflight_calls) == (2048, 20, 7)
+    assert (s.max_inflight_bytes, s.max_connection_bytes) == (100 << 20, 70 << 20)
+    assert (s.admission_timeout_s, s.grpc_idle_timeout_s) == (1.5, 9.0)
+    assert (s.max_connections, s.descriptor_reserve) == (33, 10)
+    with pytest.raises(ConfigError, match="max_inflight_bytes .* below max_request_bytes"):
+        Settings.build(config="ps.json", max_inflight_bytes=1 << 20)
