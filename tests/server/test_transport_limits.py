@@ -264,6 +264,36 @@ def test_silent_and_idle_grpc_connections_are_closed_and_leave_descriptors(
         channel.close()
 
 
+def test_silent_http_connections_leave_descriptors_and_are_closed(tiny_repository):
+    """1,100 HTTP connections that send nothing, under a limit of 1,024 descriptors: those
+    beyond the reserve get a 503 at once instead of holding a descriptor, a gRPC channel
+    already open and the poller keep working, and the header timeout closes the rest."""
+    repo = tiny_repository()
+    args = ("--header-timeout", "3", "--poll-interval", "0.5")
+    with _started(ServerProcess(repo, *args, nofile=1024)) as server:
+        channel = grpc.insecure_channel(server.grpc_url)
+        live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
+        assert pb.ServerLiveResponse.FromString(live(b"", timeout=10)).live
+        silent = []
+        for _ in range(1100):
+            try:
+                silent.append(socket.create_connection(("127.0.0.1", server.http), timeout=5))
+            except OSError:
+                break  # refused: the listener's queue is full
+        assert until(lambda: server.descriptors() >= 900, timeout=10), server.descriptors()
+        assert server.descriptors() < 1024
+        with socket.create_connection(("127.0.0.1", server.http), timeout=5) as late:
+            assert _status_line(late).startswith(b"HTTP/1.1 503")
+        assert pb.ServerLiveResponse.FromString(live(b"", timeout=10)).live
+        channel.close()
+        _add_version(repo, "2")
+        assert until(lambda: all(_closed_by_server(s) for s in silent), timeout=15)
+        for sock in silent:
+            sock.close()
+        assert until(lambda: _served_version(server) == "2", timeout=30), server.text()
+        assert "Too many open files" not in server.text()
+
+
 def _add_version(repo, version: str) -> None:
     """A copy of version 1 appears, whole, as ``version``."""
     import shutil
