@@ -27,7 +27,7 @@ from tierserve.ps.errors import ConfigError
 from tierserve.ps.table_tag import is_valid_name
 
 from . import heap, openapi
-from .admission import Admission, Budget, BurstTrim, make_budget
+from .admission import Admission, BurstTrim, make_budget
 from .dataplane import DataPlane
 from .drain import Server
 from .grpc_native import NativeGrpcServer, check_native_transport, native_available
@@ -115,7 +115,7 @@ def create_app(
         plane.started = True
         grpc_server = None
         if settings.grpc_port is not None:
-            grpc_server, port = grpc_front_end(plane, settings, pool is not None, budget)
+            grpc_server, port = grpc_front_end(plane, settings, pool is not None, admission)
             await grpc_server.start()
             app.state.grpc_port = port
             app.state.grpc_server = grpc_server
@@ -182,13 +182,14 @@ def create_app(
     return app
 
 
-def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool, budget: Budget):
+def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool, admission: Admission):
     """The unstarted gRPC server ``settings.grpc_transport`` asks for, and its port; calls
-    take their room from ``budget``."""
+    take their room from ``admission``'s budget."""
     if uses_native_grpc(settings):
         server = NativeGrpcServer(
             plane, settings.host, settings.grpc_port or 0, settings.admin_token,
-            settings.max_request_bytes, reuse_port=reuse_port, budget=budget, settings=settings,
+            settings.max_request_bytes, reuse_port=reuse_port, budget=admission.budget,
+            settings=settings,
         )  # fmt: skip
         return server, server.port
     return create_grpc_server(
@@ -198,6 +199,7 @@ def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool, budge
         settings.max_request_bytes,
         reuse_port=reuse_port,
         settings=settings,
+        admission=admission,
     )
 
 
