@@ -188,6 +188,8 @@ class Admission:
             await future
         except asyncio.CancelledError:
             waiter.cancelled = True
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.give(calls, nbytes)  # admitted just before the cancel reached it
             raise
 
 
