@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 # The native gRPC transport (server/native, Rust): built where cargo is installed; without
 # it gRPC is served by grpc.aio (grpc_transport auto).
-$(VENV)/.native: server/native/Cargo.toml server/native/Cargo.lock server/native/src/lib.rs | $(VENV)/.installed
+$(VENV)/.native: server/native/Cargo.toml server/native/Cargo.lock $(wildcard server/native/src/*.rs) | $(VENV)/.installed
 	@export PATH="$$PATH:$$HOME/.cargo/bin"; \
 	if command -v cargo >/dev/null 2>&1; then \
 		$(BIN)/python -m pip install --quiet ./server/native && touch $@; \
@@ -29,9 +29,12 @@ setup: $(VENV)/.installed $(VENV)/.native
 demo: setup
 	$(BIN)/tierserve demo
 
-## Lint, then run the whole test suite; the tests start the services they need.
+## Lint, then run the native transport's Rust tests (where cargo is installed) and the whole
+## test suite; the tests start the services they need.
 test: setup
 	$(BIN)/ruff check .
+	@export PATH="$$PATH:$$HOME/.cargo/bin"; \
+	if command -v cargo >/dev/null 2>&1; then cargo test --quiet --manifest-path server/native/Cargo.toml; fi
 	$(BIN)/python -m pytest
 
 lint: setup

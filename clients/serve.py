@@ -91,6 +91,46 @@ def register(commands: argparse._SubParsersAction) -> None:
         "headers (default 60)",
     )
     parser.add_argument(
+        "--max-header-bytes", type=int, default=64 * 1024, metavar="N",
+        help="most bytes of an HTTP request line and headers (and of gRPC headers); over it "
+        "the request gets 414 (URL) or 431 (default 65536)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-header-count", type=int, default=100, metavar="N",
+        help="most header lines of an HTTP request; over it: 431 (default 100)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-inflight-mb", type=float, default=512.0, metavar="MB",
+        help="most MiB of requests one worker holds at once, HTTP and gRPC together; more "
+        "wait for room, then get 503 / RESOURCE_EXHAUSTED (default 512)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-inflight-calls", type=int, default=1024, metavar="N",
+        help="most requests one worker holds at once, HTTP and gRPC together (default 1024)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-connection-mb", type=float, default=128.0, metavar="MB",
+        help="most MiB of requests one gRPC connection holds at once (default 128)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--admission-timeout", type=float, default=5.0, metavar="S",
+        help="how long a request waits for room under the limits above before it is refused "
+        "(default 5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grpc-idle-timeout", type=float, default=60.0, metavar="S",
+        help="close a gRPC connection without a call for this long (default 60)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-connections", type=int, default=4096, metavar="N",
+        help="most open connections per transport (HTTP, gRPC) and worker (default 4096)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--descriptor-reserve", type=int, default=64, metavar="N",
+        help="file descriptors kept free for health, loads and the repository poller: new "
+        "connections are refused first (default 64)",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-dynamic-batching",
         action="store_true",
         help="run every request on its own instead of merging concurrent ones",
@@ -184,6 +224,15 @@ def settings_from_args(args: argparse.Namespace):
         allow_nonfinite_inputs=args.allow_nonfinite_inputs,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
+        max_header_bytes=args.max_header_bytes,
+        max_header_count=args.max_header_count,
+        max_inflight_bytes=int(args.max_inflight_mb * 1024 * 1024),
+        max_inflight_calls=args.max_inflight_calls,
+        max_connection_bytes=int(args.max_connection_mb * 1024 * 1024),
+        admission_timeout_s=args.admission_timeout,
+        grpc_idle_timeout_s=args.grpc_idle_timeout,
+        max_connections=args.max_connections,
+        descriptor_reserve=args.descriptor_reserve,
         dynamic_batching=not args.no_dynamic_batching,
         max_batch_delay_ms=args.max_batch_delay_ms,
         poll_interval_s=args.poll_interval,

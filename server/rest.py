@@ -38,6 +38,7 @@ from starlette.routing import Route
 from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, TierserveError
 
 from . import openapi as docs
+from .admission import Admission, ServerBusyError
 from .allocator import LARGE_ROWS, trimmer
 from .dataplane import DataPlane
 from .policy import (
@@ -307,14 +308,42 @@ async def _send(send, status: int, payload: bytes, media: bytes, json_length=Non
 
 class InferFastPath:
     """An ASGI app in front of the FastAPI app that hands ``POST .../infer`` straight to the
-    app's :class:`InferEndpoint`; everything else, lifespan included, goes to ``app``."""
+    app's :class:`InferEndpoint`; everything else, lifespan included, goes to ``app``.
+
+    A request with a body first takes its room in the worker's budget (the app's
+    :class:`~.admission.Admission`), waiting for it with the body unread; one that finds none
+    within ``admission_timeout_s`` is answered 503.  Requests without a body (health,
+    metadata, metrics) never wait."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self.state = app.state
         self.endpoint: InferEndpoint = app.state.infer_endpoint
+        self.admission: Admission | None = getattr(app.state, "admission", None)
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or self.admission is None:
+            await self._serve(scope, receive, send)
+            return
+        need = _body_room(scope["headers"], self.endpoint.limit, self.admission.undeclared)
+        if need is None:
+            await self._serve(scope, receive, send)
+            return
+        started = time.perf_counter()
+        try:
+            await self.admission.take(1, need)
+        except ServerBusyError as exc:
+            match = _INFER_PATH.match(scope["path"])
+            if match is not None:
+                self.endpoint.observe(match.group(1), started, str(exc.http_status))
+            await _send(send, exc.http_status, _error_bytes(error_body(exc)), _JSON)
+            return
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self.admission.give(1, need)
+
+    async def _serve(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             match = _INFER_PATH.match(scope["path"])
             if match is not None:
@@ -322,6 +351,22 @@ class InferFastPath:
                 await self.endpoint.handle(model, version, scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _body_room(headers, limit: int, undeclared: int) -> int | None:
+    """The budget bytes a request's body takes: its declared length (0 when over ``limit``:
+    it is refused unread), ``undeclared`` for a chunked body; None without a body."""
+    for key, value in headers:
+        if key == b"content-length":
+            if not value.isdigit() or len(value) > 19:
+                return 0  # refused by the route, unread
+            declared = int(value)
+            if declared == 0:
+                return None
+            return declared if declared <= limit else 0
+        if key == b"transfer-encoding":
+            return undeclared
+    return None
 
 
 # --- the other routes ------------------------------------------------------------------------
