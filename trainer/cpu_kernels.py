@@ -1,0 +1,199 @@
+"""The trainer's compiled (numba) CPU kernels: the elementwise and gather/scatter work of a
+training step around the BLAS matrix products.
+
+Each kernel replaces a sequence of numpy array passes on the CPU path (``xp`` is numpy) with
+one loop over the data: fewer passes over memory, no temporaries, no per-call dispatch of a
+dozen numpy functions.  The array code stays the reference (and the cupy path); the tests
+check each kernel against it.  Kernels take float32 or float64 arrays (the gradient tests
+run the layers in float64) and compile once per dtype, cached on disk; :func:`use_kernels`
+says whether a set of arrays can take them.
+
+Results equal the array code's up to float rounding: the ReLU and bias kernels and the
+AdaGrad updates compute the same float operations in the same order (equal bit for bit);
+the interaction and the embedding gradient sums add in another order than ``matmul`` and
+``bincount`` (which sums in float64).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def use_kernels(xp: Any, *arrays: Any) -> bool:
+    """Whether ``arrays`` (numpy, all float32 or all float64) can go through these kernels."""
+    if xp is not np:
+        return False
+    dtype = arrays[0].dtype
+    return dtype in _DTYPES and all(
+        isinstance(a, np.ndarray) and a.dtype == dtype for a in arrays)
+
+
+# ---- fully connected layers -----------------------------------------------------------------
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def bias_act(y, b, relu):
+    """``y += b`` then, with ``relu``, ``y = max(y, 0)`` (NaN stays NaN), in place; ``y`` is
+    ``[n, m]`` and ``b`` ``[m]``."""
+    n, m = y.shape
+    for i in range(n):
+        row = y[i]
+        for j in range(m):
+            v = row[j] + b[j]
+            if relu and v < 0:
+                v = 0
+            row[j] = v
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def relu_grad_bias(y, g, out, db):
+    """``out = where(y > 0, g, 0)`` and ``db = out.sum(axis=0)`` in one pass.  ``out`` may
+    be ``g``.  The column sums add row after row, as numpy's ``sum(axis=0)`` does."""
+    n, m = g.shape
+    for j in range(m):
+        db[j] = 0
+    for i in range(n):
+        yr, gr, orow = y[i], g[i], out[i]
+        for j in range(m):
+            v = gr[j] if yr[j] > 0 else 0
+            orow[j] = v
+            db[j] += orow[j]
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def relu_grad(y, g, out):
+    """``out = where(y > 0, g, 0)`` elementwise over flat (1-D) arrays."""
+    for i in range(g.shape[0]):
+        out[i] = g[i] if y[i] > 0 else 0
+
+
+# ---- DLRM dot interaction -------------------------------------------------------------------
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
+def interaction_forward(x, e, out):
+    """HugeCTR's Interaction output ``[x, tril(Z Z^T, -1), 0]`` with ``Z = [x; e]``.
+
+    ``x`` ``[B, D]``, ``e`` ``[B, S, D]``, ``out`` ``[B, D + n(n-1)/2 + 1]`` (``n = S + 1``).
+    Reassociation (``fastmath``) lets each D-long dot product add in vector lanes.
+    """
+    batch, dim = x.shape
+    n = e.shape[1] + 1
+    z = np.empty((n, dim), dtype=out.dtype)
+    for b in range(batch):
+        for d in range(dim):
+            z[0, d] = x[b, d]
+            out[b, d] = x[b, d]
+        for s in range(n - 1):
+            for d in range(dim):
+                z[s + 1, d] = e[b, s, d]
+        p = dim
+        for i in range(1, n):
+            zi = z[i]
+            for j in range(i):
+                zj = z[j]
+                acc = zi[0] * zj[0]
+                for d in range(1, dim):
+                    acc += zi[d] * zj[d]
+                out[b, p] = acc
+                p += 1
+        out[b, p] = 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def interaction_backward(g, x, e, dx, de):
+    """Gradients of :func:`interaction_forward`: ``dx`` ``[B, D]`` and ``de`` ``[B, S, D]``
+    from the output gradient ``g``.  With ``G`` the symmetric ``[n, n]`` matrix of the pair
+    gradients, ``dZ = G Z``; the first D columns of ``g`` add to ``dx`` directly."""
+    batch, dim = x.shape
+    n = e.shape[1] + 1
+    z = np.empty((n, dim), dtype=dx.dtype)
+    dz = np.empty((n, dim), dtype=dx.dtype)
+    for b in range(batch):
+        for d in range(dim):
+            z[0, d] = x[b, d]
+        for s in range(n - 1):
+            for d in range(dim):
+                z[s + 1, d] = e[b, s, d]
+        dz[:] = 0
+        p = dim
+        for i in range(1, n):
+            zi, dzi = z[i], dz[i]
+            for j in range(i):
+                gp = g[b, p + j]
+                zj, dzj = z[j], dz[j]
+                for d in range(dim):
+                    dzi[d] += gp * zj[d]
+                    dzj[d] += gp * zi[d]
+            p += i
+        for d in range(dim):
+            dx[b, d] = g[b, d] + dz[0, d]
+        for s in range(n - 1):
+            for d in range(dim):
+                de[b, s, d] = dz[s + 1, d]
+
+
+# ---- embedding tables -------------------------------------------------------------------------
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def unique_sum(rows, grads, index, stamp, uniq, sums):
+    """Distinct ``rows`` and, per distinct row, the sum of ``grads[index[i]]`` over every
+    ``i`` with that row; returns how many distinct rows there are.
+
+    ``uniq`` (``[len(rows)]``) gets the distinct rows in first-seen order and ``sums``
+    (``[len(rows), dim]``) their sums in the same order (its first entries, as many as the
+    return value).  ``stamp`` is int64 scratch with an entry per table row (contents do not
+    matter): it maps a row to its place in ``uniq`` during the pass.
+    """
+    n = rows.shape[0]
+    dim = grads.shape[1]
+    for i in range(n):
+        stamp[rows[i]] = -1
+    k = 0
+    for i in range(n):
+        r = rows[i]
+        c = stamp[r]
+        src = grads[index[i]]
+        if c < 0:
+            stamp[r] = k
+            uniq[k] = r
+            dst = sums[k]
+            for d in range(dim):
+                dst[d] = src[d]
+            k += 1
+        else:
+            dst = sums[c]
+            for d in range(dim):
+                dst[d] += src[d]
+    return k
+
+
+# ---- AdaGrad ----------------------------------------------------------------------------------
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def adagrad_flat(p, g, a, lr, eps):
+    """AdaGrad on flat arrays, in place: ``a += g*g``, ``p -= g / (sqrt(a) + eps) * lr``
+    (numpy's operation order; ``lr`` and ``eps`` of the arrays' dtype)."""
+    for i in range(p.shape[0]):
+        gi = g[i]
+        ai = a[i] + gi * gi
+        a[i] = ai
+        p[i] -= gi / (np.sqrt(ai) + eps) * lr
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def adagrad_rows(values, rows, grads, a, lr, eps):
+    """:func:`adagrad_flat` on the table rows ``rows`` (distinct) with gradients ``grads``
+    (``[len(rows), dim]``); ``values`` and ``a`` are the table's ``[capacity, dim]`` arrays."""
+    dim = values.shape[1]
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        pr, ar, gr = values[r], a[r], grads[k]
+        for d in range(dim):
+            gi = gr[d]
+            ai = ar[d] + gi * gi
+            ar[d] = ai
+            pr[d] -= gi / (np.sqrt(ai) + eps) * lr
