@@ -21,6 +21,10 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from tierserve.ps.hash_kernels import prefetch, prefetch_write
+
+#: How many keys ahead the gather/scatter loops prefetch their table rows.
+PREFETCH = 16
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -31,6 +35,16 @@ def use_kernels(xp: Any, *arrays: Any) -> bool:
     dtype = arrays[0].dtype
     return dtype in _DTYPES and all(
         isinstance(a, np.ndarray) and a.dtype == dtype for a in arrays)
+
+
+def flat_views(*arrays: Any) -> list[Any] | None:
+    """1-D views of ``arrays`` in memory order when all are C-contiguous or all are
+    Fortran-contiguous (so their flat positions match element for element), else None."""
+    if all(a.flags.c_contiguous for a in arrays):
+        return [a.reshape(-1) for a in arrays]
+    if all(a.flags.f_contiguous for a in arrays):
+        return [a.T.reshape(-1) for a in arrays]
+    return None
 
 
 # ---- fully connected layers -----------------------------------------------------------------
@@ -139,6 +153,31 @@ def interaction_backward(g, x, e, dx, de):
 # ---- embedding tables -------------------------------------------------------------------------
 
 @njit(nogil=True, cache=True, error_model="numpy")
+def index_lookup(keys, home, slots, out):
+    """:meth:`~tierserve.trainer.embedding.key_index.KeyIndex.lookup`'s probe in one pass:
+    the row of each key, -1 where absent.  ``home`` holds each key's home slot and
+    ``slots`` is the index's ``[2**bits, 2]`` (key, row) array, probed linearly (wrapping
+    around) until the key or an empty slot (row -1).  The home slot ``PREFETCH`` keys
+    ahead is prefetched."""
+    n = keys.shape[0]
+    mask = slots.shape[0] - 1
+    flat = slots.reshape(-1)
+    for i in range(n + PREFETCH):
+        if i < n:
+            prefetch(flat, 2 * home[i])
+        j = i - PREFETCH
+        if j >= 0:
+            key = keys[j]
+            pos = home[j]
+            while True:
+                row = flat[2 * pos + 1]
+                if row < 0 or flat[2 * pos] == key:
+                    out[j] = row
+                    break
+                pos = (pos + 1) & mask
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
 def unique_sum(rows, grads, index, stamp, uniq, sums):
     """Distinct ``rows`` and, per distinct row, the sum of ``grads[index[i]]`` over every
     ``i`` with that row; returns how many distinct rows there are.
@@ -146,14 +185,19 @@ def unique_sum(rows, grads, index, stamp, uniq, sums):
     ``uniq`` (``[len(rows)]``) gets the distinct rows in first-seen order and ``sums``
     (``[len(rows), dim]``) their sums in the same order (its first entries, as many as the
     return value).  ``stamp`` is int64 scratch with an entry per table row (contents do not
-    matter): it maps a row to its place in ``uniq`` during the pass.
+    matter): it maps a row to its place in ``uniq`` during the pass.  Rows of a large table
+    are cache misses, so each pass prefetches the stamp entry ``PREFETCH`` keys ahead.
     """
     n = rows.shape[0]
     dim = grads.shape[1]
     for i in range(n):
+        if i + PREFETCH < n:
+            prefetch_write(stamp, rows[i + PREFETCH])
         stamp[rows[i]] = -1
     k = 0
     for i in range(n):
+        if i + PREFETCH < n:
+            prefetch_write(stamp, rows[i + PREFETCH])
         r = rows[i]
         c = stamp[r]
         src = grads[index[i]]
@@ -187,9 +231,16 @@ def adagrad_flat(p, g, a, lr, eps):
 @njit(nogil=True, cache=True, error_model="numpy")
 def adagrad_rows(values, rows, grads, a, lr, eps):
     """:func:`adagrad_flat` on the table rows ``rows`` (distinct) with gradients ``grads``
-    (``[len(rows), dim]``); ``values`` and ``a`` are the table's ``[capacity, dim]`` arrays."""
+    (``[len(rows), dim]``); ``values`` and ``a`` are the table's C-contiguous
+    ``[capacity, dim]`` arrays, whose rows are prefetched ``PREFETCH`` rows ahead."""
     dim = values.shape[1]
-    for k in range(rows.shape[0]):
+    flat_values, flat_a = values.reshape(-1), a.reshape(-1)
+    n = rows.shape[0]
+    for k in range(n):
+        if k + PREFETCH < n:
+            ahead = rows[k + PREFETCH] * dim
+            prefetch_write(flat_values, ahead)
+            prefetch_write(flat_a, ahead)
         r = rows[k]
         pr, ar, gr = values[r], a[r], grads[k]
         for d in range(dim):
