@@ -87,34 +87,52 @@ def relu_grad(y, g, out):
 
 # ---- DLRM dot interaction -------------------------------------------------------------------
 
-@njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
-def interaction_forward(x, e, out):
+#: Samples the interaction forward computes side by side (vector lanes over samples;
+#: 16 measured faster than 32 or 64).
+LANES = 16
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def interaction_forward(x, e, out, lanes):
     """HugeCTR's Interaction output ``[x, tril(Z Z^T, -1), 0]`` with ``Z = [x; e]``.
 
     ``x`` ``[B, D]``, ``e`` ``[B, S, D]``, ``out`` ``[B, D + n(n-1)/2 + 1]`` (``n = S + 1``).
-    Reassociation (``fastmath``) lets each D-long dot product add in vector lanes.
+    ``lanes`` samples at a time (``LANES``) are copied slot-major (``[n, D, lanes]``) so
+    that each pair's dot products of all of them are one vector loop over the samples,
+    added over ``d`` in order (a per-sample dot product ends in a horizontal sum per pair).
+    ``lanes`` is an argument, not a constant: a constant trip count gets the loop unrolled
+    into scalar code instead of vectorised.
     """
     batch, dim = x.shape
     n = e.shape[1] + 1
-    z = np.empty((n, dim), dtype=out.dtype)
-    for b in range(batch):
-        for d in range(dim):
-            z[0, d] = x[b, d]
-            out[b, d] = x[b, d]
-        for s in range(n - 1):
+    npairs = n * (n - 1) // 2
+    zs = np.zeros((n, dim, lanes), dtype=out.dtype)
+    block = np.empty((npairs, lanes), dtype=out.dtype)
+    for b0 in range(0, batch, lanes):
+        m = min(lanes, batch - b0)
+        for k in range(m):
             for d in range(dim):
-                z[s + 1, d] = e[b, s, d]
-        p = dim
+                zs[0, d, k] = x[b0 + k, d]
+            for s in range(n - 1):
+                for d in range(dim):
+                    zs[s + 1, d, k] = e[b0 + k, s, d]
+        p = 0
         for i in range(1, n):
-            zi = z[i]
             for j in range(i):
-                zj = z[j]
-                acc = zi[0] * zj[0]
-                for d in range(1, dim):
-                    acc += zi[d] * zj[d]
-                out[b, p] = acc
+                acc = block[p]
+                acc[:] = 0
+                for d in range(dim):
+                    zi, zj = zs[i, d], zs[j, d]
+                    for k in range(lanes):
+                        acc[k] += zi[k] * zj[k]
                 p += 1
-        out[b, p] = 0
+        for k in range(m):
+            row = out[b0 + k]
+            for d in range(dim):
+                row[d] = x[b0 + k, d]
+            for q in range(npairs):
+                row[dim + q] = block[q, k]
+            row[dim + npairs] = 0
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cpu_kernels import interaction_backward, interaction_forward, use_kernels
+from ..cpu_kernels import LANES, interaction_backward, interaction_forward, use_kernels
 from .base import Layer, Shape, register
 
 
@@ -55,7 +55,7 @@ class Interaction(Layer):
         b = x.shape[0]
         out = xp.empty((b, self.dim + self.num_pairs + 1), dtype=x.dtype)
         if use_kernels(xp, x, e):
-            interaction_forward(x, e, out)
+            interaction_forward(x, e, out, LANES)
             return [out] * len(self.top), (x, e)
         lower, _ = self._index(xp)
         z = xp.concatenate([x[:, None, :], e], axis=1)
