@@ -12,6 +12,10 @@ Results equal the array code's up to float rounding: the ReLU and bias kernels a
 AdaGrad updates compute the same float operations in the same order (equal bit for bit);
 the interaction and the embedding gradient sums add in another order than ``matmul`` and
 ``bincount`` (which sums in float64).
+
+Every kernel compiles with ``error_model="numpy"``: numba's default (Python's) checks each
+float division for zero, and that branch keeps LLVM from vectorising the loop (AdaGrad ran
+5x slower with it).
 """
 
 from __future__ import annotations
