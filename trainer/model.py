@@ -147,6 +147,8 @@ class Model:
         self.optimizer = make_optimizer(self.opt_params)
         self.opt_states = [[self.optimizer.init_state(tuple(p.shape), xp) for p in ps]
                            for ps in self.params]
+        if xp is np:
+            self._column_major_params()
         self.tables = [adapters.make_table(spec, self._table_optimizer(spec), self.solver, xp)
                        for spec in self.embedding_specs]
         self._graph = graph
@@ -262,6 +264,17 @@ class Model:
             start += dim
         tensors[self.dense_name] = to_xp(xp, batch.dense, self.compute_dtype)
         return tensors
+
+    def _column_major_params(self) -> None:
+        """Store the parameters layers name in ``column_major_params`` (and their optimizer
+        state, so updates run over matching memory) in Fortran order.  Values and shapes
+        are unchanged; loading replaces values in place, so the layout stays."""
+        for i, layer in enumerate(self.network.layers):
+            for j in layer.column_major_params:
+                self.params[i][j] = np.asfortranarray(self.params[i][j])
+                state = self.opt_states[i][j]
+                for name in state:
+                    state[name] = np.asfortranarray(state[name])
 
     def _lookup(self, batch, tensors, training: bool = False) -> None:
         for spec, table in zip(self.embedding_specs, self.tables):

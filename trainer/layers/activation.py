@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cpu_kernels import relu_grad, use_kernels
 from .base import Layer, register
 
 
@@ -25,6 +26,11 @@ class ReLU(Layer):
 
     def backward(self, xp, grad_outputs, ctx, params):
         g = grad_outputs[0]
+        if use_kernels(xp, ctx, g):
+            g = np.ascontiguousarray(g)
+            out = np.empty_like(g)
+            relu_grad(np.ascontiguousarray(ctx).reshape(-1), g.reshape(-1), out.reshape(-1))
+            return [out], []
         return [xp.where(ctx > 0, g, 0).astype(g.dtype, copy=False)], []
 
 
