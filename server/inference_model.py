@@ -58,6 +58,10 @@ def _tier_config(value: Any, adapter) -> Any:
 class InferenceParams(BaseModel):
     """HugeCTR's ``InferenceParams``: the first eight arguments may be given by position.
 
+    ``device_id`` (HugeCTR's 6th argument, here keyword only) is the device of
+    ``CreateInferenceSession``'s session and embedding cache, as in HugeCTR;
+    ``InferenceModel`` uses ``deployed_devices``, unless only ``device_id`` is given.
+
     Beyond HugeCTR's fields, ``volatile_db``, ``persistent_db`` and ``update_source`` take the
     parameter objects of :mod:`tierserve.ps.params` (or their typed configs or dicts), and
     ``network_file`` / ``non_trainable_params_file`` override where the graph's files are.
@@ -72,6 +76,7 @@ class InferenceParams(BaseModel):
     hit_rate_threshold: Annotated[float, Field(ge=0.0, le=1.0)]
     dense_model_file: str
     sparse_model_files: list[str]
+    device_id: Annotated[int, Field(ge=0)] = 0
     use_gpu_embedding_cache: bool
     cache_size_percentage: Annotated[float, Field(ge=0.0, le=1.0)]
     i64_input_key: bool
@@ -88,8 +93,8 @@ class InferenceParams(BaseModel):
     persistent_db: Any = None
     update_source: Any = None
     maxnum_des_feature_per_sample: Annotated[int, Field(ge=0)] = 26
-    refresh_delay: float = 0.0
-    refresh_interval: float = 0.0
+    refresh_delay: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
+    refresh_interval: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
     maxnum_catfeature_query_per_table_per_sample: list[int] = Field(default_factory=list)
     embedding_vecsize_per_table: list[int] = Field(default_factory=list)
     embedding_table_names: list[str] = Field(default_factory=list)
@@ -193,6 +198,44 @@ def check_params_against_graph(
             warn_once(f"InferenceParams.{name}", instead, stacklevel=4)
 
 
+def serving_devices(p: InferenceParams) -> list[int]:
+    """``deployed_devices``, or ``[device_id]`` when only ``device_id`` was given."""
+    if "device_id" in p.model_fields_set and "deployed_devices" not in p.model_fields_set:
+        return [p.device_id]
+    return list(p.deployed_devices)
+
+
+def model_config_fields(p: InferenceParams) -> dict[str, Any]:
+    """The ``ps.json`` model entry fields that ``InferenceParams`` give by themselves (files,
+    batch size, devices, defaults, cache settings); the per-table shape of the model (names,
+    vector sizes, keys per sample) comes from the graph or the HPS config."""
+    return dict(
+        model=p.model_name,
+        sparse_files=[os.fspath(f) for f in p.sparse_model_files],
+        dense_file=os.fspath(p.dense_model_file),
+        max_batch_size=p.max_batchsize,
+        deployed_device_list=serving_devices(p),
+        hit_rate_threshold=p.hit_rate_threshold,
+        gpucache=p.use_gpu_embedding_cache,
+        gpucacheper=p.cache_size_percentage,
+        cache_refresh_percentage_per_iteration=p.cache_refresh_percentage_per_iteration,
+        refresh_interval=p.refresh_interval,
+        refresh_delay=p.refresh_delay,
+        # given only when the script set them (the defaults differ; they warn, see ModelConfig)
+        **{name: getattr(p, field) for field, name in (
+            ("number_of_worker_buffers_in_pool", "num_of_worker_buffer_in_pool"),
+            ("number_of_refresh_buffers_in_pool", "num_of_refresher_buffer_in_pool"),
+        ) if field in p.model_fields_set},
+        use_mixed_precision=p.use_mixed_precision,
+    )
+
+
+def table_defaults(p: InferenceParams, num_tables: int) -> list[float]:
+    """``default_value_for_each_table``, one value repeated for every table."""
+    defaults = list(p.default_value_for_each_table)
+    return defaults * num_tables if len(defaults) == 1 and num_tables > 1 else defaults
+
+
 def model_config_from_params(
     params: InferenceParams, network: InferenceGraph, graph_path: str | os.PathLike
 ) -> ModelConfig:
@@ -208,35 +251,16 @@ def model_config_from_params(
             f"model {p.model_name!r}: {len(p.sparse_model_files)} sparse model files for "
             f"{len(tables)} embedding tables in {graph_path}"
         )
-    defaults = list(p.default_value_for_each_table)
-    if len(defaults) == 1 and len(tables) > 1:
-        defaults = defaults * len(tables)
     slots = [int(s["slot_num"]) for s in load_graph_json(graph_path).data_layer.get("sparse", [])]
     check_params_against_graph(p, network, slots, graph_path)
     return ModelConfig(
-        model=p.model_name,
-        sparse_files=[os.fspath(f) for f in p.sparse_model_files],
-        dense_file=os.fspath(p.dense_model_file),
+        **model_config_fields(p),
         network_file=os.fspath(graph_path),
-        max_batch_size=p.max_batchsize,
-        deployed_device_list=p.deployed_devices,
-        default_value_for_each_table=defaults,
+        default_value_for_each_table=table_defaults(p, len(tables)),
         maxnum_des_feature_per_sample=network.dense_dim,
         maxnum_catfeature_query_per_table_per_sample=[max(t.max_nnz, t.slot_num) for t in tables],
         embedding_vecsize_per_table=[t.embedding_vec_size for t in tables],
         embedding_table_names=[t.name for t in tables],
-        hit_rate_threshold=p.hit_rate_threshold,
-        gpucache=p.use_gpu_embedding_cache,
-        gpucacheper=p.cache_size_percentage,
-        cache_refresh_percentage_per_iteration=p.cache_refresh_percentage_per_iteration,
-        refresh_interval=int(p.refresh_interval),
-        refresh_delay=int(p.refresh_delay),
-        # given only when the script set them (the defaults differ; they warn, see ModelConfig)
-        **{name: getattr(p, field) for field, name in (
-            ("number_of_worker_buffers_in_pool", "num_of_worker_buffer_in_pool"),
-            ("number_of_refresh_buffers_in_pool", "num_of_refresher_buffer_in_pool"),
-        ) if field in p.model_fields_set},
-        use_mixed_precision=p.use_mixed_precision,
         label_dim=sum(network.label_dims),
         slot_num=max(1, sum(slots)),
     )
@@ -621,6 +645,13 @@ class InferenceSession:
         self = cls.__new__(cls)
         self.model = model
         return self
+
+    def refresh_embedding_cache(self) -> int:
+        """HugeCTR's ``refresh_embedding_cache``: re-read every row the embedding cache holds
+        from the parameter server's tiers (rows changed there since they were cached); the
+        number of rows refreshed, 0 without an embedding cache."""
+        cache = self.model.cache
+        return 0 if cache is None else int(cache.refresh())
 
     def predict(
         self,

@@ -59,6 +59,12 @@ class Model:
                                   f"{type(etc).__name__}")
         self._etc_params = etc
         self._etc = None
+        if etc is None and getattr(reader_params, "keyset", None):
+            from .compat import warn_once
+
+            warn_once("DataReaderParams.keyset", "keyset files are read only by the embedding "
+                      "training cache: build the Model with etc=CreateETC(...) to train each "
+                      "file list with its keyset; without etc they are not read")
         self.solver = solver
         self.reader_params = reader_params
         self.opt_params = opt_params
@@ -242,8 +248,9 @@ class Model:
         elif keyset:
             from .compat import warn_once
 
-            warn_once("Model.set_source.keyset", "keyset files are read only by HugeCTR's "
-                      "embedding training cache, which tierserve does not have; not read")
+            warn_once("Model.set_source.keyset", "keyset files are read only by the embedding "
+                      "training cache (Model(..., etc=CreateETC(...))); this Model has none, so "
+                      "they are not read")
         if source is not None:
             src = source[0] if isinstance(source, (list, tuple)) and len(source) == 1 else source
             self._train_reader.set_source(src)

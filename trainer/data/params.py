@@ -101,14 +101,19 @@ class DataReaderParams(ParamsModel):
     after the other as one dataset.  ``num_samples`` / ``eval_num_samples`` (Raw only): records to
     read, 0 = as many as the file holds.  ``slot_size_array``: when non-empty, the key of slot
     ``s`` must lie in ``[0, slot_size_array[s])`` and the reader adds
-    ``sum(slot_size_array[:s])`` to it.  ``num_workers``: reading threads (HugeCTR's default 12;
-    capped at the number of CPU cores and of files).  ``float_label_dense`` (Raw only, default
+    ``sum(slot_size_array[:s])`` to it; an entry of 0 shares the next non-zero entry's
+    vocabulary (its keys lie in that range and get the same offset).  ``num_workers``: reading
+    threads (HugeCTR's default 12; capped at the number of CPU cores and of files).
+    ``float_label_dense`` (Raw only, default
     True as HugeCTR documents): label and dense are float32; False reads int32 values and
     ``log(x + 1)`` of the dense ones.
 
+    ``keyset``: read by the embedding training cache of a ``Model`` built with ``etc``; the
+    ``Model`` warns when it has none.
+
     Not honoured, each warns once when set: ``cache_eval_data`` (evaluation data is read from
-    the files at every evaluation), ``keyset`` (only the embedding training cache reads
-    keysets), ``async_param`` (the Raw reader reads the data).  ``data_source_params``: local
+    the files at every evaluation), ``async_param`` (the Raw reader reads the data).
+    ``data_source_params``: local
     (``use_hdfs=False``) is read as given; ``use_hdfs=True`` is refused, naming
     ``DataSource.move_to_local``.
     """
@@ -123,7 +128,7 @@ class DataReaderParams(ParamsModel):
     eval_num_samples: Annotated[int, Field(ge=0)] = 0
     float_label_dense: bool = True
     num_workers: Annotated[int, Field(ge=1)] = 12
-    slot_size_array: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    slot_size_array: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     data_source_params: Any = None
     async_param: Any = None
 
@@ -143,12 +148,6 @@ class DataReaderParams(ParamsModel):
             warn_once("DataReaderParams.cache_eval_data",
                       "evaluation data is not cached on the device; it is read from the files "
                       "at every evaluation", stacklevel=5)
-        if self.keyset:
-            warn_once("DataReaderParams.keyset",
-                      "keyset files are read only by the embedding training cache: a Model "
-                      "built with etc=CreateETC(...) trains each file list with its keyset; "
-                      "without etc they are not read",
-                      stacklevel=5)
         if self.data_source_params is not None:
             from .source import check_data_source
 
