@@ -1,5 +1,9 @@
 """HugeCTR file lists: the first line is the number of data files, then one path per line.
 
+As HugeCTR's ``FileList``, the reader takes the first line's count of paths and ignores lines
+after them: HugeCTR's own data generator (v3.9 and later) lists every Norm file twice.  Extra
+lines that are not such a repeat draw a warning.
+
 Relative paths are resolved against the list's own folder first (lists written by tierserve
 are relocatable) and, when nothing exists there, against the current directory (HugeCTR's
 tools write paths relative to where they ran).
@@ -8,6 +12,7 @@ tools write paths relative to where they ran).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,10 +37,17 @@ def read_file_list(path: str | os.PathLike) -> list[str]:
         raise DataFileError(
             str(path), f"first line must be the number of files, got {lines[0]!r}"
         ) from None
-    entries = lines[1:]
+    entries, extra = lines[1 : 1 + max(count, 0)], lines[1 + max(count, 0) :]
     if count != len(entries) or count < 1:
         raise DataFileError(
             str(path), f"first line says {count} files but {len(entries)} paths follow"
+        )
+    if extra and set(extra) != set(entries):
+        warnings.warn(
+            f"{path}: the first line says {count} files; the {len(extra)} lines after them are "
+            "ignored, as HugeCTR ignores them",
+            UserWarning,
+            stacklevel=2,
         )
     return [_resolve(path.parent, entry) for entry in entries]
 
