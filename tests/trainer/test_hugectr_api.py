@@ -14,7 +14,7 @@ import tierserve.trainer as hugectr
 from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
 from tierserve.ps.errors import ConfigError
 from tierserve.trainer.data.errors import DataFileError
-from tierserve.trainer.data.records import Records, SlotLayout, shared_vocabulary_sizes
+from tierserve.trainer.data.records import Records, SlotLayout
 from tierserve.trainer.embedding.table import EmbeddingTable
 from tierserve.trainer.layers import build_layer
 
@@ -28,9 +28,9 @@ DIM = 8
 def test_zero_slot_sizes_share_the_next_vocabulary():
     """HugeCTR's DIN test: [users, 0 x 10, items, 0 x 10, categories]: a slot of size 0 starts
     where the next one does (offset sum(sizes[:s])) and takes keys of that vocabulary."""
+    from tierserve.trainer.data.records import shared_vocabulary_sizes
+
     sizes = [7, 0, 0, 5, 0, 3]
-    assert shared_vocabulary_sizes(sizes).tolist() == [7, 5, 5, 5, 3, 3]
-    assert shared_vocabulary_sizes([4, 0]).tolist() == [4, -1]  # nothing after: unbounded
     params = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Parquet,
                                       source=["x"], slot_size_array=sizes)
     assert params.slot_size_array == sizes
@@ -45,6 +45,8 @@ def test_zero_slot_sizes_share_the_next_vocabulary():
                   records.row_offsets, 6)
     with pytest.raises(DataFileError, match=r"key 5 is outside \[0, 5\).*slot_size_array\[1\] = 0"):
         layout.check(bad, "f", 0)
+    assert shared_vocabulary_sizes(sizes).tolist() == [7, 5, 5, 5, 3, 3]
+    assert shared_vocabulary_sizes([4, 0]).tolist() == [4, -1]  # nothing after: unbounded
 
 
 def test_a_localized_table_initialises_with_zero_slot_sizes():
