@@ -228,8 +228,10 @@ class SlotLayout:
             slot = row % self.slot_num
             raise DataFileError(
                 file,
-                f"key {int(keys[i])} is outside [0, {int(self._sizes[slot])}) "
-                f"(slot_size_array[{slot}] = {self.slot_size_array[slot]})",
+                f"key {int(keys[i])} is outside [0, slot_size_array[{slot}] = "
+                f"{self.slot_size_array[slot]})" if self.slot_size_array[slot] else
+                f"key {int(keys[i])} is outside [0, {int(self._sizes[slot])}) (slot_size_array"
+                f"[{slot}] = 0: the slot shares the next non-zero entry's vocabulary)",
                 record=first_record + row // self.slot_num,
                 slot=slot,
             )
