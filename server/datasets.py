@@ -60,8 +60,8 @@ def reader_for(
         i64_input_key=i64_input_key,
         repeat_dataset=repeat,
         slot_size_array=list(slot_size_array),
-        # Raw data as the model was trained on it (DataReaderParams' default: float32)
-        float_label_dense=bool(data.get("float_label_dense", True)),
+        # Raw data as the model was trained on it (default False, as HugeCTR's JSON parser)
+        float_label_dense=bool(data.get("float_label_dense", False)),
     )
 
 

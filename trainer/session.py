@@ -103,7 +103,7 @@ def _data_reader_params(config: dict[str, Any], path) -> DataReaderParams:
         check_type=Check_t(data.get("check", "Sum")),
         num_samples=int(data.get("num_samples", 0)),
         eval_num_samples=int(data.get("eval_num_samples", 0)),
-        float_label_dense=bool(data.get("float_label_dense", True)),
+        float_label_dense=bool(data.get("float_label_dense", False)),
         slot_size_array=list(data.get("slot_size_array", []) or []),
     )
 

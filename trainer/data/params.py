@@ -38,7 +38,8 @@ class DataReaderSparseParam(ParamsModel):
 
     ``nnz_per_slot`` as an int is the average number of keys per slot (a sample holds at most
     ``nnz_per_slot * slot_num`` keys of this input); as a list it is each slot's maximum.
-    ``is_fixed_length`` promises exactly that many keys per slot in every sample.
+    Either way it is a maximum: a slot may hold fewer keys, also with ``is_fixed_length``, which
+    in HugeCTR only selects a faster host-to-device copy (accepted, no effect on the values).
     """
 
     sparse_name: str
@@ -104,9 +105,10 @@ class DataReaderParams(ParamsModel):
     ``sum(slot_size_array[:s])`` to it; an entry of 0 shares the next non-zero entry's
     vocabulary (its keys lie in that range and get the same offset).  ``num_workers``: reading
     threads (HugeCTR's default 12; capped at the number of CPU cores and of files).
-    ``float_label_dense`` (Raw only, default
-    True as HugeCTR documents): label and dense are float32; False reads int32 values and
-    ``log(x + 1)`` of the dense ones.
+    ``float_label_dense`` (Raw only, default False as in HugeCTR's binding): True reads label
+    and dense as float32; False reads int32 values and ``log(x + 1)`` of the dense ones.  A
+    file whose values cannot be what the setting says is refused naming it (see
+    :mod:`~tierserve.trainer.data.raw`).
 
     ``keyset``: read by the embedding training cache of a ``Model`` built with ``etc``; the
     ``Model`` warns when it has none.
@@ -126,7 +128,7 @@ class DataReaderParams(ParamsModel):
     cache_eval_data: Annotated[int, Field(ge=0)] = 0
     num_samples: Annotated[int, Field(ge=0)] = 0
     eval_num_samples: Annotated[int, Field(ge=0)] = 0
-    float_label_dense: bool = True
+    float_label_dense: bool = False
     num_workers: Annotated[int, Field(ge=1)] = 12
     slot_size_array: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     data_source_params: Any = None
