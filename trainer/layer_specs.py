@@ -41,6 +41,7 @@ class Layer_t(enum.Enum):  # noqa: N801 - HugeCTR's name
     PReLU_Dice = "PReLU_Dice"
     ReduceMean = "ReduceMean"
     Sub = "Sub"
+    MatrixMultiply = "MatrixMultiply"
     Gather = "Gather"
     BinaryCrossEntropyLoss = "BinaryCrossEntropyLoss"
     CrossEntropyLoss = "CrossEntropyLoss"

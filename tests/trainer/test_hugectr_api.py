@@ -204,3 +204,21 @@ def test_keyset_warns_only_when_the_model_has_no_etc(sources, tmp_path):
     reset_warnings()
     with pytest.warns(HugeCTRCompatibilityWarning, match="DataReaderParams.keyset"):
         _model(sources)
+
+
+# -- MatrixMultiply (HugeCTR's din_matmul test) ---------------------------------------------------
+
+
+def test_matrix_multiply_is_the_per_sample_product():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((4, 1, 3)).astype(np.float32)
+    b = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    layer = build_layer({"name": "mm", "type": hugectr.Layer_t.MatrixMultiply.value,
+                         "bottom": ["a", "b"], "top": ["c"]})
+    layer.build([(1, 3), (3, 5)])
+    (out,), _ = layer.forward(np, [a, b], [], [], False)
+    expected = np.stack([a[i] @ b[i] for i in range(4)])  # one sample at a time
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    with pytest.raises(ConfigError, match="inner dimensions differ"):
+        build_layer({"name": "mm", "type": "MatrixMultiply", "bottom": ["a", "b"],
+                     "top": ["c"]}).build([(1, 3), (4, 5)])
