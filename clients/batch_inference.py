@@ -157,7 +157,7 @@ def key_bits(args: argparse.Namespace, graph_path: Path) -> int:
         files = read_file_list(args.data)
         if files:
             types = {str(f.type) for f in pq.read_schema(files[0])}
-            if "int32" in types and "int64" not in types:
+            if types & {"int32", "uint32"} and not types & {"int64", "uint64"}:
                 return 32
     return 64
 

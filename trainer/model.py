@@ -440,15 +440,19 @@ class Model:
 
     def export_predictions(self, output_prediction_file_name: str,
                            output_label_file_name: str) -> None:
-        """Append the last evaluated batch's predictions and labels to these text files
-        (one sample a line)."""
+        """Append the last evaluated batch's predictions and labels to these text files, as
+        HugeCTR writes them: every value (sample after sample, ``label_dim`` values each) as
+        C++'s ``ostream << float`` prints it (``%g``: six significant digits), followed by a
+        space; no newline, so the calls of a run make one line (``np.loadtxt`` reads a flat
+        array)."""
         if self._last_eval is None:
             raise ConfigError("export_predictions: call eval() first")
         pred, label = self._last_eval
         for name, values in ((output_prediction_file_name, pred),
                              (output_label_file_name, label)):
+            flat = np.asarray(values, dtype=np.float64).ravel()
             with open(name, "a") as f:
-                np.savetxt(f, values, fmt="%.8g")
+                f.write("".join(np.char.mod("%g ", flat).tolist()))
 
     # -- fit -----------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+from hugectr_layout import export_predictions_text
 
 import tierserve.trainer as hugectr
 from tierserve.ps.errors import ConfigError, CorruptModelFileError
@@ -205,14 +206,22 @@ def test_low_level_loop_and_export_predictions(data, tmp_path):
         model.train()
         losses.append(model.get_current_loss())
     assert np.isfinite(losses).all() and np.mean(losses[-5:]) < np.mean(losses[:5])
+    text = {"pred": "", "label": ""}
     for _ in range(2):
         assert model.eval()
         model.export_predictions(str(tmp_path / "pred"), str(tmp_path / "label"))
+        pred, label = model._last_eval
+        text["pred"] += export_predictions_text(pred.ravel().tolist())
+        text["label"] += export_predictions_text(label.ravel().tolist())
     metrics = dict(model.get_eval_metrics())
     assert set(metrics) == {"AUC", "AverageLoss"} and 0 <= metrics["AUC"] <= 1
+    # HugeCTR's layout: all values on one line, each followed by a space (label_dim 2 here)
+    assert (tmp_path / "pred").read_text() == text["pred"]
+    assert (tmp_path / "label").read_text() == text["label"]
     pred = np.loadtxt(tmp_path / "pred")
     label = np.loadtxt(tmp_path / "label")
-    assert pred.shape == label.shape == (512, 2)
+    assert pred.shape == label.shape == (2 * 256 * 2,)
+    assert np.abs(pred[-512:] - model._last_eval[0].flatten()).max() < 1e-5
     inc = model.get_incremental_model()
     assert len(inc) == 2 and inc[1][1].shape[1] == 4 and len(inc[1][0]) == len(inc[1][1])
 

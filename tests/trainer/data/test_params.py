@@ -112,7 +112,7 @@ def test_generator_params_defaults_and_checks():
         DataGeneratorParams(**{**bad, "format": "Raw", "nnz_array": [1, 2]})
     with pytest.raises(ConfigError, match="int32 keys"):
         DataGeneratorParams(**{**bad, "format": "Raw", "i64_input_key": True})
-    with pytest.raises(ConfigError, match="different folders"):
-        DataGeneratorParams(**{**bad, "format": "Parquet"})
+    # Parquet train and eval lists in one folder, as HugeCTR's examples have them
+    assert DataGeneratorParams(**{**bad, "format": "Parquet"}).format is DataReaderType_t.Parquet
     with pytest.raises(ConfigError, match="alpha"):
         DataGeneratorParams(**{**bad, "alpha": 1.0})
