@@ -554,6 +554,17 @@ class InferenceModel:
 
         return auc(np.concatenate(labels), np.concatenate(preds))
 
+    def check_out_tensor(self, tensor_name: str) -> np.ndarray:
+        """HugeCTR's ``InferenceModel.check_out_tensor``: a host copy of tensor
+        ``tensor_name`` (an embedding's output or a layer's top) of the last predicted batch."""
+        tensors = getattr(self.network, "last_tensors", None)
+        if tensors is None:
+            raise ConfigError("check_out_tensor: nothing has been predicted yet")
+        if tensor_name not in tensors:
+            raise ConfigError(f"check_out_tensor: no tensor {tensor_name!r}; the network has "
+                              f"{sorted(tensors)}")
+        return np.asarray(to_numpy(tensors[tensor_name]), dtype=np.float32)
+
     # -- housekeeping -----------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:

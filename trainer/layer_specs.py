@@ -48,6 +48,14 @@ class Layer_t(enum.Enum):  # noqa: N801 - HugeCTR's name
     MultiCrossEntropyLoss = "MultiCrossEntropyLoss"
 
 
+class Tensor_t(enum.Enum):  # noqa: N801 - HugeCTR's name
+    """Which step's tensors ``Model.check_out_tensor`` returns: the last training or the last
+    evaluation batch's."""
+
+    Train = "Train"
+    Evaluate = "Evaluate"
+
+
 #: ``hugectr.ElementWiseMultiply``, as HugeCTR's document spells the layer type.
 ElementWiseMultiply = Layer_t.ElementwiseMultiply
 

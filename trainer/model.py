@@ -82,6 +82,7 @@ class Model:
         self._eval_reader = None
         self._metrics = Metrics(solver.metrics_spec)
         self._last_eval: tuple[np.ndarray, np.ndarray] | None = None
+        self._last_tensors: dict[str, dict[str, Any]] = {}  # check_out_tensor, by Tensor_t
         self._dist = None  # the distributed hooks under mpiexec (tierserve.trainer.distributed)
 
     # -- building ------------------------------------------------------------------------------
@@ -316,6 +317,7 @@ class Model:
         params = self._params_for_compute()
         ctxs = self.network.forward(xp, tensors, params, self.states, True,
                                     loss_dtype=np.float32 if self.mixed else None)
+        self._last_tensors["Train"] = tensors
         loss = self._loss_value(tensors)
         scales = {k: v * self.loss_scale for k, v in self._loss_scales.items()}
         param_grads, input_grads = self.network.backward(
@@ -402,6 +404,20 @@ class Model:
         outs = self._predict_tensors(tensors)
         return to_numpy(outs[0] if len(outs) == 1 else self.xp.concatenate(outs, axis=1))
 
+    def check_out_tensor(self, tensor_name: str, tensor_type: Any = "Train") -> np.ndarray:
+        """HugeCTR's ``check_out_tensor``: a host copy of tensor ``tensor_name`` (an input, an
+        embedding's output or a layer's top) of the last training step (``Tensor_t.Train``)
+        or the last evaluated batch (``Tensor_t.Evaluate``), ``[batch, ...]``."""
+        kind = getattr(tensor_type, "value", tensor_type)
+        tensors = self._last_tensors.get(str(kind))
+        if tensors is None:
+            raise ConfigError(f"check_out_tensor: no {kind} step has run yet "
+                              "(Tensor_t.Train after train/fit, Tensor_t.Evaluate after eval)")
+        if tensor_name not in tensors:
+            raise ConfigError(f"check_out_tensor: no tensor {tensor_name!r}; the {kind} step "
+                              f"has {sorted(tensors)}")
+        return np.asarray(to_numpy(tensors[tensor_name]), dtype=np.float32)
+
     def eval(self) -> bool:
         """Evaluate one batch of the evaluation source into the running metrics; False at the
         end of an epoch-mode source."""
@@ -416,6 +432,7 @@ class Model:
         self._lookup(batch, tensors)
         self.network.forward(xp, tensors, self._params_for_compute(), self.states, False,
                              loss_dtype=np.float32 if self.mixed else None)
+        self._last_tensors["Evaluate"] = tensors
         preds = [to_numpy(p) for p in self._predict_tensors(tensors)]
         pred = preds[0] if len(preds) == 1 else np.concatenate(preds, axis=1)
         label = to_numpy(batch.label).reshape(len(pred), -1)

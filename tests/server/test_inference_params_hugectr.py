@@ -123,3 +123,19 @@ def test_refresh_embedding_cache_without_a_cache_is_a_no_op(demo):
         assert session.refresh_embedding_cache() == 0
     finally:
         session.model.close()
+
+
+def test_check_out_tensor_gives_the_last_predicted_batchs_tensors(demo):
+    model = InferenceModel(str(demo.graph), _params(demo, use_gpu_embedding_cache=False))
+    try:
+        with pytest.raises(ConfigError, match="nothing has been predicted"):
+            model.check_out_tensor(model.table_names[0])
+        batch = next(iter(wrapped_batches(model.graph, demo.data_source, "Norm", "Sum", None,
+                                          16, 1)))  # fmt: skip
+        model.predict_batch(batch)
+        got = model.check_out_tensor(model.table_names[0])
+        np.testing.assert_array_equal(got, model.embeddings(batch)[0])
+        with pytest.raises(ConfigError, match="no tensor 'nope'"):
+            model.check_out_tensor("nope")
+    finally:
+        model.close()

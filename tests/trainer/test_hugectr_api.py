@@ -222,3 +222,22 @@ def test_matrix_multiply_is_the_per_sample_product():
     with pytest.raises(ConfigError, match="inner dimensions differ"):
         build_layer({"name": "mm", "type": "MatrixMultiply", "bottom": ["a", "b"],
                      "top": ["c"]}).build([(1, 3), (4, 5)])
+
+
+# -- check_out_tensor (HugeCTR's synthetic_multi_hot inference test) -----------------------------
+
+
+def test_check_out_tensor_returns_the_last_steps_tensors(sources, tmp_path):
+    model = _model(sources, keyset=False)
+    with pytest.raises(ConfigError, match="no Train step has run yet"):
+        model.check_out_tensor("emb", hugectr.Tensor_t.Train)
+    model.get_data_reader_train().set_source(sources[0][0])
+    model.train()
+    emb = model.check_out_tensor("emb", hugectr.Tensor_t.Train)
+    fc = model.check_out_tensor("fc", hugectr.Tensor_t.Train)
+    assert emb.shape == (128, SLOTS, DIM) and fc.shape == (128, 1)
+    # fc is the InnerProduct of the flattened embeddings, with the weights it ran with
+    flat = model.check_out_tensor("flat")
+    np.testing.assert_array_equal(flat, emb.reshape(128, SLOTS * DIM))
+    with pytest.raises(ConfigError, match="no tensor 'nope'"):
+        model.check_out_tensor("nope")
