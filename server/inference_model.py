@@ -664,7 +664,31 @@ class InferenceSession:
         cache = self.model.cache
         return 0 if cache is None else int(cache.refresh())
 
-    def predict(
+    def evaluate(self, num_batches: int, source: str | Sequence[str], data_reader_type: Any,
+                 check_type: Any, slot_size_array: Sequence[int] | None = None,
+                 num_samples: int = 0) -> float:
+        """HugeCTR's ``InferenceSession.evaluate``: :meth:`InferenceModel.evaluate` (AUC).
+        ``num_samples`` (v4.1's binding) is accepted; the batches are what they count."""
+        return self.model.evaluate(num_batches, source, data_reader_type, check_type,
+                                   slot_size_array)
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        """Both of HugeCTR's overloads: ``predict(dense_feature, embeddingcolumns, row_ptrs)``
+        (flat lists in, a flat list out; see :meth:`predict_samples`) and ``predict(num_batches,
+        source, data_reader_type, check_type, slot_size_array=[], num_samples=0)`` (a dataset:
+        :meth:`InferenceModel.predict`, ``[num_batches * max_batchsize, label_dim]``)."""
+        first = args[0] if args else kwargs.get("num_batches", kwargs.get("dense_feature"))
+        if "num_batches" in kwargs or "source" in kwargs or (
+                isinstance(first, (int, np.integer)) and not isinstance(first, bool)):
+            kwargs.pop("num_samples", None)
+            if len(args) > 5:
+                args = args[:5]  # num_samples: the batches are what they count
+            return self.model.predict(*args, **kwargs)
+        if "dense_feature" in kwargs:
+            kwargs["dense_features"] = kwargs.pop("dense_feature")
+        return self.predict_samples(*args, **kwargs)
+
+    def predict_samples(
         self,
         dense_features: Sequence[float],
         embeddingcolumns: Sequence[int],

@@ -111,9 +111,28 @@ class Model:
         return {
             "solver": self.solver.to_dict(),
             "optimizer": self.opt_params.to_dict(),
-            "layers": [self._input.to_json(self.reader_params), *self._embedding_dicts,
+            "layers": [self._input.to_json(self.reader_params),
+                       *(self._with_vocabulary(d) for d in self._embedding_dicts),
                        *self._dense_dicts],
         }
+
+    def _with_vocabulary(self, layer: dict[str, Any]) -> dict[str, Any]:
+        """The embedding layer as HugeCTR's graph_to_json writes it: with
+        ``max_vocabulary_size_global``, the rows the workspace holds on each device times
+        the devices (tools such as hugectr2onnx size their tables by it)."""
+        from .embedding.table import max_rows_for_workspace
+
+        hparam = dict(layer["sparse_embedding_hparam"])
+        if "workspace_size_per_gpu_in_mb" not in hparam:
+            return layer
+        opt = (OptParamsPy.from_dict(layer["optimizer"]) if "optimizer" in layer
+               else self.opt_params)
+        rows = max_rows_for_workspace(hparam["workspace_size_per_gpu_in_mb"],
+                                      hparam["embedding_vec_size"],
+                                      make_optimizer(opt).num_state_copies)
+        devices = self._dist.size if self._dist is not None else 1
+        hparam["max_vocabulary_size_global"] = rows * devices
+        return {**layer, "sparse_embedding_hparam": hparam}
 
     def compile(self, loss_names: list[str] | None = None,
                 loss_weights: list[float] | None = None) -> None:

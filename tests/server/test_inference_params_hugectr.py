@@ -139,3 +139,25 @@ def test_check_out_tensor_gives_the_last_predicted_batchs_tensors(demo):
             model.check_out_tensor("nope")
     finally:
         model.close()
+
+
+def test_the_session_predicts_a_dataset_too(demo):
+    """HugeCTR's second overload: predict(num_batches, source, data_reader_type, check_type)."""
+    session = CreateInferenceSession(str(demo.graph), _params(demo, use_gpu_embedding_cache=False))
+    try:
+        preds = session.predict(num_batches=2, source=demo.data_source, data_reader_type="Norm",
+                                check_type="Sum")
+        np.testing.assert_array_equal(preds, session.model.predict(2, demo.data_source, "Norm",
+                                                                   "Sum"))
+        assert preds.shape == (128, 1)
+        np.testing.assert_array_equal(session.predict(2, demo.data_source, "Norm", "Sum", [], 0),
+                                      preds)
+        assert 0.0 <= session.evaluate(2, demo.data_source, "Norm", "Sum") <= 1.0
+        batch = next(iter(wrapped_batches(session.model.graph, demo.data_source, "Norm", "Sum",
+                                          None, 4, 1)))  # fmt: skip
+        flat = session.predict(dense_feature=batch.dense.reshape(-1).tolist(),
+                               embeddingcolumns=batch.sparse[0].keys.tolist(),
+                               row_ptrs=batch.sparse[0].row_offsets.tolist())
+        np.testing.assert_allclose(flat, preds[:4].reshape(-1), atol=1e-6)
+    finally:
+        session.model.close()

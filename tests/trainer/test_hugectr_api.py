@@ -241,3 +241,17 @@ def test_check_out_tensor_returns_the_last_steps_tensors(sources, tmp_path):
     np.testing.assert_array_equal(flat, emb.reshape(128, SLOTS * DIM))
     with pytest.raises(ConfigError, match="no tensor 'nope'"):
         model.check_out_tensor("nope")
+
+
+# -- graph JSON: max_vocabulary_size_global (hugectr2onnx reads it) -------------------------------
+
+
+def test_graph_json_records_the_global_vocabulary_size(sources, tmp_path):
+    import json
+
+    model = _model(sources, keyset=False)  # Adam: two state copies; 1 MB, dim 8
+    model.graph_to_json(str(tmp_path / "g.json"))
+    layers = json.loads((tmp_path / "g.json").read_text())["layers"]
+    hparam = next(layer for layer in layers if layer["name"] == "emb")["sparse_embedding_hparam"]
+    assert hparam["max_vocabulary_size_global"] == (1 << 20) // ((1 + 2) * 4 * DIM)
+    assert hparam["max_vocabulary_size_global"] == model.tables[0].max_rows
