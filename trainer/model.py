@@ -311,9 +311,11 @@ class Model:
         return [(layer.regularizer, layer.reg_lambda) for layer in self.network.loss_layers
                 if layer.regularizer and layer.reg_lambda]
 
-    def train(self) -> bool:
+    def train(self, is_first_batch: bool = True) -> bool:
         """One iteration on the next training batch; False when an epoch-mode source is
-        exhausted (nothing is trained then)."""
+        exhausted (nothing is trained then).  ``is_first_batch`` is HugeCTR's hint for its
+        overlapped pipeline's prefetch; each batch is read when it is trained here, so it
+        changes nothing (in HugeCTR neither does it change what is trained)."""
         self._require_compiled("train")
         batch = self._train_reader.next_batch()
         if batch is None:
@@ -437,9 +439,9 @@ class Model:
                               f"has {sorted(tensors)}")
         return np.asarray(to_numpy(tensors[tensor_name]), dtype=np.float32)
 
-    def eval(self) -> bool:
+    def eval(self, is_first_batch: bool = True) -> bool:
         """Evaluate one batch of the evaluation source into the running metrics; False at the
-        end of an epoch-mode source."""
+        end of an epoch-mode source.  ``is_first_batch``: as in :meth:`train`."""
         self._require_compiled("eval")
         if self._eval_reader is None:
             raise ConfigError("no eval_source was given in DataReaderParams")

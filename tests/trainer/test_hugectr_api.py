@@ -255,3 +255,12 @@ def test_graph_json_records_the_global_vocabulary_size(sources, tmp_path):
     hparam = next(layer for layer in layers if layer["name"] == "emb")["sparse_embedding_hparam"]
     assert hparam["max_vocabulary_size_global"] == (1 << 20) // ((1 + 2) * 4 * DIM)
     assert hparam["max_vocabulary_size_global"] == model.tables[0].max_rows
+
+
+def test_train_and_eval_take_hugectrs_is_first_batch(sources):
+    """HugeCTR's pybind_test/wdl_etc_low_level.py calls model.train(False)."""
+    a, b = _model(sources, keyset=False), _model(sources, keyset=False)
+    for m, flag in ((a, True), (b, False)):
+        m.get_data_reader_train().set_source(sources[0][0])
+        assert m.train(flag) and m.train(is_first_batch=flag)
+    np.testing.assert_array_equal(a.dense_parameters()[0], b.dense_parameters()[0])
