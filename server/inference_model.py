@@ -676,14 +676,17 @@ class InferenceSession:
         """Both of HugeCTR's overloads: ``predict(dense_feature, embeddingcolumns, row_ptrs)``
         (flat lists in, a flat list out; see :meth:`predict_samples`) and ``predict(num_batches,
         source, data_reader_type, check_type, slot_size_array=[], num_samples=0)`` (a dataset:
-        :meth:`InferenceModel.predict`, ``[num_batches * max_batchsize, label_dim]``)."""
+        :meth:`InferenceModel.predict`, ``[num_batches * max_batchsize, label_dim]``, flat
+        ``[num_batches * max_batchsize]`` for one label, as HugeCTR's session returns it)."""
         first = args[0] if args else kwargs.get("num_batches", kwargs.get("dense_feature"))
         if "num_batches" in kwargs or "source" in kwargs or (
                 isinstance(first, (int, np.integer)) and not isinstance(first, bool)):
             kwargs.pop("num_samples", None)
             if len(args) > 5:
                 args = args[:5]  # num_samples: the batches are what they count
-            return self.model.predict(*args, **kwargs)
+            preds = self.model.predict(*args, **kwargs)
+            # HugeCTR's session returns [N] for one label (its InferenceModel: [N, 1])
+            return preds.reshape(-1) if preds.shape[1] == 1 else preds
         if "dense_feature" in kwargs:
             kwargs["dense_features"] = kwargs.pop("dense_feature")
         return self.predict_samples(*args, **kwargs)
