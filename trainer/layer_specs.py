@@ -155,7 +155,7 @@ class Input:
                 "top": p.sparse_name,
                 "type": "DistributedSlot",
                 "max_feature_num_per_sample": p.max_nnz,
-                "nnz_per_slot": p.nnz_per_slot,
+                "nnz_per_slot": p.nnz_list(),  # a list, as HugeCTR writes it
                 "is_fixed_length": p.is_fixed_length,
                 "slot_num": p.slot_num,
             }

@@ -264,3 +264,20 @@ def test_train_and_eval_take_hugectrs_is_first_batch(sources):
         m.get_data_reader_train().set_source(sources[0][0])
         assert m.train(flag) and m.train(is_first_batch=flag)
     np.testing.assert_array_equal(a.dense_parameters()[0], b.dense_parameters()[0])
+
+
+def test_graph_json_writes_nnz_per_slot_as_hugectr_and_reads_it_back(sources, tmp_path):
+    """HugeCTR's graph_to_json writes nnz_per_slot as a list (slot_num copies of an int);
+    hugectr2onnx takes max() of it.  Read back, the model is the same."""
+    import json
+
+    from tierserve.trainer.adapters import input_from_data_layer
+
+    model = _model(sources, keyset=False)  # DataReaderSparseParam("s", 1, True, SLOTS)
+    model.graph_to_json(str(tmp_path / "g.json"))
+    data = json.loads((tmp_path / "g.json").read_text())["layers"][0]
+    assert data["sparse"][0]["nnz_per_slot"] == [1] * SLOTS
+    back = input_from_data_layer(data).sparse_params[0]
+    assert back.nnz_per_slot == 1 and back.max_nnz == SLOTS
+    listed = dict(data["sparse"][0], nnz_per_slot=[2, 1, 1, 3])
+    assert hugectr.DataReaderSparseParam.from_graph(listed).nnz_per_slot == [2, 1, 1, 3]

@@ -69,6 +69,27 @@ class DataReaderSparseParam(ParamsModel):
             return sum(self.nnz_per_slot)
         return self.nnz_per_slot * self.slot_num
 
+    def nnz_list(self) -> list[int]:
+        """``nnz_per_slot`` per slot, as HugeCTR's graph JSON writes it (an int argument
+        becomes ``slot_num`` copies)."""
+        if isinstance(self.nnz_per_slot, list):
+            return list(self.nnz_per_slot)
+        return [self.nnz_per_slot] * self.slot_num
+
+    @classmethod
+    def from_graph(cls, s: dict[str, Any]) -> DataReaderSparseParam:
+        """The param of a graph JSON Data layer's ``sparse`` entry.  A ``nnz_per_slot`` list of
+        equal values reads as that int (HugeCTR writes an int argument so, and bounds the
+        input's keys per sample by the list's sum either way); without one, the
+        ``max_feature_num_per_sample`` spread over the slots."""
+        slot_num = int(s["slot_num"])
+        nnz = s.get("nnz_per_slot")
+        if nnz is None:
+            nnz = max(1, int(s.get("max_feature_num_per_sample", slot_num)) // slot_num)
+        elif isinstance(nnz, list) and len(nnz) == slot_num and len(set(nnz)) == 1:
+            nnz = int(nnz[0])
+        return cls(s["top"], nnz, bool(s.get("is_fixed_length", False)), slot_num)
+
 
 class Alignment_t(str, Enum):  # noqa: N801 - HugeCTR's name
     """Dense-input alignment of HugeCTR's async raw reader: ``Auto`` pads to 8, ``Non``."""
