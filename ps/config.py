@@ -33,6 +33,7 @@ from .table_tag import NAME_PATTERN
 Name = Annotated[str, Field(pattern=rf"^{NAME_PATTERN}$")]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 #: ``overflow_margin`` default: HugeCTR's 2^64 - 1, de-facto unbounded.
 UNBOUNDED = 2**64 - 1
@@ -372,8 +373,8 @@ class ModelConfig(_Strict):
     embedding_cache_type: Literal["dynamic", "static"] = "dynamic"
     use_static_table: bool = False
     cache_refresh_percentage_per_iteration: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    refresh_interval: NonNegativeInt = 0
-    refresh_delay: NonNegativeInt = 0
+    refresh_interval: NonNegativeFloat = 0.0  # seconds; 0: never
+    refresh_delay: NonNegativeFloat = 0.0
     num_of_worker_buffer_in_pool: PositiveInt = 1
     num_of_refresher_buffer_in_pool: PositiveInt = 1
     use_context_stream: bool = True

@@ -219,6 +219,7 @@ class InferenceGraph:
                 )
             tensors[self.dense_name] = d
         self.network.forward(xp, tensors, self.params, self.states, False, with_loss=False)
+        self.last_tensors = tensors  # the last batch's, for check_out_tensor
         outs = [layer.predict(xp, tensors[logits]) for layer, logits in
                 self.network.prediction_inputs()]
         outs = [o.reshape(o.shape[0], -1) for o in outs]

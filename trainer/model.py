@@ -59,6 +59,12 @@ class Model:
                                   f"{type(etc).__name__}")
         self._etc_params = etc
         self._etc = None
+        if etc is None and getattr(reader_params, "keyset", None):
+            from .compat import warn_once
+
+            warn_once("DataReaderParams.keyset", "keyset files are read only by the embedding "
+                      "training cache: build the Model with etc=CreateETC(...) to train each "
+                      "file list with its keyset; without etc they are not read")
         self.solver = solver
         self.reader_params = reader_params
         self.opt_params = opt_params
@@ -76,6 +82,7 @@ class Model:
         self._eval_reader = None
         self._metrics = Metrics(solver.metrics_spec)
         self._last_eval: tuple[np.ndarray, np.ndarray] | None = None
+        self._last_tensors: dict[str, dict[str, Any]] = {}  # check_out_tensor, by Tensor_t
         self._dist = None  # the distributed hooks under mpiexec (tierserve.trainer.distributed)
 
     # -- building ------------------------------------------------------------------------------
@@ -104,9 +111,28 @@ class Model:
         return {
             "solver": self.solver.to_dict(),
             "optimizer": self.opt_params.to_dict(),
-            "layers": [self._input.to_json(self.reader_params), *self._embedding_dicts,
+            "layers": [self._input.to_json(self.reader_params),
+                       *(self._with_vocabulary(d) for d in self._embedding_dicts),
                        *self._dense_dicts],
         }
+
+    def _with_vocabulary(self, layer: dict[str, Any]) -> dict[str, Any]:
+        """The embedding layer as HugeCTR's graph_to_json writes it: with
+        ``max_vocabulary_size_global``, the rows the workspace holds on each device times
+        the devices (tools such as hugectr2onnx size their tables by it)."""
+        from .embedding.table import max_rows_for_workspace
+
+        hparam = dict(layer["sparse_embedding_hparam"])
+        if "workspace_size_per_gpu_in_mb" not in hparam:
+            return layer
+        opt = (OptParamsPy.from_dict(layer["optimizer"]) if "optimizer" in layer
+               else self.opt_params)
+        rows = max_rows_for_workspace(hparam["workspace_size_per_gpu_in_mb"],
+                                      hparam["embedding_vec_size"],
+                                      make_optimizer(opt).num_state_copies)
+        devices = self._dist.size if self._dist is not None else 1
+        hparam["max_vocabulary_size_global"] = rows * devices
+        return {**layer, "sparse_embedding_hparam": hparam}
 
     def compile(self, loss_names: list[str] | None = None,
                 loss_weights: list[float] | None = None) -> None:
@@ -244,8 +270,9 @@ class Model:
         elif keyset:
             from .compat import warn_once
 
-            warn_once("Model.set_source.keyset", "keyset files are read only by HugeCTR's "
-                      "embedding training cache, which tierserve does not have; not read")
+            warn_once("Model.set_source.keyset", "keyset files are read only by the embedding "
+                      "training cache (Model(..., etc=CreateETC(...))); this Model has none, so "
+                      "they are not read")
         if source is not None:
             src = source[0] if isinstance(source, (list, tuple)) and len(source) == 1 else source
             self._train_reader.set_source(src)
@@ -297,9 +324,11 @@ class Model:
         return [(layer.regularizer, layer.reg_lambda) for layer in self.network.loss_layers
                 if layer.regularizer and layer.reg_lambda]
 
-    def train(self) -> bool:
+    def train(self, is_first_batch: bool = True) -> bool:
         """One iteration on the next training batch; False when an epoch-mode source is
-        exhausted (nothing is trained then)."""
+        exhausted (nothing is trained then).  ``is_first_batch`` is HugeCTR's hint for its
+        overlapped pipeline's prefetch; each batch is read when it is trained here, so it
+        changes nothing (in HugeCTR neither does it change what is trained)."""
         self._require_compiled("train")
         batch = self._train_reader.next_batch()
         if batch is None:
@@ -322,6 +351,7 @@ class Model:
         params = self._params_for_compute()
         ctxs = self.network.forward(xp, tensors, params, self.states, True,
                                     loss_dtype=np.float32 if self.mixed else None)
+        self._last_tensors["Train"] = tensors
         loss = self._loss_value(tensors)
         scales = {k: v * self.loss_scale for k, v in self._loss_scales.items()}
         param_grads, input_grads = self.network.backward(
@@ -408,9 +438,23 @@ class Model:
         outs = self._predict_tensors(tensors)
         return to_numpy(outs[0] if len(outs) == 1 else self.xp.concatenate(outs, axis=1))
 
-    def eval(self) -> bool:
+    def check_out_tensor(self, tensor_name: str, tensor_type: Any = "Train") -> np.ndarray:
+        """HugeCTR's ``check_out_tensor``: a host copy of tensor ``tensor_name`` (an input, an
+        embedding's output or a layer's top) of the last training step (``Tensor_t.Train``)
+        or the last evaluated batch (``Tensor_t.Evaluate``), ``[batch, ...]``."""
+        kind = getattr(tensor_type, "value", tensor_type)
+        tensors = self._last_tensors.get(str(kind))
+        if tensors is None:
+            raise ConfigError(f"check_out_tensor: no {kind} step has run yet "
+                              "(Tensor_t.Train after train/fit, Tensor_t.Evaluate after eval)")
+        if tensor_name not in tensors:
+            raise ConfigError(f"check_out_tensor: no tensor {tensor_name!r}; the {kind} step "
+                              f"has {sorted(tensors)}")
+        return np.asarray(to_numpy(tensors[tensor_name]), dtype=np.float32)
+
+    def eval(self, is_first_batch: bool = True) -> bool:
         """Evaluate one batch of the evaluation source into the running metrics; False at the
-        end of an epoch-mode source."""
+        end of an epoch-mode source.  ``is_first_batch``: as in :meth:`train`."""
         self._require_compiled("eval")
         if self._eval_reader is None:
             raise ConfigError("no eval_source was given in DataReaderParams")
@@ -422,6 +466,7 @@ class Model:
         self._lookup(batch, tensors)
         self.network.forward(xp, tensors, self._params_for_compute(), self.states, False,
                              loss_dtype=np.float32 if self.mixed else None)
+        self._last_tensors["Evaluate"] = tensors
         preds = [to_numpy(p) for p in self._predict_tensors(tensors)]
         pred = preds[0] if len(preds) == 1 else np.concatenate(preds, axis=1)
         label = to_numpy(batch.label).reshape(len(pred), -1)

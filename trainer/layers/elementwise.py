@@ -1,5 +1,5 @@
 """Element-wise combinations and reductions: Add, Sub, ElementwiseMultiply, ReduceSum,
-ReduceMean."""
+ReduceMean; and the per-sample matrix product MatrixMultiply."""
 
 from __future__ import annotations
 
@@ -144,3 +144,29 @@ class ReduceMean(ReduceSum):
 
     type_name = "ReduceMean"
     mean = True
+
+
+@register
+class MatrixMultiply(Layer):
+    """HugeCTR's MatrixMultiply (DIN's attention): the per-sample matrix product of two 3-D
+    (or 4-D) tensors, ``[B, M, K] x [B, K, N] -> [B, M, N]`` (``[B, H, M, K] x [B, H, K, N]``)."""
+
+    type_name = "MatrixMultiply"
+    num_inputs = (2, 2)
+
+    def infer_shapes(self) -> list[Shape]:
+        a, b = self.input_shapes
+        if len(a) != len(b) or len(a) not in (2, 3):
+            raise self.error(f"needs two 3-D or two 4-D inputs (batch first), got {a} and {b}")
+        if a[-1] != b[-2] or a[:-2] != b[:-2]:
+            raise self.error(f"cannot multiply {a} by {b}: the inner dimensions differ")
+        return [(*a[:-1], b[-1])]
+
+    def forward(self, xp, inputs, params, state, training):
+        a, b = inputs
+        return [xp.matmul(a, b)], (a, b)
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        g = grad_outputs[0]
+        a, b = ctx
+        return [xp.matmul(g, xp.swapaxes(b, -1, -2)), xp.matmul(xp.swapaxes(a, -1, -2), g)], []
