@@ -272,8 +272,8 @@ def test_variable_length_decode_is_vectorised_enough(tmp_path, make_records):
     elapsed = time.perf_counter() - start
     assert got.equals(records)
     # Against the cheapest Python loop with one iteration per key, timed beside it (so a
-    # loaded machine slows both): decoding takes a few such loops; touching each key in
-    # Python would take far more (measured: 5-8 such loops unloaded).
+    # loaded machine slows both): decoding takes 5-8 such loops here; doing any work per key
+    # in Python would take far more.
     start = time.perf_counter()
     for _ in range(keys):
         pass
