@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import gc
 import logging
 import socket
 import sys
@@ -108,7 +109,10 @@ def create_app(
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
         plane.loop = loop
-        await loop.run_in_executor(loads, repository.load_all)
+        await loop.run_in_executor(loads, repository.load_all)  # each version warmed up
+        # An inference thread exists, and what loading left is collected, before the first
+        # request, so it does not pay for either.
+        await loop.run_in_executor(executor, gc.collect)
         plane.started = True
         grpc_server = None
         if settings.grpc_port is not None:
@@ -310,6 +314,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, log_level: str, **extra) ->
         host=settings.host,
         port=settings.http_port,
         log_level=log_level,
+        log_config=None,  # uvicorn's lines in the server's one format (server/logs.py)
         lifespan="on",
         access_log=False,
         proxy_headers=False,  # nothing reads the client address: no X-Forwarded-For parsing
