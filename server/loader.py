@@ -29,7 +29,7 @@ from tierserve.trainer import manifest
 from tierserve.trainer.dense_file import NONTRAINABLE_SUFFIX
 
 from .inference_model import InferenceModel
-from .servables import EmbeddingLookupServable, RankingServable, Servable
+from .servables import EmbeddingLookupServable, RankingServable, Servable, warm_up
 
 log = logging.getLogger("tierserve.server.loader")
 
@@ -129,6 +129,16 @@ class RepositoryLoader:
         entry = ps_config.model(name)
         config = version_files(entry, folder) if folder is not None else entry
         ps = self._ps(ps_config)
+        servable = self._servable(name, version, config, ps, ps_config)
+        try:
+            warm_up(servable)  # before it serves: its first request is as fast as the rest
+        except BaseException:
+            servable.discard()
+            servable.close()
+            raise
+        return servable
+
+    def _servable(self, name: str, version: str, config, ps, ps_config: PSConfig) -> Servable:
         if not config.network_file:
             staged = ps.stage_model(config)
             return StoreServable(name, version, ps, staged)
