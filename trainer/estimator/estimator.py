@@ -21,7 +21,6 @@ import inspect
 import logging
 import os
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -818,20 +817,7 @@ def _fetch(fetches: Any, result: StepResult, step: int) -> Any:
     raise InvalidInputError(f"hook fetch {fetches!r} is not a tensor or a tensor name")
 
 
-class _NoProgress:
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _progress(total: int | None):
-    if os.environ.get("TIERSERVE_NO_PROGRESS") == "1" or not sys.stderr.isatty():
-        return _NoProgress()
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
-    return tqdm(total=total, unit="step", mininterval=1.0)
+    return progress_bar(total=total, unit="step", desc="train")
