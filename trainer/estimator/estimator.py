@@ -192,11 +192,9 @@ class Estimator:
             raise ConfigError(f"model_fn must return an EstimatorSpec, got {type(spec).__name__}")
         return spec
 
-    def _program(self, mode: str, features: dict, labels: Any) -> Program:
-        key = (mode, tuple(sorted(map(str, features))), labels is not None)
-        prog = self._programs.get(key)
-        if prog is not None:
-            return prog
+    def _build_graph(self, mode: str, features: dict, labels: Any) -> tuple[Graph, Any, Any]:
+        """``(graph, spec, label_dim)`` of the model_fn called in ``mode`` on ``features``
+        (arrays or samples); no variable is made."""
         graph = Graph(mode)
         graph.features = {k: FeatureTensor(k, _sample(v)) for k, v in features.items()}
         label_tensor = None
@@ -212,6 +210,14 @@ class Estimator:
         if spec.mode != mode:
             raise ConfigError(f"model_fn returned an EstimatorSpec for mode {spec.mode!r} when "
                               f"called with {mode!r}")
+        return graph, spec, label_dim
+
+    def _program(self, mode: str, features: dict, labels: Any) -> Program:
+        key = (mode, tuple(sorted(map(str, features))), labels is not None)
+        prog = self._programs.get(key)
+        if prog is not None:
+            return prog
+        graph, spec, label_dim = self._build_graph(mode, features, labels)
         train_ops: list[TrainOp] = group(spec.train_op) if mode == ModeKeys.TRAIN else []
         loss = spec.loss if labels is not None else None
         try:
