@@ -158,6 +158,30 @@ def _build_backend_directory(install: TritonInstall, version: str) -> None:
     _pip_install_target(python_backend, STUB_PACKAGES, version)
 
 
+#: A numpy 2 that numba 0.61 (the backend's) still imports: tests put it ahead of the
+#: backend's numpy 1 on the stub's path, as a user's environment can.
+NUMPY2 = "numpy==2.2.6"
+
+
+def ensure_numpy2_folder() -> Path:
+    """A folder holding numpy 2 (``NUMPY2``) for this Python, installed once under the cache:
+    made tritonserver's working directory, it comes first on the stub's ``sys.path``."""
+    version = python_version()
+    folder = cache_root() / "numpy2-for-stub"
+    marker = folder / ".installed"
+    wanted = f"{NUMPY2} python{version}"
+    if read_marker(marker) == wanted:
+        return folder
+    with install_lock("numpy2-for-stub"):
+        if read_marker(marker) != wanted:
+            announce(f"installing {NUMPY2} into {folder} (a numpy 2 for the stub's path)")
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            _pip_install_target(folder, [NUMPY2], version)
+            write_marker(marker, wanted)
+    return folder
+
+
 def site_packages() -> str:
     """This interpreter's site-packages (the virtual environment's, under pytest)."""
     return sysconfig.get_paths()["purelib"]
@@ -188,6 +212,7 @@ class TritonServer:
         model_control_mode: str = "none",
         load_models: Sequence[str] = (),
         extra_args: Sequence[str] = (),
+        cwd: Path | None = None,
     ) -> None:
         if model_control_mode not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control_mode must be none, explicit or poll, not {model_control_mode!r}")
@@ -209,9 +234,10 @@ class TritonServer:
             "--exit-timeout-secs", "5",
             *extra_args,
         ]  # fmt: skip
-        # The stub may put its working directory on sys.path: keep it away from the repository.
+        # The stub puts its working directory first on sys.path: keep it away from the
+        # repository (``cwd`` chooses another on purpose).
         self.process = ServiceProcess(
-            "tritonserver", argv, log_path, env=install.environment(), cwd=log_path.parent
+            "tritonserver", argv, log_path, env=install.environment(), cwd=cwd or log_path.parent
         )
 
     @property
