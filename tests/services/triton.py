@@ -1,4 +1,6 @@
-"""tritonserver (2.51, CPU) from the PyPI wheel ``nvidia-pytriton``, with the Python backend.
+"""tritonserver (2.51, CPU) from the PyPI wheel ``nvidia-pytriton``, with the Python backend,
+installed as ``tierserve triton-install`` installs it (``tierserve.clients.triton_install``)
+into the test cache.
 
 The wheel goes into ``<cache>/pytriton/wheel`` with ``pip install --no-deps --target``, never
 into the virtual environment (it pins numpy<2). Next to it, ``<cache>/pytriton/backends`` is the
@@ -43,6 +45,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tierserve.clients import triton_install
+from tierserve.clients.triton_install import PYTRITON_VERSION, STUB_PACKAGES  # noqa: F401
+
 from .install import (
     InstallError,
     announce,
@@ -56,9 +61,6 @@ from .install import (
 from .ports import HOST, free_ports
 from .process import ServiceProcess
 
-PYTRITON_VERSION = "0.7.0"
-#: numba 0.61 supports numpy 1.24-2.1 and Python 3.10-3.13; llvmlite 0.44 is its match.
-STUB_PACKAGES = ("numpy<2", "async-timeout", "numba==0.61.2", "llvmlite==0.44.0")
 SITE_PACKAGES_PARAMETER = "site_packages"
 START_TIMEOUT = 120.0
 
@@ -107,23 +109,16 @@ def python_version() -> str:
 
 
 def ensure_tritonserver() -> TritonInstall:
-    """Install libpython when missing, and the wheel plus the backend folder when missing."""
+    """Install libpython when missing, and tritonserver with its backend folder when missing
+    (``tierserve triton-install``'s steps, under the test cache's lock)."""
     version = python_version()
     ensure_libpython(version)
     install = TritonInstall(home=cache_root() / "pytriton")
-    marker = install.home / ".installed"
-    wanted = f"nvidia-pytriton=={PYTRITON_VERSION} python{version} {' '.join(STUB_PACKAGES)}"
-    if read_marker(marker) == wanted:
+    if triton_install.installed(install.home):
         return install
     with install_lock("pytriton"):
-        if read_marker(marker) == wanted:
-            return install
-        announce(f"installing tritonserver from nvidia-pytriton {PYTRITON_VERSION} into {install.home}")
-        shutil.rmtree(install.home, ignore_errors=True)
-        install.home.mkdir(parents=True)
-        _pip_install_target(install.wheel, [f"nvidia-pytriton=={PYTRITON_VERSION}"], version)
-        _build_backend_directory(install, version)
-        write_marker(marker, wanted)
+        if not triton_install.installed(install.home):
+            triton_install.install(install.home, say=announce)
     return install
 
 
@@ -143,19 +138,6 @@ def _pip_install_target(target: Path, requirements: Sequence[str], version: str)
         f"pip install {' '.join(requirements)}",
         timeout=900,
     )  # fmt: skip
-
-
-def _build_backend_directory(install: TritonInstall, version: str) -> None:
-    server = install.wheel / "pytriton" / "tritonserver"
-    stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.exists():
-        raise InstallError(f"nvidia-pytriton {PYTRITON_VERSION} has no Python backend stub for {version}")
-    python_backend = install.backend_directory / "python"
-    python_backend.mkdir(parents=True)
-    shutil.copy2(server / "backends" / "python" / "libtriton_python.so", python_backend)
-    shutil.copy2(server / "backends" / "python" / "triton_python_backend_utils.py", python_backend)
-    shutil.copy2(stub, python_backend)
-    _pip_install_target(python_backend, STUB_PACKAGES, version)
 
 
 #: A numpy 2 that numba 0.61 (the backend's) still imports: tests put it ahead of the
