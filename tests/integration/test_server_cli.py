@@ -122,7 +122,7 @@ def test_demo_prints_one_prediction_made_over_http(tmp_path):
 
 def test_the_readme_predict_example_runs_as_written(demo, tmp_path):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    match = re.search(r"curl -X POST localhost:8000/predict -d '(.+)'", readme)
+    match = re.search(r"curl -s -X POST localhost:8000/predict -d '(.+)'", readme)
     assert match, "the README has no /predict curl example"
     write_repository(demo, tmp_path / "repo")
     settings = Settings.build(model_repository=tmp_path / "repo", http_port=0, grpc_port=None)
