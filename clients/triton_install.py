@@ -11,7 +11,9 @@ libraries and a Python-backend stub per Python version.  Into ``--dir`` (default
   and the stub for this Python), with the numpy the stub was built for (numpy<2) and a numba
   and llvmlite built for that numpy (tierserve's hash tables are numba kernels);
 - ``bin/tritonserver``: a script that runs the server with its libraries on
-  ``LD_LIBRARY_PATH``, numba's cache in ``numba-cache/`` and ``--backend-directory`` set.
+  ``LD_LIBRARY_PATH``, numba's cache in ``numba-cache/``, ``--backend-directory`` set, and
+  no virtual environment on ``PATH``: the stub's embedded Python finds its prefix through
+  the ``python3`` there, and an activated venv's packages (numpy 2) would come first.
 
 The stub embeds the system's ``libpython3.X`` (Debian: ``apt-get install libpython3.11``)
 and does not see the virtual environment: the ``model.py`` files ``triton-repo`` writes add
@@ -38,12 +40,35 @@ MARKER = ".installed"
 
 WRAPPER = """#!/bin/sh
 # Written by `tierserve triton-install`: tritonserver with its libraries and the Python backend.
-HOME_DIR="{home}"
-export LD_LIBRARY_PATH="$HOME_DIR/wheel/nvidia_pytriton.libs${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
-export NUMBA_CACHE_DIR="${{NUMBA_CACHE_DIR:-$HOME_DIR/numba-cache}}"
-exec "$HOME_DIR/wheel/pytriton/tritonserver/bin/tritonserver" \\
+HOME_DIR="$(cd "$(dirname "$0")/.." && pwd)"
+# The stub's embedded Python finds its prefix through the python3 on PATH: a virtual
+# environment's bin there (an activated venv) puts that environment's packages, numpy 2
+# among them, ahead of the numpy 1 the stub was built for. Leave such folders out.
+clean=""
+IFS=:
+for dir in $PATH; do
+    [ -f "$dir/../pyvenv.cfg" ] || clean="${clean:+$clean:}$dir"
+done
+unset IFS
+PATH="$clean"
+export PATH
+unset VIRTUAL_ENV PYTHONHOME
+export LD_LIBRARY_PATH="$HOME_DIR/wheel/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$HOME_DIR/numba-cache}"
+exec "$HOME_DIR/wheel/pytriton/tritonserver/bin/tritonserver" \
     --backend-directory "$HOME_DIR/backends" "$@"
 """
+
+
+def stub_environment(env: dict[str, str]) -> dict[str, str]:
+    """``env`` as the stub should see it (what ``bin/tritonserver`` does): no virtual
+    environment's folder on PATH, no VIRTUAL_ENV or PYTHONHOME (see ``WRAPPER``)."""
+    out = {k: v for k, v in env.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    folders = out.get("PATH", "").split(os.pathsep)
+    out["PATH"] = os.pathsep.join(
+        d for d in folders if d and not (Path(d).parent / "pyvenv.cfg").is_file()
+    )
+    return out
 
 
 def default_home() -> Path:
@@ -109,7 +134,7 @@ def install(home: Path, say=print) -> Path:
 
 def write_wrapper(home: Path) -> None:
     path = wrapper_path(home)
-    text = WRAPPER.format(home=home)
+    text = WRAPPER
     if path.exists() and path.read_text() == text:
         return
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -210,14 +210,23 @@ def stub_reads_this_numpy(pb_utils) -> bool:
 
 
 def numpy_mismatch_reason() -> str:
+    import sys
+
     where = Path(np.__file__).parent.parent
+    venv = ""
+    if sys.prefix != sys.base_prefix:  # the stub's Python took a virtual environment's prefix
+        venv = (f" The stub's Python runs in the virtual environment {sys.prefix}: its embedded "
+                "interpreter finds its prefix through the python3 on tritonserver's PATH, so "
+                "tritonserver was started with that environment activated. Start it without "
+                "(deactivate), or with `tierserve triton-install`'s bin/tritonserver, which "
+                "leaves virtual environments off PATH.")  # fmt: skip
     return (
         f"the Python backend's stub misreads the arrays of numpy {np.__version__} (from "
-        f"{where}), which it imported ahead of the numpy it was built for (numpy 1 for Triton "
-        "24.10 and older: pybind11 2.10). Its outputs would carry no data. The stub's "
-        "sys.path starts with tritonserver's working directory and the system's "
-        f"site-packages: remove numpy {np.__version__} from {where}, or start tritonserver "
-        "from another folder, so that the numpy<2 beside the backend's stub is imported"
+        f"{where}), which it imported instead of the numpy it was built for (numpy 1 for "
+        f"Triton 24.10 and older: pybind11 2.10); its outputs would carry no data.{venv} "
+        "Otherwise: the stub's sys.path starts with tritonserver's working directory and the "
+        f"system's site-packages; remove numpy {np.__version__} from {where}, so that the "
+        "numpy<2 beside the backend's stub is imported"
     )
 
 

@@ -5,11 +5,13 @@ HTTP and gRPC, sent concurrently from the moment the server reports ready, all a
 ``InferenceModel`` answers.
 
 The 2.51 stub is built with pybind11 2.10, which reads numpy's dtype descriptors with numpy 1's
-layout.  With a numpy 2 first on the stub's ``sys.path`` (tritonserver's working directory
-comes first there) an output handed over as ``pb_utils.Tensor(name, array)`` has 0 bytes
-(binary: ``binary_data_size`` 0, which tritonclient cannot reshape; JSON: 500 "output tensor
-shape does not match size of output") and ``as_numpy()`` reads inputs as zeros.  tierserve's
-model then refuses to load, naming the numpy and its folder.
+layout.  Its embedded Python finds its prefix through the ``python3`` on PATH: started from a
+shell with a virtual environment activated, it imports that environment's numpy 2, and then an
+output handed over as ``pb_utils.Tensor(name, array)`` has 0 bytes (binary:
+``binary_data_size`` 0, which tritonclient cannot reshape; JSON: 500 "output tensor shape does
+not match size of output") and ``as_numpy()`` reads inputs as zeros.  tierserve's model then
+refuses to load, naming the environment; ``tierserve triton-install``'s ``bin/tritonserver``
+leaves virtual environments off PATH and serves.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from services.triton import ensure_numpy2_folder
+from services.triton import ensure_tritonserver
 
 from tierserve.clients.triton_repo import generate
 
@@ -169,20 +171,27 @@ def test_every_answer_from_the_moment_it_is_ready_equals_inference_model(
     assert re.search(r"model dlrm version 1 is serving \(CPU instance; numpy 1\.", log), log[-2000:]
 
 
-def test_a_stub_that_would_misread_numpy_2_refuses_to_load_naming_it(
+def test_started_from_an_activated_venv_the_model_refuses_naming_it(
     dlrm26, triton_server_factory, tmp_path
 ):
-    """numpy 2 first on the stub's path (tritonserver's working directory): tierserve's
-    model probes the stub's tensors, refuses to load with the reason and the folder, and no
-    request is ever answered with an output of no data."""
+    """tritonserver started with a virtual environment first on PATH (an activated venv):
+    the stub's embedded Python finds its prefix through that python3 and imports the venv's
+    numpy 2, which this stub (pybind11 2.10) misreads: outputs of 0 bytes, inputs read as
+    zeros.  tierserve's model probes the stub's tensors and refuses to load, naming the venv;
+    no request is ever answered with an output of no data."""
+    import os
+    import sys
+
+    import tritonclient.http as th
     from tritonclient.utils import InferenceServerException
 
     out = tmp_path / "triton"
     generate(dlrm26.repo, out)
-    numpy2 = ensure_numpy2_folder()
-    server = triton_server_factory(out, model_control_mode="explicit", cwd=numpy2)
-    import tritonclient.http as th
-
+    venv = Path(sys.prefix)
+    assert (venv / "pyvenv.cfg").is_file(), "the suite runs in a virtual environment"
+    install = ensure_tritonserver()
+    env = dict(install.environment(), PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    server = triton_server_factory(out, model_control_mode="explicit", env=env)
     client = th.InferenceServerClient(server.http_url)
     try:
         with pytest.raises(InferenceServerException) as refused:
@@ -193,4 +202,57 @@ def test_a_stub_that_would_misread_numpy_2_refuses_to_load_naming_it(
     finally:
         client.close()
     message = str(refused.value)
-    assert "misreads the arrays of numpy 2." in message and str(numpy2) in message, message
+    assert "misreads the arrays of numpy 2." in message, message
+    assert f"runs in the virtual environment {venv}" in message, message
+
+
+def test_bin_tritonserver_leaves_the_activated_venv_out(dlrm26, tmp_path):
+    """The same shell, through ``tierserve triton-install``'s bin/tritonserver: the model
+    serves on the backend's numpy 1 and answers as InferenceModel."""
+    import os
+    import subprocess
+    import sys
+
+    from polling import until
+
+    from tierserve.clients.triton_install import wrapper_path, write_wrapper
+    from tierserve.server.app import free_port
+
+    out = tmp_path / "triton"
+    generate(dlrm26.repo, out)
+    install = ensure_tritonserver()
+    write_wrapper(install.home)
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["PATH"] = f"{Path(sys.prefix) / 'bin'}{os.pathsep}{env['PATH']}"
+    log = tmp_path / "tritonserver.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [str(wrapper_path(install.home)), "--model-repository", str(out),
+             "--http-address", "127.0.0.1", "--http-port", str(http), "--grpc-address",
+             "127.0.0.1", "--grpc-port", str(grpc), "--metrics-address", "127.0.0.1",
+             "--metrics-port", str(metrics), "--exit-timeout-secs", "5"],
+            env=env, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        import tritonclient.http as th
+
+        client = th.InferenceServerClient(f"127.0.0.1:{http}")
+
+        def ready() -> bool:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                return client.is_server_ready()
+            except Exception:  # noqa: BLE001 - not listening yet
+                return False
+
+        assert until(ready, timeout=300, interval=0.2), log.read_text()[-3000:]
+        client.close()
+        for kind, url in (("binary", f"127.0.0.1:{http}"), ("json", f"127.0.0.1:{http}"),
+                          ("grpc", f"127.0.0.1:{grpc}")):  # fmt: skip
+            got = _infer(kind, url, dlrm26.requests[1])
+            np.testing.assert_allclose(got, dlrm26.expected[1], atol=1e-5, err_msg=kind)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert re.search(r"is serving \(CPU instance; numpy 1\.", log.read_text())

@@ -8,8 +8,10 @@ folder given to ``--backend-directory``: ``python/`` holds ``libtriton_python.so
 ``triton_python_backend_utils.py`` and the ``triton_python_backend_stub`` built for this
 interpreter's Python version.
 
-The stub embeds the system's libpython (Debian's ``libpython3.11``) in isolated mode: it ignores
-PYTHONPATH and does not see the virtual environment. Two things follow:
+The stub embeds the system's libpython (Debian's ``libpython3.11``): it ignores PYTHONPATH, but
+finds its prefix through the ``python3`` on PATH, so a virtual environment's ``bin`` there would
+put that environment's site-packages (numpy 2) first; ``TritonInstall.environment()`` leaves
+such folders off PATH, as ``bin/tritonserver`` does. Two things follow:
 
 - ``triton_python_backend_utils`` imports numpy before any model code runs, so ``backends/python``
   also holds its own ``numpy<2`` (the stub was built against numpy 1: with numpy 2,
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import ctypes.util
 import os
-import shutil
 import sys
 import sysconfig
 import time
@@ -54,9 +55,6 @@ from .install import (
     apt_install,
     cache_root,
     install_lock,
-    read_marker,
-    run_checked,
-    write_marker,
 )
 from .ports import HOST, free_ports
 from .process import ServiceProcess
@@ -96,7 +94,7 @@ class TritonInstall:
         compiled kernels in a folder of its own: sharing ``__pycache__`` with the other numba
         would make each recompile and overwrite the other's cache on every start.
         """
-        env = dict(os.environ)
+        env = triton_install.stub_environment(dict(os.environ))  # no venv on PATH
         paths = [str(self.libs), *filter(None, [env.get("LD_LIBRARY_PATH")])]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
         env.setdefault("NUMBA_CACHE_DIR", str(self.home / "numba-cache"))
@@ -130,40 +128,6 @@ def ensure_libpython(version: str) -> None:
             raise InstallError(f"installed libpython{version}, yet the linker does not find it")
 
 
-def _pip_install_target(target: Path, requirements: Sequence[str], version: str) -> None:
-    run_checked(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "--no-deps", "--only-binary=:all:", "--python-version", version,
-         "--target", str(target), *requirements],
-        f"pip install {' '.join(requirements)}",
-        timeout=900,
-    )  # fmt: skip
-
-
-#: A numpy 2 that numba 0.61 (the backend's) still imports: tests put it ahead of the
-#: backend's numpy 1 on the stub's path, as a user's environment can.
-NUMPY2 = "numpy==2.2.6"
-
-
-def ensure_numpy2_folder() -> Path:
-    """A folder holding numpy 2 (``NUMPY2``) for this Python, installed once under the cache:
-    made tritonserver's working directory, it comes first on the stub's ``sys.path``."""
-    version = python_version()
-    folder = cache_root() / "numpy2-for-stub"
-    marker = folder / ".installed"
-    wanted = f"{NUMPY2} python{version}"
-    if read_marker(marker) == wanted:
-        return folder
-    with install_lock("numpy2-for-stub"):
-        if read_marker(marker) != wanted:
-            announce(f"installing {NUMPY2} into {folder} (a numpy 2 for the stub's path)")
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            _pip_install_target(folder, [NUMPY2], version)
-            write_marker(marker, wanted)
-    return folder
-
-
 def site_packages() -> str:
     """This interpreter's site-packages (the virtual environment's, under pytest)."""
     return sysconfig.get_paths()["purelib"]
@@ -195,6 +159,7 @@ class TritonServer:
         load_models: Sequence[str] = (),
         extra_args: Sequence[str] = (),
         cwd: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         if model_control_mode not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control_mode must be none, explicit or poll, not {model_control_mode!r}")
@@ -219,8 +184,9 @@ class TritonServer:
         # The stub puts its working directory first on sys.path: keep it away from the
         # repository (``cwd`` chooses another on purpose).
         self.process = ServiceProcess(
-            "tritonserver", argv, log_path, env=install.environment(), cwd=cwd or log_path.parent
-        )
+            "tritonserver", argv, log_path, env=env or install.environment(),
+            cwd=cwd or log_path.parent,
+        )  # fmt: skip
 
     @property
     def http_url(self) -> str:
