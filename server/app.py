@@ -120,7 +120,8 @@ def create_app(
             await grpc_server.start()
             app.state.grpc_port = port
             app.state.grpc_server = grpc_server
-            log.info("gRPC listening on %s:%d", settings.host, port)
+            log.info("gRPC listening on %s:%d (%s)", settings.host, port,
+                     "native transport" if uses_native_grpc(settings) else "grpc.aio")  # fmt: skip
 
         async def poll():
             while True:
