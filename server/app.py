@@ -34,7 +34,7 @@ from .grpc_server import create_grpc_server
 from .metrics import ServerMetrics
 from .repository import Loader, ModelRepository
 from .rest import InferFastPath, build_router, install_error_handler
-from .servables import RequestLimits, warm_up
+from .servables import RequestLimits
 from .settings import Settings
 from .workers import PoolState, reuse_port_socket
 
@@ -110,9 +110,9 @@ def create_app(
         loop = asyncio.get_running_loop()
         plane.loop = loop
         await loop.run_in_executor(loads, repository.load_all)  # each version warmed up
-        # An inference thread has run each model once, and what loading left is collected,
-        # before the first request, so it pays for neither.
-        await loop.run_in_executor(executor, _warm_inference_thread, repository)
+        # An inference thread exists, and what loading left is collected, before the first
+        # request, so it pays for neither.
+        await loop.run_in_executor(executor, gc.collect)
         plane.started = True
         grpc_server = None
         if settings.grpc_port is not None:
@@ -178,15 +178,6 @@ def create_app(
     app.include_router(router)
     openapi.install(app)
     return app
-
-
-def _warm_inference_thread(repository: ModelRepository) -> None:
-    for entry in list(repository.entries.values()):
-        handle = entry.handle
-        if handle is not None:
-            with contextlib.suppress(Exception):  # it served its warm-up once already
-                warm_up(handle.servable)
-    gc.collect()
 
 
 def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool):
