@@ -80,8 +80,8 @@ class PlainProgress:
         self.desc = desc
 
     def write(self, text: str) -> None:
-        if not self.disable:
-            print(text, file=self.file, flush=True)
+        """Print a line (as ``tqdm.write`` does, also when the bar itself is off)."""
+        print(text, file=self.file, flush=True)
 
     def close(self) -> None:
         if self._closed:
