@@ -110,9 +110,9 @@ def create_app(
         loop = asyncio.get_running_loop()
         plane.loop = loop
         await loop.run_in_executor(loads, repository.load_all)  # each version warmed up
-        # An inference thread exists, and what loading left is collected, before the first
-        # request, so it pays for neither.
-        await loop.run_in_executor(executor, gc.collect)
+        # An inference thread has run each version's warm-up too (what a thread's first run
+        # costs), and what loading left is collected, before the first request.
+        await loop.run_in_executor(executor, _warm_inference_thread, repository)
         plane.started = True
         grpc_server = None
         if settings.grpc_port is not None:
@@ -178,6 +178,16 @@ def create_app(
     app.include_router(router)
     openapi.install(app)
     return app
+
+
+def _warm_inference_thread(repository: ModelRepository) -> None:
+    for entry in list(repository.entries.values()):
+        if entry.handle is not None:
+            try:
+                entry.handle.servable.warm_up()
+            except Exception:  # it warmed up at load already; a request will say what fails
+                log.exception("model %s: warm-up on an inference thread failed", entry.name)
+    gc.collect()
 
 
 def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool):

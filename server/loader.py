@@ -131,7 +131,7 @@ class RepositoryLoader:
         ps = self._ps(ps_config)
         servable = self._servable(name, version, config, ps, ps_config)
         try:
-            warm_up(servable)  # before it serves: its first request is as fast as the rest
+            servable.warm_up()  # before it serves: its first request is as fast as the rest
         except BaseException:
             servable.discard()
             servable.close()
@@ -194,6 +194,9 @@ class ModelServable(RankingServable):
     def __init__(self, name: str, version: str, model: InferenceModel) -> None:
         super().__init__(name, version, model, closer=model.close)
 
+    def warm_up(self) -> None:
+        warm_up(self)
+
     def commit(self) -> None:
         self.model.commit()
 
@@ -221,6 +224,9 @@ class StoreServable(EmbeddingLookupServable):
             i64_keys=ps.config.supportlonglong,
         )
         self.ps, self.staged = ps, staged
+
+    def warm_up(self) -> None:
+        warm_up(self)
 
     def commit(self) -> None:
         self.ps.commit_model(self.staged)

@@ -93,6 +93,10 @@ class Servable(ABC):
         """Extra model-config fields (``parameters``) for the config endpoint."""
         return {}
 
+    def warm_up(self) -> None:  # noqa: B027 - optional hook
+        """Run what a first request would (see :func:`warm_up`), on the calling thread; the
+        server calls it once more on an inference thread before it reports ready."""
+
     def commit(self) -> None:  # noqa: B027 - optional hook
         """Called by the repository as this version starts serving (tables go live)."""
 

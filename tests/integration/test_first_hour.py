@@ -288,16 +288,17 @@ def _first_and_next(http_port: int, body: bytes, count: int = 100) -> tuple[floa
 
 
 def test_the_first_request_after_ready_is_as_fast_as_the_rest(first_hour):
-    """Within 3x the median of the next 100.  Each try is a fresh server process (numba's
-    kernels then load from the disk cache: still a hundred times a request, were they loaded
-    on the first request); up to three tries, as one request on this shared machine may be
-    held up by others' work."""
+    """Within 3x the median of the next 100.  Each try is a fresh server process: were the
+    model's first-run costs left to the first request, it would take 10 to 7,000 times the
+    median (numba's kernels loaded from their disk cache, or compiled), in every try.  Up to
+    five tries, as on a shared 2-core machine a single request may wait several ms for a
+    core (the first run of the event loop's request path also costs about 1 ms of CPU)."""
     body = json.dumps({"inputs": [
         {"name": "DES", "datatype": "FP32", "shape": [1, 13], "data": [0.5] * 13},
         {"name": "CATCOLUMN", "datatype": "INT64", "shape": [1, 8],
          "data": [3, 107, 211, 250, 1007, 1200, 2000, 3000]}]}).encode()  # fmt: skip
     ratios = []
-    for _ in range(3):
+    for _ in range(5):
         port = free_port()
         server = subprocess.Popen(
             [str(first_hour.bin / "tierserve"), "serve", "--model-repository",
