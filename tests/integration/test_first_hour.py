@@ -257,6 +257,11 @@ def test_a_broken_ps_json_is_refused_in_one_line_with_two_workers(first_hour, tm
     assert "hash_map, parallel_hash_map" in lines[0] and "Traceback" not in lines[0]
 
 
+#: The pause before each request of the comparison (before the first, the server's
+#: inference thread has been idle since its warm-up, seconds).
+PAUSE_S = 0.05
+
+
 def _first_and_next(http_port: int, body: bytes, count: int = 100) -> tuple[float, list[float]]:
     client = http.client.HTTPConnection("127.0.0.1", http_port, timeout=30)
 
@@ -282,7 +287,11 @@ def _first_and_next(http_port: int, body: bytes, count: int = 100) -> tuple[floa
 
     try:
         first = infer()
-        return first, [infer() for _ in range(count)]
+        rest = []
+        for _ in range(count):
+            time.sleep(PAUSE_S)
+            rest.append(infer())
+        return first, rest
     finally:
         client.close()
 
@@ -290,15 +299,19 @@ def _first_and_next(http_port: int, body: bytes, count: int = 100) -> tuple[floa
 def test_the_first_request_after_ready_is_as_fast_as_the_rest(first_hour):
     """Within 3x the median of the next 100.  Each try is a fresh server process: were the
     model's first-run costs left to the first request, it would take 10 to 7,000 times the
-    median (numba's kernels loaded from their disk cache, or compiled), in every try.  Up to
-    five tries, as on a shared 2-core machine a single request may wait several ms for a
-    core (the first run of the event loop's request path also costs about 1 ms of CPU)."""
+    median (numba's kernels loaded from their disk cache, or compiled), in every try.
+
+    The next 100 are sent as the first was, after a pause: on a shared machine a request
+    that follows a pause pays for caches other processes took over meanwhile (on this 2-core
+    VM about 1 ms of CPU per thread, and a wait for a core), which back-to-back requests do
+    not; the pause makes the comparison about the server's first request, not the machine.
+    Up to three tries, as a single request may still wait several ms for a core."""
     body = json.dumps({"inputs": [
         {"name": "DES", "datatype": "FP32", "shape": [1, 13], "data": [0.5] * 13},
         {"name": "CATCOLUMN", "datatype": "INT64", "shape": [1, 8],
          "data": [3, 107, 211, 250, 1007, 1200, 2000, 3000]}]}).encode()  # fmt: skip
     ratios = []
-    for _ in range(5):
+    for _ in range(3):
         port = free_port()
         server = subprocess.Popen(
             [str(first_hour.bin / "tierserve"), "serve", "--model-repository",
