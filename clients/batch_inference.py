@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import tempfile
 from pathlib import Path
 
@@ -205,14 +204,32 @@ def _source(args: argparse.Namespace, workdir: str) -> tuple[str, str, str]:
     return args.data, kind, check
 
 
-def _batches(args: argparse.Namespace, model, workdir: str):
-    from tqdm.auto import tqdm
+def total_rows(source: str, kind: str) -> int | None:
+    """The rows of a Norm or Parquet file list (None for Raw: its record size is the
+    model's)."""
+    from tierserve.trainer.data.filelist import read_file_list
 
+    if kind == "Norm":
+        from tierserve.trainer.data.norm import norm_num_records
+
+        return sum(norm_num_records(f) for f in read_file_list(source))
+    if kind == "Parquet":
+        from tierserve.trainer.data.parquet import parquet_num_rows
+
+        return sum(parquet_num_rows(f) for f in read_file_list(source))
+    return None
+
+
+def _batches(args: argparse.Namespace, model, workdir: str):
     from tierserve.server.datasets import epoch_batches
+    from tierserve.trainer.progress import progress_bar
 
     source, kind, check = _source(args, workdir)
     rows = 0
-    bar = tqdm(unit="rows", disable=args.no_progress, file=sys.stderr, desc=args.command)
+    total = total_rows(source, kind)
+    if args.max_rows is not None:
+        total = args.max_rows if total is None else min(total, args.max_rows)
+    bar = progress_bar(total=total, unit="rows", desc=args.command, disable=args.no_progress)
     try:
         for batch in epoch_batches(model.graph, source, kind, check, args.slot_size_array,
                                    args.batch_size, model.i64_input_key):  # fmt: skip

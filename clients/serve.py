@@ -150,8 +150,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workers", type=int, default=None, metavar="N",
         help="worker processes, all serving the same ports (default: one per core, at most "
-        "--max-workers; one when ps.json's tiers cannot be shared: a writable RocksDB, Redis). "
-        "Until this release --workers counted inference threads: that is now --threads",
+        "--max-workers; one when ps.json's tiers cannot be shared: a writable RocksDB, Redis); "
+        "inference threads per worker are --threads",
     )  # fmt: skip
     parser.add_argument(
         "--max-workers", type=int, default=8, metavar="N",
@@ -202,8 +202,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "$TIERSERVE_REPLICA_ID, else host-pid-random, so each process is its own replica)",
     )
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines shown, of tierserve and uvicorn alike (default info)",
+    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
@@ -280,6 +281,7 @@ def limit_blas_threads(threads: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     limit_blas_threads(args.blas_threads)
+    from tierserve.server.logs import configure_logging
     from tierserve.server.workers import run_server
 
     settings = settings_from_args(args)
@@ -287,14 +289,11 @@ def run(args: argparse.Namespace) -> int:
         from tierserve.ps.kafka_updates import REPLICA_ENV, check_replica_id
 
         os.environ[REPLICA_ENV] = check_replica_id(args.replica_id, "--replica-id")
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.admin_token is None:
         logging.getLogger("tierserve").warning(
             "binding %s without an admin token: anyone who reaches the port can load and "
             "unload models (set --admin-token or TIERSERVE_ADMIN_TOKEN)",
             settings.host,
         )
-    run_server(settings)
-    return 0
+    return run_server(settings)

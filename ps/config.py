@@ -487,16 +487,33 @@ class PSConfig(_Strict):
         )
 
 
+def _problem(err: dict[str, Any]) -> tuple[str, str]:
+    """``(where, what)`` of one pydantic error, in the file's terms: a discriminator's
+    allowed values as they are written in JSON, not as enum reprs."""
+    loc = [str(p) for p in err["loc"]]
+    if err["type"] == "union_tag_invalid":
+        ctx = err.get("ctx") or {}
+        field = ctx.get("discriminator", "type").strip("'")
+        # the tags come as "<DatabaseType_t.hash_map: 'hash_map'>, ..." or "'a', 'b'"
+        allowed = re.findall(r"'([^']*)'>?(?:,|$)", str(ctx.get("expected_tags", "")))
+        where = ".".join([*loc, field])
+        return where, f"{ctx.get('tag')!r} is not one of: {', '.join(allowed)}"
+    if err["type"] == "union_tag_not_found":
+        field = str((err.get("ctx") or {}).get("discriminator", "type")).strip("'")
+        return ".".join(loc) or "(top level)", f"has no {field!r} field"
+    where = ".".join(loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return where, "unknown field"
+    return where, str(err["msg"]).removeprefix("Value error, ")
+
+
 def format_validation_errors(exc: ValidationError, source: str) -> str:
-    """One line per invalid field: ``<dotted path>: <problem>`` (unknown fields named so)."""
-    lines = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown field")
-        else:
-            lines.append(f"{where}: {err['msg']}")
-    return f"invalid {source}:\n  " + "\n  ".join(lines)
+    """``invalid <source>: <dotted path>: <problem>``: on one line for one invalid field,
+    one line per field after the first line for several (unknown fields named so)."""
+    problems = [f"{where}: {what}" for where, what in map(_problem, exc.errors())]
+    if len(problems) == 1:
+        return f"invalid {source}: {problems[0]}"
+    return f"invalid {source}:\n  " + "\n  ".join(problems)
 
 
 def parse_ps_config(data: dict[str, Any], source: str = "ps config") -> PSConfig:

@@ -131,7 +131,9 @@ class UpdateProducer:
         self._producer = _kafka().Producer(
             {"bootstrap.servers": _bootstrap(brokers), **self.kafka_log.client_config(), **options}
         )
+        self.brokers = brokers
         self._failed: list[str] = []
+        self.delivered = 0  # messages the brokers acknowledged
 
     def publish(
         self, model: str, table: str, keys, embeddings, *, timestamp_ms: int | None = None
@@ -165,12 +167,19 @@ class UpdateProducer:
     def _delivered(self, error, message) -> None:
         if error is not None:
             self._failed.append(f"{message.topic()}: {error}")
-        elif self.kafka_log.down:
+            return
+        self.delivered += 1
+        if self.kafka_log.down:
             self.kafka_log.recovered()
 
     def poll(self, timeout: float = 0.0) -> None:
         """Serve delivery reports and log lines, waiting at most ``timeout`` seconds."""
         self._producer.poll(timeout)
+
+    @property
+    def failed(self) -> int:
+        """Messages whose delivery failed, reported since the last :meth:`take_failures`."""
+        return len(self._failed)
 
     def take_failures(self) -> list[str]:
         """The delivery failures reported since the last call (``topic: error``)."""
@@ -181,9 +190,16 @@ class UpdateProducer:
         """Wait until every queued update is delivered; raise if any failed or timed out."""
         left = self._producer.flush(timeout)
         failed, self._failed = self._failed, []
-        if left or failed:
+        if failed:
             raise BackendUnavailableError(
-                f"{left} update messages undelivered after {timeout} s; failures: {failed[:5]}"
+                f"{len(failed)} update messages failed ({'; '.join(failed[:3])}"
+                f"{', ...' if len(failed) > 3 else ''})"
+                + (f", {left} more undelivered after {timeout:g} s" if left else "")
+            )
+        if left:
+            raise BackendUnavailableError(
+                f"{left} update messages undelivered after {timeout:g} s: no Kafka broker "
+                f"at {self.brokers} acknowledged them (is it running and reachable?)"
             )
 
     def close(self, timeout: float = 30.0) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import gc
 import logging
 import socket
 import sys
@@ -114,7 +115,10 @@ def create_app(
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
         plane.loop = loop
-        await loop.run_in_executor(loads, repository.load_all)
+        await loop.run_in_executor(loads, repository.load_all)  # each version warmed up
+        # An inference thread has run each version's warm-up too (what a thread's first run
+        # costs), and what loading left is collected, before the first request.
+        await loop.run_in_executor(executor, _warm_inference_thread, repository)
         plane.started = True
         grpc_server = None
         if settings.grpc_port is not None:
@@ -122,7 +126,8 @@ def create_app(
             await grpc_server.start()
             app.state.grpc_port = port
             app.state.grpc_server = grpc_server
-            log.info("gRPC listening on %s:%d", settings.host, port)
+            log.info("gRPC listening on %s:%d (%s)", settings.host, port,
+                     "native transport" if uses_native_grpc(settings) else "grpc.aio")  # fmt: skip
 
         async def poll():
             while True:
@@ -184,6 +189,16 @@ def create_app(
     app.include_router(router)
     openapi.install(app)
     return app
+
+
+def _warm_inference_thread(repository: ModelRepository) -> None:
+    for entry in list(repository.entries.values()):
+        if entry.handle is not None:
+            try:
+                entry.handle.servable.warm_up()
+            except Exception:  # it warmed up at load already; a request will say what fails
+                log.exception("model %s: warm-up on an inference thread failed", entry.name)
+    gc.collect()
 
 
 def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool, admission: Admission):
@@ -327,6 +342,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, log_level: str, **extra) ->
         host=settings.host,
         port=settings.http_port,
         log_level=log_level,
+        log_config=None,  # uvicorn's lines in the server's one format (server/logs.py)
         lifespan="on",
         access_log=False,
         proxy_headers=False,  # nothing reads the client address: no X-Forwarded-For parsing

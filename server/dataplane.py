@@ -298,6 +298,8 @@ class DataPlane:
             # Queued requests of the old version still run; then its worker stops.
             self.loop.call_soon_threadsafe(lambda: self.loop.create_task(stale.close()))
         new = entry.handle
+        if new is not None:  # its series exist (at 0) before its first request needs them
+            self.metrics.prepare_model(self.metrics_label(new.servable.name))
         if new is not None and self.dynamic_batching and new.servable.max_batch_size > 0:
             name = new.servable.name
             new.extras["batcher"] = DynamicBatcher(

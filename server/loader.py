@@ -34,7 +34,7 @@ from tierserve.trainer import manifest
 from tierserve.trainer.dense_file import NONTRAINABLE_SUFFIX
 
 from .inference_model import InferenceModel
-from .servables import EmbeddingLookupServable, RankingServable, Servable
+from .servables import EmbeddingLookupServable, RankingServable, Servable, warm_up
 
 log = logging.getLogger("tierserve.server.loader")
 
@@ -147,6 +147,16 @@ class RepositoryLoader:
         entry = ps_config.model(name)
         config = version_files(entry, folder) if folder is not None else entry
         ps = self._ps(ps_config)
+        servable = self._servable(name, version, config, ps, ps_config)
+        try:
+            servable.warm_up()  # before it serves: its first request is as fast as the rest
+        except BaseException:
+            servable.discard()
+            servable.close()
+            raise
+        return servable
+
+    def _servable(self, name: str, version: str, config, ps, ps_config: PSConfig) -> Servable:
         if not config.network_file:
             staged = ps.stage_model(config)
             return StoreServable(name, version, ps, staged)
@@ -214,6 +224,9 @@ class ModelServable(RankingServable):
     def __init__(self, name: str, version: str, model: InferenceModel) -> None:
         super().__init__(name, version, model, closer=model.close)
 
+    def warm_up(self) -> None:
+        warm_up(self)
+
     def commit(self) -> None:
         self.model.commit()
 
@@ -241,6 +254,9 @@ class StoreServable(EmbeddingLookupServable):
             i64_keys=ps.config.supportlonglong,
         )
         self.ps, self.staged = ps, staged
+
+    def warm_up(self) -> None:
+        warm_up(self)
 
     def commit(self) -> None:
         self.ps.commit_model(self.staged)

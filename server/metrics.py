@@ -223,6 +223,17 @@ class ServerMetrics:
         """Read per-tier counters and latency histograms from ``source`` at every scrape."""
         self._tiers.tier_sources.append(source)
 
+    def prepare_model(self, model: str, protocols: tuple[str, ...] = ("http", "grpc")) -> None:
+        """Create ``model``'s request and batch series (at 0) now, not at its first request:
+        scrapes see them from the start, and the first request does not build them."""
+        if model not in self._batch_children:
+            self._batch_children[model] = (self.batch_size.labels(model),
+                                           self.batch_requests.labels(model))  # fmt: skip
+        for protocol in protocols:
+            if (model, protocol) not in self._children:
+                self._children[(model, protocol)] = (self.requests.labels(model, protocol),
+                                                     self.latency.labels(model, protocol))  # fmt: skip
+
     def observe_batch(self, model: str, rows: int, requests: int) -> None:
         children = self._batch_children.get(model)
         if children is None:  # model names here are loaded models: a bounded set

@@ -123,6 +123,10 @@ class Servable(ABC):
         """Extra model-config fields (``parameters``) for the config endpoint."""
         return {}
 
+    def warm_up(self) -> None:  # noqa: B027 - optional hook
+        """Run what a first request would (see :func:`warm_up`), on the calling thread; the
+        server calls it once more on an inference thread before it reports ready."""
+
     def commit(self) -> None:  # noqa: B027 - optional hook
         """Called by the repository as this version starts serving (tables go live)."""
 
@@ -477,3 +481,27 @@ class EmbeddingLookupServable(Servable):
     def close(self) -> None:
         if self._closer is not None:
             self._closer()
+
+
+def warm_up(servable: Servable) -> None:
+    """Run one row of zeros (dense values 0, every key 0) through ``servable`` before it
+    serves, so what a first request would compile or load (numba kernels of the tiers and
+    caches, first-call paths of the network) is ready, and the first real request is as fast
+    as the rest.  The answer is dropped; a lookup of key 0 is what any request may do."""
+    if isinstance(servable, RankingServable):
+        keys = np.int64 if servable.i64_keys else np.int32
+        dense = np.zeros((1, servable.model.dense_dim), np.float32)
+        requests = [{"DES": dense, "CATCOLUMN": np.zeros((1, servable.total_slots), keys)}]
+        if servable.hotness != servable.slot_nums:  # multi-hot: the ROWINDEX path as well
+            offsets = [np.arange(s + 1, dtype=np.int32) for s in servable.slot_nums]
+            rowindex = np.concatenate(offsets)
+            requests.append({"DES": dense, "CATCOLUMN": np.zeros(servable.total_slots, keys),
+                             "ROWINDEX": rowindex})  # fmt: skip
+    elif isinstance(servable, EmbeddingLookupServable):
+        keys = np.int64 if servable.i64_keys else np.int32
+        n = len(servable.dims)
+        requests = [{"KEYS": np.zeros(n, keys), "NUMKEYS": np.ones(n, np.int32)}]
+    else:
+        return
+    for inputs in requests:
+        servable.execute(servable.prepare(inputs))

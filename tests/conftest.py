@@ -232,7 +232,8 @@ def kafka_broker_factory(service_workspace: Workspace) -> Iterator[Callable[[], 
 
 @pytest.fixture(scope="session")
 def triton_server_factory(service_workspace: Workspace) -> Iterator[Callable[..., TritonServer]]:
-    """``start(model_repository, model_control_mode="none", load_models=(), extra_args=())``.
+    """``start(model_repository, model_control_mode="none", load_models=(), extra_args=(),
+    cwd=None, env=None)``.
 
     Starts a tritonserver on the given model repository, waits until it is ready and returns
     it; ``stop()`` it when done, or it stops at the end of the session.
@@ -246,6 +247,8 @@ def triton_server_factory(service_workspace: Workspace) -> Iterator[Callable[...
             model_control_mode: str = "none",
             load_models: Sequence[str] = (),
             extra_args: Sequence[str] = (),
+            cwd: Path | None = None,
+            env: dict[str, str] | None = None,
         ) -> TritonServer:
             server = TritonServer(
                 triton,
@@ -254,6 +257,8 @@ def triton_server_factory(service_workspace: Workspace) -> Iterator[Callable[...
                 model_control_mode=model_control_mode,
                 load_models=load_models,
                 extra_args=extra_args,
+                cwd=cwd,
+                env=env,
             )
             cleanup.callback(server.stop)
             _timed(service_workspace, "tritonserver start", server.start)

@@ -525,9 +525,8 @@ class Model:
         at the end.  ``model_name`` is the served model's (default: the solver's)."""
         self._require_compiled("fit")
         check_data_source(data_source_params, "fit")
-        from tqdm.auto import tqdm
-
         from .online import OnlineLoop
+        from .progress import PlainProgress, progress_bar
 
         online = None
         if update_source is not None or repository is not None or publish_interval \
@@ -543,8 +542,9 @@ class Model:
             raise ConfigError("fit: non-epoch mode (repeat_dataset=True) needs max_iter >= 1")
         threshold = adapters.auc_threshold(self.solver.metrics_spec)
         quiet = self._dist is not None and self._dist.rank != 0  # rank 0 speaks for all
-        bar = tqdm(total=None if epoch_mode else max_iter, unit="it", mininterval=1.0,
-                   disable=quiet or os.environ.get("TIERSERVE_NO_PROGRESS") == "1")
+        bar = progress_bar(total=None if epoch_mode else max_iter, unit="it", desc="fit",
+                           disable=quiet)
+        lines = bar.disable or isinstance(bar, PlainProgress)  # no bar shows the loss
         it, start, samples = 0, time.perf_counter(), 0
         try:
             epoch = 0
@@ -569,7 +569,7 @@ class Model:
                     rate = samples / max(time.perf_counter() - start, 1e-9)
                     bar.set_postfix(loss=f"{self._loss:.5f}", lr=f"{self._lr:.3g}",
                                     samples_s=f"{rate:,.0f}")
-                    if bar.disable and not quiet and it % max(display, 1) == 0:
+                    if lines and not quiet and it % max(display, 1) == 0:
                         print(f"[tierserve] iter {it}: loss {self._loss:.6f}, lr {self._lr:.6g}, "
                               f"{rate:,.0f} samples/s", flush=True)
                 if eval_interval > 0 and it % eval_interval == 0 and self._eval_reader is not None:

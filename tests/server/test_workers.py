@@ -6,8 +6,10 @@ killed with real signals.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -154,6 +156,74 @@ def test_two_workers_answer_alike_a_killed_one_is_replaced_and_sigterm_drains(po
         assert not [pid for pid in first if Path(f"/proc/{pid}").exists()]
     finally:
         pool.stop()
+
+
+@pytest.mark.parametrize(
+    ("broken", "words"),
+    [
+        ('{"models": [', ["is not valid JSON", "line 1 column 13"]),
+        ({"volatile_db": {"type": "hashmap"}},
+         ["volatile_db.type: 'hashmap' is not one of: disabled, hash_map, parallel_hash_map"]),
+    ],
+)  # fmt: skip
+def test_a_broken_ps_json_is_refused_in_one_line_before_any_worker_starts(
+    pool_repo, broken, words
+):
+    """Read once, in the parent: one line naming the file and what is wrong (the allowed
+    values, not enum reprs), exit 2, and no worker started, let alone restarted."""
+    path = pool_repo / "ps.json"
+    if isinstance(broken, dict):
+        config = json.loads(path.read_text())
+        config.update(broken)
+        path.write_text(json.dumps(config))
+    else:
+        path.write_text(broken)
+    pool = Pool(pool_repo, 2)
+    try:
+        assert pool.proc.wait(timeout=120) == 2, pool.text()
+    finally:
+        pool.stop()
+    lines = pool.text().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("tierserve serve: error: ") and str(path) in lines[0]
+    for word in words:
+        assert word in lines[0]
+    assert "DatabaseType_t" not in lines[0]
+
+
+def test_a_worker_that_keeps_dying_is_restarted_with_backoff_then_the_pool_gives_up(pool_repo):
+    """Each worker that dies within QUICK_EXIT_S of starting waits longer to be started
+    again (1, 2, 4, 8 s, each less up to half: jittered); after RESTART_LIMIT such exits in a
+    row the pool stops and exits 1, saying so."""
+    from tierserve.server.workers import RESTART_LIMIT
+
+    pool = Pool(pool_repo, 2)
+    try:
+        assert until(pool.ready, timeout=120), pool.text()
+        survivor, victim = pool.workers()
+        killed = 0
+        deadline = time.monotonic() + 180
+        while pool.proc.poll() is None:
+            assert time.monotonic() < deadline, pool.text()
+            for pid in pool.workers():
+                if pid != survivor:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                        killed += 1
+            time.sleep(0.05)
+        assert pool.proc.returncode == 1, pool.text()
+    finally:
+        pool.stop()
+    text = pool.text()
+    assert f"exited {RESTART_LIMIT} times in a row" in text, text
+    delays = [float(d) for d in re.findall(r"starting another in ([0-9.]+) s", text)]
+    # the first kill may find a worker that ran longer than QUICK_EXIT_S: started at once
+    assert len(delays) == RESTART_LIMIT - 1, text
+    for n, delay in enumerate(delays, start=1):
+        full = min(30.0, 2.0 ** (n - 1))
+        assert full * 0.5 - 0.05 <= delay <= full + 0.05, (n, delays)
+    assert killed >= RESTART_LIMIT
+    assert not Path(f"/proc/{survivor}").exists()  # the pool stopped every worker
 
 
 def _cpu(pid: int) -> int:

@@ -21,7 +21,6 @@ import inspect
 import logging
 import os
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -206,11 +205,9 @@ class Estimator:
             raise ConfigError(f"model_fn must return an EstimatorSpec, got {type(spec).__name__}")
         return spec
 
-    def _program(self, mode: str, features: dict, labels: Any) -> Program:
-        key = (mode, tuple(sorted(map(str, features))), labels is not None)
-        prog = self._programs.get(key)
-        if prog is not None:
-            return prog
+    def _build_graph(self, mode: str, features: dict, labels: Any) -> tuple[Graph, Any, Any]:
+        """``(graph, spec, label_dim)`` of the model_fn called in ``mode`` on ``features``
+        (arrays or samples); no variable is made."""
         graph = Graph(mode)
         graph.features = {k: FeatureTensor(k, _sample(v)) for k, v in features.items()}
         label_tensor = None
@@ -226,6 +223,14 @@ class Estimator:
         if spec.mode != mode:
             raise ConfigError(f"model_fn returned an EstimatorSpec for mode {spec.mode!r} when "
                               f"called with {mode!r}")
+        return graph, spec, label_dim
+
+    def _program(self, mode: str, features: dict, labels: Any) -> Program:
+        key = (mode, tuple(sorted(map(str, features))), labels is not None)
+        prog = self._programs.get(key)
+        if prog is not None:
+            return prog
+        graph, spec, label_dim = self._build_graph(mode, features, labels)
         train_ops: list[TrainOp] = group(spec.train_op) if mode == ModeKeys.TRAIN else []
         loss = spec.loss if labels is not None else None
         try:
@@ -835,20 +840,7 @@ def _fetch(fetches: Any, result: StepResult, step: int) -> Any:
     raise InvalidInputError(f"hook fetch {fetches!r} is not a tensor or a tensor name")
 
 
-class _NoProgress:
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _progress(total: int | None):
-    if os.environ.get("TIERSERVE_NO_PROGRESS") == "1" or not sys.stderr.isatty():
-        return _NoProgress()
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
-    return tqdm(total=total, unit="step", mininterval=1.0)
+    return progress_bar(total=total, unit="step", desc="train")

@@ -227,3 +227,28 @@ def test_dlrover_default_logger_logs_in_dlrovers_format(capfd):
     default_logger.info("config is %s", {"a": 1})
     err = capfd.readouterr().err
     assert "[INFO][test_entry.py:" in err and "config is {'a': 1}" in err
+
+
+NUMERIC_ONLY = '''
+class NumericOnly(estimator.LinearRegressor):
+    def __init__(self, model_dir, config=None, params=None):
+        super().__init__([feature_column.numeric_column("x")], model_dir=model_dir,
+                         config=config)
+
+
+TrainConf.classifier_class = NumericOnly
+TrainConf.serving_input_receiver_fn = estimator.export.build_raw_serving_input_receiver_fn(
+    {"x": estimator.export.placeholder("float32", [None, 1], name="x")})
+'''
+
+
+def test_a_model_its_export_could_not_serve_is_refused_before_training(tmp_path, conf_module,
+                                                                        capsys):
+    """Only numeric columns: no embedding table, which tierserve serves none without; the
+    conf is refused at once (exit 2, naming why), with no checkpoint written."""
+    name = conf_module("entry_conf_numeric", NUMERIC_ONLY)
+    model_dir = tmp_path / "m"
+    assert main(["train", "--conf", f"{name}.TrainConf", "--model-dir", str(model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "no embedding table" in err and "before training" in err, err
+    assert not list(model_dir.glob("model.ckpt-*"))
