@@ -61,6 +61,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -108,7 +109,8 @@ FRESHNESS_BUCKETS = (
 #: broker waits behind it, and a new topic's first update waits for several in a row.
 FETCH_WAIT_MAX_MS = 50
 _HOUSEKEEPING_S = 1.0  # how often lag is measured and a broker outage probed
-_APPLY, _WAIT, _STALE = "apply", "wait", "stale"  # what the consumer does with a message
+# what the consumer does with a message
+_APPLY, _WAIT, _STALE, _UNSERVED = "apply", "wait", "stale", "unserved"
 
 
 def _kafka():
@@ -342,6 +344,10 @@ class UpdateConsumer:
     ``start()`` runs it in a daemon thread, ``close()`` stops it and commits what was
     applied.  ``replica`` names this server in the consumer group of an unshared tier
     (default :func:`replica_id`); ``backoff`` spaces the restarts of a failing loop.
+    ``expects(model)`` tells whether ``model`` is one this server will load (default: the
+    models of ``ps.config``): an update of such a model that is not loaded yet waits for it,
+    one of any other model is skipped (counted as rejected; a version loaded later reads the
+    updates published since its files were written again, :mod:`.update_replay`).
     """
 
     role = "apply"
@@ -354,6 +360,7 @@ class UpdateConsumer:
         replica: str | None = None,
         *,
         backoff: ExponentialBackoff | None = None,
+        expects: Callable[[str], bool] | None = None,
         **options,
     ) -> None:
         if level not in ps.tiers:
@@ -367,6 +374,8 @@ class UpdateConsumer:
         self.replica = replica or replica_id()
         self.group = self._group(ps.tiers[level])
         self.pattern = subscription(ps.update_filters(level))
+        self._expects = expects or (lambda model: any(m.model == model for m in ps.config.models))
+        self._unserved: set[str] = set()  # topics of models not served here, logged once
         self.backoff = backoff or ExponentialBackoff(
             max(config.failure_backoff_ms / 1000, 0.05), MAX_RESTART_BACKOFF_S
         )
@@ -580,6 +589,11 @@ class UpdateConsumer:
                 verdict = self._admit(message)
                 if verdict == _WAIT:
                     continue  # read again once its model loads (not done, not committed)
+                if verdict == _UNSERVED:
+                    self._apply(run)
+                    run, run_keys = [], 0
+                    self._skip_unserved(message)
+                    continue
                 if verdict == _STALE:
                     self._apply(run)  # the messages before it first: offsets stay in order
                     run, run_keys = [], 0
@@ -622,6 +636,8 @@ class UpdateConsumer:
             return _APPLY  # refused (and counted) by the insert
         served = self._committed(model)
         if served is None:
+            if not self._expects(model):
+                return _UNSERVED
             self._hold(key, message.offset())
             return _WAIT
         if self._synced_to.get(key) is not served:
@@ -932,6 +948,14 @@ class UpdateConsumer:
                 self.freshness.observe(max(now - ms / 1000, 0.0))
             self._applied(one.message)
 
+    def _skip_unserved(self, message) -> None:
+        self.stats.rejected += 1
+        if message.topic() not in self._unserved:
+            self._unserved.add(message.topic())
+            log.info("kafka updates (%s): skipping the updates on %s: this server does not "
+                     "serve its model", self.level, message.topic())  # fmt: skip
+        self._applied(message)
+
     def _skip(self, message, counter: str, exc: BaseException) -> None:
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
         log.warning("kafka updates (%s): skipped the message on %s at offset %s: %s",
@@ -1065,11 +1089,12 @@ class InvalidationConsumer(UpdateConsumer):
         return False
 
 
-def start_update_consumers(ps, source, replica: str | None = None) -> list[UpdateConsumer]:
+def start_update_consumers(ps, source, replica: str | None = None, *,
+                           expects: Callable[[str], bool] | None = None) -> list[UpdateConsumer]:
     """The running consumers of a parameter server whose ``ps.json`` ``update_source`` is
     ``source``: one :class:`UpdateConsumer` per tier level that takes updates, plus an
     :class:`InvalidationConsumer` for each of those levels whose tier is shared.  None when
-    ``source`` is not a Kafka one."""
+    ``source`` is not a Kafka one.  ``expects``: see :class:`UpdateConsumer`."""
     if not isinstance(source, KafkaUpdateSourceConfig):
         return []
     consumers: list[UpdateConsumer] = []
@@ -1077,7 +1102,7 @@ def start_update_consumers(ps, source, replica: str | None = None) -> list[Updat
         for level, tier in ps.tiers.items():
             if tier.read_only or not ps.update_filters(level):
                 continue
-            consumers.append(UpdateConsumer(ps, source, level, replica).start())
+            consumers.append(UpdateConsumer(ps, source, level, replica, expects=expects).start())
             if tier.shared:
                 consumers.append(InvalidationConsumer(ps, source, level, replica).start())
     except BaseException:
