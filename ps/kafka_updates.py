@@ -30,7 +30,7 @@ an empty message key, and a value of at most ``max_batch_size`` records
   server does not hold, is counted, logged (its first bytes in hex) and skipped, and its
   offset committed; a tier that cannot be reached is retried after ``failure_backoff_ms``
   (the message is not skipped, and its offset not committed);
-- should the loop fail anyway (a bug), it restarts after a growing backoff (base
+- should the loop fail anyway (a bug), it restarts after a growing, jittered backoff (base
   ``failure_backoff_ms``, at most :data:`MAX_RESTART_BACKOFF_S`) with a new Kafka client,
   which reads again from the last committed offset; a message that the loop failed on
   :data:`MAX_FAILURES_PER_MESSAGE` times in a row is skipped.  :meth:`UpdateConsumer.status`
@@ -78,7 +78,7 @@ from .errors import (
 from .kafka_catchup import CatchUp
 from .kafka_log import KafkaLog
 from .kafka_topics import TopicAdmin
-from .retry import ExponentialBackoff
+from .retry import Backoff, EqualJitterBackoff
 from .stats import LatencyHistogram
 from .table_tag import TAG_PREFIX, parse_table_tag, table_tag
 from .update_message import decode_update, encode_update
@@ -337,7 +337,7 @@ class UpdateConsumer:
         level: str,
         replica: str | None = None,
         *,
-        backoff: ExponentialBackoff | None = None,
+        backoff: Backoff | None = None,
         **options,
     ) -> None:
         if level not in ps.tiers:
@@ -351,8 +351,8 @@ class UpdateConsumer:
         self.replica = replica or replica_id()
         self.group = self._group(ps.tiers[level])
         self.pattern = subscription(ps.update_filters(level))
-        self.backoff = backoff or ExponentialBackoff(
-            max(config.failure_backoff_ms / 1000, 0.05), MAX_RESTART_BACKOFF_S
+        self.backoff = backoff or EqualJitterBackoff(
+            cap=MAX_RESTART_BACKOFF_S, base=max(config.failure_backoff_ms / 1000, 0.05)
         )
         self.kafka_log = KafkaLog(f"kafka updates ({level}, {self.role})")
         self._settings = {

@@ -50,11 +50,15 @@ from .errors import (
 )
 from .eviction import make_policy, resolution_size
 from .partition import as_keys, group_by_partition
-from .retry import ExponentialBackoff
+from .retry import EqualJitterBackoff, ExponentialBackoff
 from .tier import Tier
 from .topology import TopologyRefresher
 
 log = logging.getLogger(__name__)
+
+#: The wait before the n-th repeat of a call that failed on the network (``max_retries``):
+#: 10, 20, 40 ... ms (equal jitter: between half and all of it), at most 1 s.
+RETRY_BASE_S, RETRY_CAP_S = 0.01, 1.0
 
 #: Adds 1 to the access count of every field in ARGV (one round trip for many fields).
 _COUNT_SCRIPT = (
@@ -106,11 +110,12 @@ class RedisTier(Tier):
         )
         self.refresh_after_fetch = bool(config.refresh_time_after_fetch)
         self.max_retries = int(config.max_retries)
-        self._retry_backoff = ExponentialBackoff(0.01, 1.0)
+        # Replicas that lost the same node retry it at spread times.
+        self._retry_backoff = EqualJitterBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S)
         self.breakers = BreakerSet(
             int(config.failure_threshold),
             ExponentialBackoff(
-                config.failure_backoff_ms / 1000.0, config.max_failure_backoff_ms / 1000.0
+                cap=config.max_failure_backoff_ms / 1000.0, base=config.failure_backoff_ms / 1000.0
             ),
         )
         self._dims: dict[str, int] = {}

@@ -60,14 +60,18 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from tierserve.ps.errors import ConfigError
+from tierserve.ps.retry import EqualJitterBackoff
 
 from .settings import Settings
 
 log = logging.getLogger("tierserve.server.workers")
 
-#: A worker that exits within this many seconds of starting is restarted after a backoff.
+#: A worker that exits within this many seconds of starting is restarted after a backoff:
+#: 1, 2, 4 ... s up to RESTART_CAP_S, with equal jitter (workers that die together do not
+#: come back together).
 QUICK_EXIT_S = 10.0
 RESTART_CAP_S = 30.0
+RESTART_BACKOFF = EqualJitterBackoff(cap=RESTART_CAP_S, base=1.0)
 
 
 def cores() -> int:
@@ -340,11 +344,11 @@ class WorkerPool:
                 continue
             quick = time.monotonic() - self.started_at[i] < QUICK_EXIT_S
             self.quick_exits[i] = self.quick_exits[i] + 1 if quick else 0
-            delay = min(RESTART_CAP_S, 2 ** (self.quick_exits[i] - 1)) if quick else 0.0
+            delay = RESTART_BACKOFF.compute(self.quick_exits[i]) if quick else 0.0
             self.due[i] = time.monotonic() + delay
             log.warning(
                 "worker %d (pid %d) exited with code %s; starting another%s", i, proc.pid,
-                proc.exitcode, f" in {delay:.0f} s" if delay else "",
+                proc.exitcode, f" in {delay:.1f} s" if delay else "",
             )  # fmt: skip
         now = time.monotonic()
         for i, proc in enumerate(self.procs):

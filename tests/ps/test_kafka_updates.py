@@ -286,7 +286,7 @@ def test_a_failed_loop_restarts_and_rereads_what_it_had_not_done(tmp_path, kafka
     with _server(tmp_path, name) as ps:
         consumer = _FaultyConsumer(
             ps, _config(kafka_broker), "volatile", replica=_name("r"),
-            fails=lambda value: True, times=1, backoff=ExponentialBackoff(0.05, 0.2),
+            fails=lambda value: True, times=1, backoff=ExponentialBackoff(cap=0.2, base=0.05),
         )  # fmt: skip
         with consumer:
             with UpdateProducer(kafka_broker.bootstrap) as producer:
@@ -317,7 +317,7 @@ def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
         assert raw.flush(30) == 0
         consumer = _FaultyConsumer(
             ps, _config(kafka_broker), "volatile", replica=_name("r"),
-            fails=lambda value: value == poison, backoff=ExponentialBackoff(0.05, 0.2),
+            fails=lambda value: value == poison, backoff=ExponentialBackoff(cap=0.2, base=0.05),
         )  # fmt: skip
         with consumer:
             assert until(lambda: consumer.stats.messages == 1), consumer.status()

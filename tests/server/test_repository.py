@@ -7,6 +7,7 @@ version's tables in the shared parameter server, and only a commit makes them th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -178,6 +179,9 @@ def test_a_version_whose_backend_is_down_is_retried_until_it_loads(
         repo.load_all()
         [row] = repo.index()
         assert row["state"] == "UNAVAILABLE" and "retry 2 in" in row["reason"], row
+        # The first retry waits the base (1 s) with equal jitter: between half and all of it.
+        delay = float(re.search(r"retry 2 in ([0-9.]+) s", row["reason"]).group(1))
+        assert 0.5 <= delay <= 1.0, row
         redis.start()
 
         def loaded() -> bool:
