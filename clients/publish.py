@@ -39,7 +39,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from tierserve.ps.kafka_updates import UpdateProducer
+    from tierserve.ps.kafka_producer import UpdateProducer
     from tierserve.ps.sparse_file import read_sparse_model
 
     table = read_sparse_model(args.sparse)

@@ -199,7 +199,7 @@ def _quote(value: object) -> str:
 
 def _check_tiers(config, ps_path: Path) -> None:
     """Refuse tiers one Triton process per model version cannot share."""
-    from tierserve.ps.config import RocksDBConfig
+    from tierserve.ps.rocksdb_tier import RocksDBConfig
 
     pdb = config.persistent_db
     if isinstance(pdb, RocksDBConfig) and not pdb.read_only:

@@ -1,4 +1,5 @@
-"""The in-process volatile tiers: ``hash_map`` (one partition) and ``parallel_hash_map``.
+"""The in-process volatile tiers: ``hash_map`` (one partition) and ``parallel_hash_map``,
+and their ``ps.json`` configs.
 
 Each table is split into ``num_partitions`` :class:`~tierserve.ps.hash_table.HashTable`
 partitions by :func:`~tierserve.ps.partition.partition_of`; the parallel variant works the
@@ -14,11 +15,22 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import numpy as np
+from pydantic import Field, field_validator
 
 from .aligned import cache_aligned
-from .config import UNBOUNDED, HashMapConfig, ParallelHashMapConfig
+from .config_base import (
+    IN_PROCESS_NOT_USED,
+    UNBOUNDED,
+    DatabaseHashMapAlgorithm_t,
+    DatabaseType_t,
+    PositiveInt,
+    VolatileConfig,
+    check_algorithm,
+    default_num_partitions,
+)
 from .errors import InvalidInputError, NotFoundError
 from .eviction import make_policy, resolution_size
 from .hash_kernels import group_by_partition
@@ -27,9 +39,34 @@ from .partition import as_keys
 from .tier import Tier
 
 
+class HashMapConfig(VolatileConfig):
+    """In-process hash map, one partition."""
+
+    not_used = IN_PROCESS_NOT_USED
+
+    type: Literal[DatabaseType_t.hash_map] = DatabaseType_t.hash_map
+    num_partitions: Literal[1] = 1
+    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
+
+    _algorithm = field_validator("algorithm")(check_algorithm)
+
+
+class ParallelHashMapConfig(VolatileConfig):
+    """In-process hash map split into partitions that are worked in parallel."""
+
+    not_used = IN_PROCESS_NOT_USED
+
+    type: Literal[DatabaseType_t.parallel_hash_map] = DatabaseType_t.parallel_hash_map
+    num_partitions: PositiveInt = Field(default_factory=default_num_partitions)
+    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
+
+    _algorithm = field_validator("algorithm")(check_algorithm)
+
+
 class HashMapTier(Tier):
     """``hash_map`` / ``parallel_hash_map``: embeddings in this process's memory."""
 
+    configs = (HashMapConfig, ParallelHashMapConfig)
     shared = False  # each process holds its own copy
     read_only = False
 

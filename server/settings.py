@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from tierserve.ps.config import format_validation_errors
+from tierserve.ps.config_base import format_validation_errors
 from tierserve.ps.errors import ConfigError
 
 Port = Annotated[int, Field(ge=0, le=65535)]

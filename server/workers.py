@@ -382,7 +382,7 @@ def _die_with_parent() -> None:
         pass
 
 
-#: The environment variable naming this replica in Kafka consumer groups (ps.kafka_updates).
+#: The environment variable naming this replica in Kafka consumer groups (ps.kafka_groups).
 REPLICA_ENV = "TIERSERVE_REPLICA_ID"
 
 

@@ -14,13 +14,11 @@ from polling import until
 from ps_helpers import expected, write_model
 
 from tierserve.ps import HierarchicalParameterServer
-from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
-from tierserve.ps.kafka_updates import (
-    UpdateConsumer,
-    UpdateProducer,
-    group_id,
-    subscription,
-)
+from tierserve.ps.config import parse_ps_config
+from tierserve.ps.kafka_apply import UpdateConsumer
+from tierserve.ps.kafka_groups import group_id, subscription
+from tierserve.ps.kafka_producer import UpdateProducer
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 from tierserve.ps.retry import ExponentialBackoff
 from tierserve.ps.table_tag import table_tag
 from tierserve.ps.update_message import encode_update
@@ -302,7 +300,7 @@ def test_a_failed_loop_restarts_and_rereads_what_it_had_not_done(tmp_path, kafka
 
 
 def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
-    from tierserve.ps.kafka_updates import MAX_FAILURES_PER_MESSAGE
+    from tierserve.ps.kafka_consumer import MAX_FAILURES_PER_MESSAGE
     from tierserve.ps.update_message import encode_update
 
     name = _name("m")

@@ -66,7 +66,8 @@ def test_a_refused_version_changes_nothing_served(tmp_path, demos):
         version, before = _predict(repo, batch)
         assert version == "1"
         tables = _storages(repo.loader)
-        _edit_ps_json(tmp_path, gpucache=True, gpucacheper=0.0)  # fails after staging
+        # A static cache of half the rows cannot hold the table: fails after staging.
+        _edit_ps_json(tmp_path, gpucache=True, embedding_cache_type="static", gpucacheper=0.5)
         write_repository(second, tmp_path, version=2)
         repo.poll()
         repo.poll()  # settled: loads, fails
@@ -75,7 +76,7 @@ def test_a_refused_version_changes_nothing_served(tmp_path, demos):
         np.testing.assert_array_equal(after, before)
         assert _storages(repo.loader) == tables
         entry = repo.entries["dlrm"]
-        assert "cache_size_percentage" in entry.failed["2"].reason
+        assert "gpucacheper" in entry.failed["2"].reason
     finally:
         repo.close()
         repo.loader.close()
