@@ -168,13 +168,19 @@ class VolatileConfig(TierConfig):
     _filters = field_validator("update_filters")(check_filters)
 
 
-#: What the in-process hash maps (``hash_map``, ``parallel_hash_map``,
-#: ``multi_process_hash_map``) do with HugeCTR's batch sizes: nothing, each call is worked
-#: whole (they warn once when given).
-IN_PROCESS_NOT_USED = {
-    name: "the in-process hash map works each call whole; reads and writes are not chunked"
-    for name in ("max_batch_size", "max_get_batch_size", "max_set_batch_size")
-}
+class InProcessConfig(VolatileConfig):
+    """What the hash maps in this host's memory (``hash_map``, ``parallel_hash_map``,
+    ``multi_process_hash_map``) share: HugeCTR's ``algorithm`` (``phm`` only), and no use
+    for HugeCTR's batch sizes, since each call is worked whole (they warn once when given)."""
+
+    not_used: ClassVar[dict[str, str]] = {
+        name: "the in-process hash map works each call whole; reads and writes are not chunked"
+        for name in ("max_batch_size", "max_get_batch_size", "max_set_batch_size")
+    }
+
+    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
+
+    _algorithm = field_validator("algorithm")(check_algorithm)
 
 
 class DisabledConfig(TierConfig):

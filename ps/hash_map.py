@@ -18,17 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from .aligned import cache_aligned
 from .config_base import (
-    IN_PROCESS_NOT_USED,
     UNBOUNDED,
-    DatabaseHashMapAlgorithm_t,
     DatabaseType_t,
+    InProcessConfig,
     PositiveInt,
-    VolatileConfig,
-    check_algorithm,
     default_num_partitions,
 )
 from .errors import InvalidInputError, NotFoundError
@@ -39,28 +36,18 @@ from .partition import as_keys
 from .tier import Tier
 
 
-class HashMapConfig(VolatileConfig):
+class HashMapConfig(InProcessConfig):
     """In-process hash map, one partition."""
-
-    not_used = IN_PROCESS_NOT_USED
 
     type: Literal[DatabaseType_t.hash_map] = DatabaseType_t.hash_map
     num_partitions: Literal[1] = 1
-    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
-
-    _algorithm = field_validator("algorithm")(check_algorithm)
 
 
-class ParallelHashMapConfig(VolatileConfig):
+class ParallelHashMapConfig(InProcessConfig):
     """In-process hash map split into partitions that are worked in parallel."""
-
-    not_used = IN_PROCESS_NOT_USED
 
     type: Literal[DatabaseType_t.parallel_hash_map] = DatabaseType_t.parallel_hash_map
     num_partitions: PositiveInt = Field(default_factory=default_num_partitions)
-    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
-
-    _algorithm = field_validator("algorithm")(check_algorithm)
 
 
 class HashMapTier(Tier):

@@ -62,6 +62,7 @@ from .errors import (
 )
 from .eviction import make_policy, resolution_size
 from .partition import as_keys, group_by_partition
+from .redis_client import network_errors, open_client
 from .retry import EqualJitterBackoff, ExponentialBackoff
 from .tier import Tier
 from .topology import TopologyRefresher
@@ -222,69 +223,19 @@ class RedisTier(Tier):
         self._dims: dict[str, int] = {}
         self._rng = np.random.default_rng()
         self._lock = threading.Lock()
-        e = redis.exceptions
-        self._network_errors = (
-            e.ConnectionError,
-            e.TimeoutError,
-            e.ClusterDownError,
-            e.BusyLoadingError,
-            e.TryAgainError,
-            e.MovedError,
-            e.AskError,
-            OSError,
-        )
+        self._network_errors = network_errors(redis)
         self._cluster = config.type.value == "redis_cluster"
         self._topology: TopologyRefresher | None = None
-        kwargs = self._connection_kwargs(config)
         try:
-            if self._cluster:
-                from redis.cluster import ClusterNode, RedisCluster
-
-                nodes = []
-                for part in config.address.replace(";", ",").split(","):
-                    host, _, port = part.strip().rpartition(":")
-                    nodes.append(ClusterNode(host, int(port)))
-                self._client = RedisCluster(
-                    startup_nodes=nodes, require_full_coverage=False, **kwargs
-                )
-                self._topology = TopologyRefresher(
-                    self._refresh_topology, config.topology_refresh_ms / 1000.0, self.kind
-                )
-            else:
-                address = config.address
-                if "://" in address:
-                    self._client = redis.Redis.from_url(address, **kwargs)
-                else:
-                    host, _, port = address.rpartition(":")
-                    self._client = redis.Redis(host=host or "127.0.0.1", port=int(port), **kwargs)
-                self._client.ping()
+            self._client = open_client(redis, config)
         except self._network_errors as exc:
             raise BackendUnavailableError(
                 f"cannot reach the {self.kind} at {config.address}: {exc}"
             ) from exc
-
-    def _connection_kwargs(self, config) -> dict:
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        # Retries are ours (_run), the same for a cluster's nodes and a standalone server.
-        kwargs: dict = {
-            "socket_timeout": config.socket_timeout_ms / 1000.0,
-            "socket_connect_timeout": config.connect_timeout_ms / 1000.0,
-            "retry": Retry(NoBackoff(), 0),
-        }
-        if config.password:
-            kwargs["username"] = config.user_name or None
-            kwargs["password"] = config.password
-        if config.enable_tls:
-            kwargs.update(
-                ssl=True,
-                ssl_ca_certs=config.tls_ca_certificate,
-                ssl_certfile=config.tls_client_certificate,
-                ssl_keyfile=config.tls_client_key,
-                ssl_check_hostname=False,
+        if self._cluster:
+            self._topology = TopologyRefresher(
+                self._refresh_topology, config.topology_refresh_ms / 1000.0, self.kind
             )
-        return kwargs
 
     # --- routing ---------------------------------------------------------------------------
 

@@ -36,17 +36,14 @@ from typing import Annotated, Literal
 from urllib.parse import quote
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from . import hash_kernels as _k
 from .config_base import (
-    IN_PROCESS_NOT_USED,
     UNBOUNDED,
-    DatabaseHashMapAlgorithm_t,
     DatabaseType_t,
+    InProcessConfig,
     PositiveInt,
-    VolatileConfig,
-    check_algorithm,
 )
 from .errors import ConfigError, InvalidInputError
 from .hash_map import HashMapTier
@@ -57,14 +54,12 @@ from .partition import GOLDEN
 SHM_ROOT = Path("/dev/shm")
 
 
-class MultiProcessHashMapConfig(VolatileConfig):
+class MultiProcessHashMapConfig(InProcessConfig):
     """The hash map in shared memory (``/dev/shm``): one copy per host that every process of
     the host reads (HugeCTR's ``multi_process_hash_map``).  ``shared_memory_size`` caps the
     bytes its tables may take, ``shared_memory_name`` names its folder under ``/dev/shm``;
     ``auto_remove`` removes a table's memory when the last process using it drops it or
     closes."""
-
-    not_used = IN_PROCESS_NOT_USED
 
     type: Literal[DatabaseType_t.multi_process_hash_map] = DatabaseType_t.multi_process_hash_map
     num_partitions: PositiveInt = 1
@@ -73,9 +68,6 @@ class MultiProcessHashMapConfig(VolatileConfig):
         "hctr_mp_hash_map_database"
     )
     auto_remove: bool = True
-    algorithm: DatabaseHashMapAlgorithm_t = DatabaseHashMapAlgorithm_t.phm
-
-    _algorithm = field_validator("algorithm")(check_algorithm)
 
     @model_validator(mode="after")
     def _loads_itself(self):

@@ -42,7 +42,8 @@ from tierserve.ps.params import (
     UpdateSourceParams,
     VolatileDatabaseParams,
 )
-from tierserve.ps.redis_tier import RedisClusterConfig, RedisConfig, RedisTier
+from tierserve.ps.redis_client import connection_kwargs
+from tierserve.ps.redis_tier import RedisClusterConfig, RedisConfig
 from tierserve.ps.rocksdb_tier import RocksDBConfig
 from tierserve.ps.shm_hash_map import MultiProcessHashMapConfig
 from tierserve.ps.sparse_file import read_sparse_model, write_sparse_model
@@ -106,7 +107,7 @@ REDIS = {
     "max_set_batch_size": R(9, "tier", lambda t, e: t.max_batch_size),  # writes
     # None: the test's own server or cluster (every tier here is given one)
     "address": R(None, "tier", lambda t, e: e.reaches_given_nodes(t), True),
-    # what the Redis client is given ("client": the tier's connection settings)
+    # what the Redis client is given ("client": the connection settings the tier opens it with)
     "user_name": R("reader", "client", lambda kw, e: kw["username"],
                    extra={"password": "secret"}),
     "password": R("secret", "client", lambda kw, e: kw["password"]),
@@ -466,7 +467,7 @@ def test_tier_setting_arrives(cls, name, path, env):
         config = _build_tier_config(cls, data, path)
     assert isinstance(config, cls)
     if route.target == "client":
-        _arrived(route, RedisTier._connection_kwargs(None, config), env, value)
+        _arrived(route, connection_kwargs(config), env, value)
     elif route.target == "tier":
         _arrived(route, env.keep(create_tier(config)), env, value)
     else:
