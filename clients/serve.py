@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     if args.replica_id is not None:
-        from tierserve.ps.kafka_updates import REPLICA_ENV, check_replica_id
+        from tierserve.ps.kafka_groups import REPLICA_ENV, check_replica_id
 
         os.environ[REPLICA_ENV] = check_replica_id(args.replica_id, "--replica-id")
     configure_logging(settings.log_level)

@@ -25,18 +25,16 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tierserve.ps.config import (
-    DisabledConfig,
-    ModelConfig,
-    PersistentDBConfig,
-    PSConfig,
-    UpdateSourceConfig,
-    VolatileDBConfig,
-    format_validation_errors,
-)
+from tierserve.ps.config import ModelConfig, PSConfig
+from tierserve.ps.config_base import DisabledConfig, Fraction, format_validation_errors
 from tierserve.ps.errors import ConfigError, InvalidInputError
 from tierserve.ps.keys import as_keys
-from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
+from tierserve.ps.params import (
+    VolatileDatabaseParams,
+    persistent_config,
+    update_source_config,
+    volatile_config,
+)
 from tierserve.trainer.data.batch import Batch, SparseInput
 from tierserve.trainer.device import to_numpy, to_xp
 from tierserve.trainer.embedding.combine import combine
@@ -47,12 +45,6 @@ log = logging.getLogger("tierserve.server.inference_model")
 
 
 # --- parameters ------------------------------------------------------------------------------
-
-
-def _tier_config(value: Any, adapter) -> Any:
-    if hasattr(value, "to_config"):
-        return value.to_config()
-    return value if not isinstance(value, dict) else adapter(value)
 
 
 class InferenceParams(BaseModel):
@@ -73,12 +65,12 @@ class InferenceParams(BaseModel):
 
     model_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,120}$")]
     max_batchsize: Annotated[int, Field(gt=0)]
-    hit_rate_threshold: Annotated[float, Field(ge=0.0, le=1.0)]
+    hit_rate_threshold: Fraction
     dense_model_file: str
     sparse_model_files: list[str]
     device_id: Annotated[int, Field(ge=0)] = 0
     use_gpu_embedding_cache: bool
-    cache_size_percentage: Annotated[float, Field(ge=0.0, le=1.0)]
+    cache_size_percentage: Fraction  # ps.json's gpucacheper
     i64_input_key: bool
     use_mixed_precision: bool = False
     scaler: float = 1.0
@@ -86,7 +78,7 @@ class InferenceParams(BaseModel):
     use_cuda_graph: bool = True
     number_of_worker_buffers_in_pool: Annotated[int, Field(gt=0)] = 2
     number_of_refresh_buffers_in_pool: Annotated[int, Field(gt=0)] = 1
-    cache_refresh_percentage_per_iteration: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    cache_refresh_percentage_per_iteration: Fraction = 0.0
     deployed_devices: list[int] = Field(default_factory=lambda: [0])
     default_value_for_each_table: list[float] = Field(default_factory=lambda: [0.0])
     volatile_db: Any = None
@@ -132,15 +124,10 @@ class InferenceParams(BaseModel):
 
     def tier_configs(self) -> tuple[Any, Any, Any]:
         """The typed volatile, persistent and update-source configs."""
-        from pydantic import TypeAdapter
-
-        vdb = self.volatile_db if self.volatile_db is not None else VolatileDatabaseParams()
-        pdb = self.persistent_db if self.persistent_db is not None else PersistentDatabaseParams()
-        src = self.update_source if self.update_source is not None else UpdateSourceParams()
         return (
-            _tier_config(vdb, TypeAdapter(VolatileDBConfig).validate_python),
-            _tier_config(pdb, TypeAdapter(PersistentDBConfig).validate_python),
-            _tier_config(src, TypeAdapter(UpdateSourceConfig).validate_python),
+            volatile_config(self.volatile_db),
+            persistent_config(self.persistent_db),
+            update_source_config(self.update_source),
         )
 
 
@@ -163,6 +150,21 @@ def check_params_against_graph(
     switches of :data:`PARAMS_NOT_HONOURED` warn once when given."""
     from tierserve.ps.compat import warn_once
 
+    check_against_graph(p, "InferenceParams", network, slots, graph_path)
+    for name, instead in PARAMS_NOT_HONOURED.items():
+        if name in p.model_fields_set:
+            warn_once(f"InferenceParams.{name}", instead, stacklevel=4)
+
+
+def check_against_graph(
+    config: Any, source: str, network: InferenceGraph, slots: list[int], graph_path,
+    names: bool = True,
+) -> None:  # fmt: skip
+    """The fields of ``config`` (``InferenceParams`` or a ``ps.json`` model entry) that repeat
+    what the graph defines must agree with ``graph_path`` where given: vector sizes, slots,
+    the label width, and (``names``) the table names; the keys and dense features per sample
+    must be at least what the graph's inputs hold.  A :class:`ConfigError` names
+    ``source.<field>`` otherwise."""
     tables = list(network.embeddings)
     graph = {
         "embedding_table_names": [t.name for t in tables],
@@ -170,11 +172,13 @@ def check_params_against_graph(
         "label_dim": sum(network.label_dims),
         "slot_num": sum(slots),
     }
-    given = p.model_fields_set
+    if not names:
+        del graph["embedding_table_names"]
+    given = config.model_fields_set
     for name, value in graph.items():
-        if name in given and getattr(p, name) != value:
+        if name in given and getattr(config, name) != value:
             raise ConfigError(
-                f"InferenceParams.{name} is {getattr(p, name)!r} but the graph {graph_path} "
+                f"{source}.{name} is {getattr(config, name)!r} but the graph {graph_path} "
                 f"defines {value!r}"
             )
     at_least = {
@@ -185,17 +189,14 @@ def check_params_against_graph(
     for name, need in at_least.items():
         if name not in given:
             continue
-        value = getattr(p, name)
+        value = getattr(config, name)
         ok = (len(value) == len(need) and all(v >= n for v, n in zip(value, need))
               if isinstance(need, list) else value >= need)
         if not ok:
             raise ConfigError(
-                f"InferenceParams.{name} is {value!r}; the graph {graph_path} needs at least "
+                f"{source}.{name} is {value!r}; the graph {graph_path} needs at least "
                 f"{need!r}"
             )
-    for name, instead in PARAMS_NOT_HONOURED.items():
-        if name in given:
-            warn_once(f"InferenceParams.{name}", instead, stacklevel=4)
 
 
 def serving_devices(p: InferenceParams) -> list[int]:
@@ -340,6 +341,10 @@ class InferenceModel:
             raise ConfigError(f"model {config.model!r}: no network_file (graph JSON)")
         graph = load_graph_json(config.network_file)
         network = InferenceGraph(graph, config.dense_file, None)
+        # ps.json's names are matched to the graph's tables by position (see _setup).
+        slots = [int(s["slot_num"]) for s in graph.data_layer.get("sparse", []) or []]
+        check_against_graph(config, f"ps.json models[{config.model}]", network, slots,
+                            config.network_file, names=False)  # fmt: skip
         self = cls.__new__(cls)
         self.params = None
         self._owns_ps = False

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from tierserve.ps.config import format_validation_errors
+from tierserve.ps.config_base import format_validation_errors
 from tierserve.ps.errors import ConfigError
 from tierserve.server.logs import LogLevel
 

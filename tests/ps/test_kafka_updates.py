@@ -14,13 +14,11 @@ from polling import until
 from ps_helpers import expected, write_model
 
 from tierserve.ps import HierarchicalParameterServer
-from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
-from tierserve.ps.kafka_updates import (
-    UpdateConsumer,
-    UpdateProducer,
-    group_id,
-    subscription,
-)
+from tierserve.ps.config import parse_ps_config
+from tierserve.ps.kafka_apply import UpdateConsumer
+from tierserve.ps.kafka_groups import group_id, subscription
+from tierserve.ps.kafka_producer import UpdateProducer
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 from tierserve.ps.retry import ExponentialBackoff
 from tierserve.ps.table_tag import table_tag
 from tierserve.ps.update_message import encode_update
@@ -286,7 +284,7 @@ def test_a_failed_loop_restarts_and_rereads_what_it_had_not_done(tmp_path, kafka
     with _server(tmp_path, name) as ps:
         consumer = _FaultyConsumer(
             ps, _config(kafka_broker), "volatile", replica=_name("r"),
-            fails=lambda value: True, times=1, backoff=ExponentialBackoff(0.05, 0.2),
+            fails=lambda value: True, times=1, backoff=ExponentialBackoff(cap=0.2, base=0.05),
         )  # fmt: skip
         with consumer:
             with UpdateProducer(kafka_broker.bootstrap) as producer:
@@ -302,7 +300,7 @@ def test_a_failed_loop_restarts_and_rereads_what_it_had_not_done(tmp_path, kafka
 
 
 def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
-    from tierserve.ps.kafka_updates import MAX_FAILURES_PER_MESSAGE
+    from tierserve.ps.kafka_consumer import MAX_FAILURES_PER_MESSAGE
     from tierserve.ps.update_message import encode_update
 
     name = _name("m")
@@ -317,7 +315,7 @@ def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
         assert raw.flush(30) == 0
         consumer = _FaultyConsumer(
             ps, _config(kafka_broker), "volatile", replica=_name("r"),
-            fails=lambda value: value == poison, backoff=ExponentialBackoff(0.05, 0.2),
+            fails=lambda value: value == poison, backoff=ExponentialBackoff(cap=0.2, base=0.05),
         )  # fmt: skip
         with consumer:
             assert until(lambda: consumer.stats.messages == 1), consumer.status()

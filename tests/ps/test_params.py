@@ -8,13 +8,11 @@ from tierserve.ps import (
     UpdateSourceType_t,
     VolatileDatabaseParams,
 )
-from tierserve.ps.config import (
-    HashMapConfig,
-    KafkaUpdateSourceConfig,
-    RedisClusterConfig,
-    RocksDBConfig,
-)
 from tierserve.ps.errors import ConfigError
+from tierserve.ps.hash_map import HashMapConfig
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
+from tierserve.ps.redis_tier import RedisClusterConfig
+from tierserve.ps.rocksdb_tier import RocksDBConfig
 
 
 def test_hugectr_attribute_style():
