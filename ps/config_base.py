@@ -217,16 +217,32 @@ def _problem(err: dict[str, Any], names: dict[str, str] | None) -> tuple[str, st
     return where, str(err["msg"]).removeprefix("Value error, ")
 
 
+class RefusedValues(ConfigError):
+    """A :class:`ConfigError` that lists its refused values (``"<dotted path>: <problem>"``
+    each, in ``problems``), so that a caller checking several values can gather them."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            message = f"invalid {source}: {self.problems[0]}"
+        else:
+            message = f"invalid {source}:\n  " + "\n  ".join(self.problems)
+        super().__init__(message)
+
+
+def validation_problems(exc: ValidationError, names: dict[str, str] | None = None) -> list[str]:
+    """``<dotted path>: <problem>`` of each refused value (unknown fields named so);
+    ``names`` renames fields for a caller that knows them by another name."""
+    return [f"{where}: {what}" for where, what in (_problem(e, names) for e in exc.errors())]
+
+
 def format_validation_errors(
     exc: ValidationError, source: str, names: dict[str, str] | None = None
 ) -> str:
     """``invalid <source>: <dotted path>: <problem>``: on one line for one refused value,
-    one line per value after the first line for several (unknown fields named so).
-    ``names`` renames fields for a caller that knows them by another name."""
-    problems = [f"{where}: {what}" for where, what in (_problem(e, names) for e in exc.errors())]
-    if len(problems) == 1:
-        return f"invalid {source}: {problems[0]}"
-    return f"invalid {source}:\n  " + "\n  ".join(problems)
+    one line per value after the first line for several."""
+    return str(RefusedValues(source, validation_problems(exc, names)))
 
 
 def validate(
@@ -234,10 +250,10 @@ def validate(
     context: dict | None = None,
 ) -> Any:  # fmt: skip
     """``data`` validated as ``target`` (a model or a type), or a :class:`ConfigError` from
-    :func:`format_validation_errors`."""
+    :class:`RefusedValues` naming each refused value."""
     try:
         if isinstance(target, type) and issubclass(target, BaseModel):
             return target.model_validate(data, context=context)
         return TypeAdapter(target).validate_python(data, context=context)
     except ValidationError as exc:
-        raise ConfigError(format_validation_errors(exc, source, names)) from None
+        raise RefusedValues(source, validation_problems(exc, names)) from None

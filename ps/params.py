@@ -28,6 +28,7 @@ from .config import PSConfig, UpdateSourceConfig
 from .config_base import (
     QUIET,
     DatabaseType_t,
+    RefusedValues,
     UpdateSourceType_t,
     format_validation_errors,
     validate,
@@ -96,10 +97,10 @@ class _Params:
         for field in sorted(kwargs, key=lambda f: f != "type"):
             try:
                 setattr(self, field, kwargs[field])
-            except ConfigError as exc:
-                problems.extend(str(exc).splitlines()[1:])
+            except RefusedValues as exc:
+                problems.extend(exc.problems)
         if problems:
-            raise ConfigError(f"invalid {name}:\n" + "\n".join(problems))
+            raise RefusedValues(name, problems)
 
     # --- which config model checks what ----------------------------------------------------
 
@@ -122,17 +123,16 @@ class _Params:
                 member = self._enum(value)
             except ValueError:
                 known = ", ".join(t.value for t in self._enum)
-                raise ConfigError(f"invalid {name}:\n  type: {value!r} is not one of {known}"
-                                  ) from None  # fmt: skip
+                raise RefusedValues(name, [f"type: {value!r} is not one of {known}"]) from None
             if member not in self._models():
                 allowed = ", ".join(t.value for t in self._models())
-                raise ConfigError(f"invalid {name}:\n  type: {member.value!r} is not a "
-                                  f"{self._ps_field} type; one of {allowed}")  # fmt: skip
+                raise RefusedValues(name, [f"type: {member.value!r} is not a {self._ps_field} "
+                                           f"type; one of {allowed}"])  # fmt: skip
             return member
         key = self.RENAMED.get(field, field)
         model = self._model_for(key)
         if field not in self.FIELDS or model is None:
-            raise ConfigError(f"invalid {name}:\n  {field}: unknown field")
+            raise RefusedValues(name, [f"{field}: unknown field"])
         checked = validate(model, {key: value}, name, {key: field}, context=QUIET)
         return None if value is None else getattr(checked, key)
 
