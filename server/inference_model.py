@@ -20,17 +20,17 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from tierserve.ps.config import ModelConfig, PSConfig
-from tierserve.ps.config_base import DisabledConfig, Fraction, format_validation_errors
+from tierserve.ps.config_base import DisabledConfig, format_validation_errors, validate
 from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.ps.hash_map import HashMapConfig
 from tierserve.ps.keys import as_keys
 from tierserve.ps.params import (
-    VolatileDatabaseParams,
     persistent_config,
     update_source_config,
     volatile_config,
@@ -47,71 +47,88 @@ log = logging.getLogger("tierserve.server.inference_model")
 # --- parameters ------------------------------------------------------------------------------
 
 
-class InferenceParams(BaseModel):
-    """HugeCTR's ``InferenceParams``: the first eight arguments may be given by position.
+#: ``InferenceParams`` fields that are a ``ps.json`` model entry's (:class:`ModelConfig`)
+#: field, in HugeCTR's argument order, under HugeCTR's name -> the model entry's name.  Their
+#: type, bounds and default are the model entry's, declared there once (HugeCTR requires the
+#: ones in :data:`REQUIRED`); :func:`model_config_fields` converts them.
+MODEL_FIELDS = {
+    "model_name": "model",
+    "max_batchsize": "max_batch_size",
+    "hit_rate_threshold": "hit_rate_threshold",
+    "dense_model_file": "dense_file",
+    "sparse_model_files": "sparse_files",
+    "use_gpu_embedding_cache": "gpucache",
+    "cache_size_percentage": "gpucacheper",
+    "use_mixed_precision": "use_mixed_precision",
+    "number_of_worker_buffers_in_pool": "num_of_worker_buffer_in_pool",
+    "number_of_refresh_buffers_in_pool": "num_of_refresher_buffer_in_pool",
+    "cache_refresh_percentage_per_iteration": "cache_refresh_percentage_per_iteration",
+    "deployed_devices": "deployed_device_list",
+    "default_value_for_each_table": "default_value_for_each_table",
+    "maxnum_des_feature_per_sample": "maxnum_des_feature_per_sample",
+    "refresh_delay": "refresh_delay",
+    "refresh_interval": "refresh_interval",
+    "maxnum_catfeature_query_per_table_per_sample": "maxnum_catfeature_query_per_table_per_sample",
+    "embedding_vecsize_per_table": "embedding_vecsize_per_table",
+    "embedding_table_names": "embedding_table_names",
+    "network_file": "network_file",
+    "label_dim": "label_dim",
+    "slot_num": "slot_num",
+    "use_static_table": "use_static_table",
+    "embedding_cache_type": "embedding_cache_type",
+    "use_context_stream": "use_context_stream",
+    "fuse_embedding_table": "fuse_embedding_table",
+}
+#: The fields HugeCTR's ``InferenceParams`` has no default for.
+REQUIRED = (
+    "model_name", "max_batchsize", "hit_rate_threshold", "dense_model_file",
+    "sparse_model_files", "use_gpu_embedding_cache", "cache_size_percentage", "i64_input_key",
+)  # fmt: skip
+#: HugeCTR's first arguments, which may be given by position.
+POSITIONAL = REQUIRED
 
-    ``device_id`` (HugeCTR's 6th argument, here keyword only) is the device of
-    ``CreateInferenceSession``'s session and embedding cache, as in HugeCTR;
-    ``InferenceModel`` uses ``deployed_devices``, unless only ``device_id`` is given.
 
-    Beyond HugeCTR's fields, ``volatile_db``, ``persistent_db`` and ``update_source`` take the
-    parameter objects of :mod:`tierserve.ps.params` (or their typed configs or dicts), and
-    ``network_file`` / ``non_trainable_params_file`` override where the graph's files are.
-    """
+def _model_field(name: str) -> tuple[Any, Any]:
+    """The :class:`ModelConfig` field behind ``InferenceParams.name``: its type with its
+    bounds, and its default (none where HugeCTR requires the value)."""
+    info = ModelConfig.model_fields[MODEL_FIELDS[name]]
+    annotation = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    if name in REQUIRED:
+        return annotation, Field()
+    if info.default_factory is not None:
+        return annotation, Field(default_factory=info.default_factory)
+    return annotation, Field(default=info.default)
+
+
+class _InferenceParamsBase(BaseModel):
+    """The fields of ``InferenceParams`` that are not a model entry's."""
 
     model_config = ConfigDict(
         extra="forbid", arbitrary_types_allowed=True, validate_assignment=True
     )
 
-    model_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,120}$")]
-    max_batchsize: Annotated[int, Field(gt=0)]
-    hit_rate_threshold: Fraction
-    dense_model_file: str
-    sparse_model_files: list[str]
+    #: The device of ``CreateInferenceSession``'s session and cache (see ``serving_devices``).
     device_id: Annotated[int, Field(ge=0)] = 0
-    use_gpu_embedding_cache: bool
-    cache_size_percentage: Fraction  # ps.json's gpucacheper
+    #: 64-bit keys (the parameter server's ``supportlonglong``).
     i64_input_key: bool
-    use_mixed_precision: bool = False
     scaler: float = 1.0
     use_algorithm_search: bool = True
     use_cuda_graph: bool = True
-    number_of_worker_buffers_in_pool: Annotated[int, Field(gt=0)] = 2
-    number_of_refresh_buffers_in_pool: Annotated[int, Field(gt=0)] = 1
-    cache_refresh_percentage_per_iteration: Fraction = 0.0
-    deployed_devices: list[int] = Field(default_factory=lambda: [0])
-    default_value_for_each_table: list[float] = Field(default_factory=lambda: [0.0])
+    thread_pool_size: Annotated[int, Field(gt=0)] = 16
+    #: The parameter server's tiers (``ps.json``'s top level): HugeCTR's parameter objects of
+    #: :mod:`tierserve.ps.params`, their typed configs or ``ps.json``-style dicts.
     volatile_db: Any = None
     persistent_db: Any = None
     update_source: Any = None
-    maxnum_des_feature_per_sample: Annotated[int, Field(ge=0)] = 26
-    refresh_delay: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
-    refresh_interval: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
-    maxnum_catfeature_query_per_table_per_sample: list[int] = Field(default_factory=list)
-    embedding_vecsize_per_table: list[int] = Field(default_factory=list)
-    embedding_table_names: list[str] = Field(default_factory=list)
-    network_file: str = ""
-    label_dim: Annotated[int, Field(gt=0)] = 1
-    slot_num: Annotated[int, Field(gt=0)] = 10
+    #: The graph's non-trainable parameters (batch norm's running statistics).
     non_trainable_params_file: str = ""
 
-    _POSITIONAL: ClassVar[tuple[str, ...]] = (
-        "model_name",
-        "max_batchsize",
-        "hit_rate_threshold",
-        "dense_model_file",
-        "sparse_model_files",
-        "use_gpu_embedding_cache",
-        "cache_size_percentage",
-        "i64_input_key",
-    )
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if len(args) > len(self._POSITIONAL):
+        if len(args) > len(POSITIONAL):
             raise ConfigError(
-                f"InferenceParams takes at most {len(self._POSITIONAL)} positional arguments"
+                f"InferenceParams takes at most {len(POSITIONAL)} positional arguments"
             )
-        for name, value in zip(self._POSITIONAL, args):
+        for name, value in zip(POSITIONAL, args):
             if name in kwargs:
                 raise ConfigError(f"InferenceParams: {name} given twice")
             kwargs[name] = value
@@ -119,6 +136,12 @@ class InferenceParams(BaseModel):
             kwargs["sparse_model_files"] = [kwargs["sparse_model_files"]]
         try:
             super().__init__(**kwargs)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_errors(exc, "InferenceParams")) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
         except ValidationError as exc:
             raise ConfigError(format_validation_errors(exc, "InferenceParams")) from None
 
@@ -131,6 +154,26 @@ class InferenceParams(BaseModel):
         )
 
 
+InferenceParams = create_model(
+    "InferenceParams",
+    __base__=_InferenceParamsBase,
+    __module__=__name__,
+    **{name: _model_field(name) for name in MODEL_FIELDS},
+)
+InferenceParams.__doc__ = """HugeCTR's ``InferenceParams``: the first eight arguments
+(:data:`POSITIONAL`) may be given by position, the rest by keyword.
+
+The fields of :data:`MODEL_FIELDS` are a ``ps.json`` model entry's under HugeCTR's names,
+with its types, bounds and defaults; :func:`model_config_from_params` converts them into that
+entry (:class:`~tierserve.ps.config.ModelConfig`), the one model every later step reads.
+``device_id`` is the device of ``CreateInferenceSession``'s session and embedding cache, as
+in HugeCTR; ``InferenceModel`` uses ``deployed_devices``, unless only ``device_id`` is given.
+``volatile_db``, ``persistent_db`` and ``update_source`` take the parameter objects of
+:mod:`tierserve.ps.params` (or their typed configs or dicts); ``network_file`` overrides
+where the graph is.
+"""
+
+
 # --- the model -------------------------------------------------------------------------------
 
 
@@ -139,6 +182,7 @@ PARAMS_NOT_HONOURED = {
     "use_algorithm_search": "no cuBLAS algorithm search; numpy/cupy pick the GEMM kernels",
     "use_cuda_graph": "no CUDA graphs; each layer runs as its own numpy/cupy calls",
     "scaler": "inference computes in float32, so there is no loss scale",
+    "thread_pool_size": "the embedding cache's lookups and inserts run on the calling thread",
 }
 
 
@@ -207,32 +251,24 @@ def serving_devices(p: InferenceParams) -> list[int]:
 
 
 def model_config_fields(p: InferenceParams) -> dict[str, Any]:
-    """The ``ps.json`` model entry fields that ``InferenceParams`` give by themselves (files,
-    batch size, devices, defaults, cache settings); the per-table shape of the model (names,
-    vector sizes, keys per sample) comes from the graph or the HPS config."""
-    return dict(
-        model=p.model_name,
-        sparse_files=[os.fspath(f) for f in p.sparse_model_files],
-        dense_file=os.fspath(p.dense_model_file),
-        max_batch_size=p.max_batchsize,
-        deployed_device_list=serving_devices(p),
-        hit_rate_threshold=p.hit_rate_threshold,
-        gpucache=p.use_gpu_embedding_cache,
-        gpucacheper=p.cache_size_percentage,
-        cache_refresh_percentage_per_iteration=p.cache_refresh_percentage_per_iteration,
-        refresh_interval=p.refresh_interval,
-        refresh_delay=p.refresh_delay,
-        # given only when the script set them (the defaults differ; they warn, see ModelConfig)
-        **{name: getattr(p, field) for field, name in (
-            ("number_of_worker_buffers_in_pool", "num_of_worker_buffer_in_pool"),
-            ("number_of_refresh_buffers_in_pool", "num_of_refresher_buffer_in_pool"),
-        ) if field in p.model_fields_set},
-        use_mixed_precision=p.use_mixed_precision,
-    )
+    """The ``ps.json`` model entry fields of ``p``'s :data:`MODEL_FIELDS`: the ones HugeCTR
+    requires and the ones the script set (the others are the entry's own defaults), with
+    ``deployed_devices`` as :func:`serving_devices` says.  ``default_value_for_each_table``
+    is left to :func:`table_defaults` (HugeCTR repeats one value for every table)."""
+    given = p.model_fields_set | set(REQUIRED)
+    fields = {MODEL_FIELDS[name]: getattr(p, name) for name in MODEL_FIELDS if name in given}
+    fields.pop("default_value_for_each_table", None)
+    fields["deployed_device_list"] = serving_devices(p)
+    fields["sparse_files"] = [os.fspath(f) for f in p.sparse_model_files]
+    fields["dense_file"] = os.fspath(p.dense_model_file)
+    return fields
 
 
-def table_defaults(p: InferenceParams, num_tables: int) -> list[float]:
-    """``default_value_for_each_table``, one value repeated for every table."""
+def table_defaults(p: InferenceParams, num_tables: int) -> list[float] | None:
+    """``default_value_for_each_table``: one value is repeated for every table (as HugeCTR
+    does); None (not given) is the model entry's default."""
+    if p.default_value_for_each_table is None:
+        return None
     defaults = list(p.default_value_for_each_table)
     return defaults * num_tables if len(defaults) == 1 and num_tables > 1 else defaults
 
@@ -254,17 +290,32 @@ def model_config_from_params(
         )
     slots = [int(s["slot_num"]) for s in load_graph_json(graph_path).data_layer.get("sparse", [])]
     check_params_against_graph(p, network, slots, graph_path)
-    return ModelConfig(
+    fields = {
         **model_config_fields(p),
-        network_file=os.fspath(graph_path),
-        default_value_for_each_table=table_defaults(p, len(tables)),
-        maxnum_des_feature_per_sample=network.dense_dim,
-        maxnum_catfeature_query_per_table_per_sample=[max(t.max_nnz, t.slot_num) for t in tables],
-        embedding_vecsize_per_table=[t.embedding_vec_size for t in tables],
-        embedding_table_names=[t.name for t in tables],
-        label_dim=sum(network.label_dims),
-        slot_num=max(1, sum(slots)),
-    )
+        "network_file": os.fspath(graph_path),
+        "default_value_for_each_table": table_defaults(p, len(tables)),
+        "maxnum_des_feature_per_sample": network.dense_dim,
+        "maxnum_catfeature_query_per_table_per_sample": [max(t.max_nnz, t.slot_num)
+                                                         for t in tables],
+        "embedding_vecsize_per_table": [t.embedding_vec_size for t in tables],
+        "embedding_table_names": [t.name for t in tables],
+        "label_dim": sum(network.label_dims),
+        "slot_num": max(1, sum(slots)),
+    }
+    names = {field: name for name, field in MODEL_FIELDS.items()}
+    return validate(ModelConfig, fields, "InferenceParams", names)
+
+
+def read_params(
+    model_config_path: str | os.PathLike, params: InferenceParams
+) -> tuple[ModelConfig, Graph, InferenceGraph]:
+    """What ``InferenceModel(model_config_path, params)`` serves: the model entry, the graph
+    (``params.network_file``, else ``model_config_path``) and its dense network."""
+    graph_path = params.network_file or model_config_path
+    graph = load_graph_json(graph_path)
+    network = InferenceGraph(graph, params.dense_model_file,
+                             params.non_trainable_params_file or None)  # fmt: skip
+    return model_config_from_params(params, network, graph_path), graph, network
 
 
 class InferenceModel:
@@ -286,42 +337,82 @@ class InferenceModel:
         parameter_server: Any = None,
     ) -> None:
         p = inference_params
-        graph_path = p.network_file or model_config_path
-        graph = load_graph_json(graph_path)
-        network = InferenceGraph(graph, p.dense_model_file, p.non_trainable_params_file or None)
-        config = model_config_from_params(p, network, graph_path)
+        config, graph, network = read_params(model_config_path, p)
+        ps_config = None
+        if parameter_server is None:
+            vdb, pdb, src = p.tier_configs()
+            ps_config = PSConfig(supportlonglong=p.i64_input_key, volatile_db=vdb,
+                                 persistent_db=pdb, update_source=src, models=[])  # fmt: skip
+        self.params = p
+        self._open(config, graph, network, parameter_server, ps_config,
+                   i64_input_key=p.i64_input_key,
+                   use_gpu_embedding_cache=p.use_gpu_embedding_cache)  # fmt: skip
+
+    @classmethod
+    def open(
+        cls,
+        config: ModelConfig,
+        parameter_server: Any = None,
+        ps_config: PSConfig | None = None,
+        *,
+        i64_input_key: bool = True,
+        use_gpu_embedding_cache: bool | None = None,
+    ) -> InferenceModel:
+        """A model over ``ps.json`` entry ``config``, serving at once: its tables loaded into
+        ``parameter_server``, or into a parameter server of its own built from ``ps_config``
+        (``parameter_server`` None; the model's Kafka consumers start when its
+        ``update_source`` is a Kafka one).  ``use_gpu_embedding_cache`` overrides the entry's
+        ``gpucache`` (None: as it says)."""
+        graph, network = cls._graph_of(config)
+        self = cls.__new__(cls)
+        self.params = None
+        cache = config.gpucache if use_gpu_embedding_cache is None else use_gpu_embedding_cache
+        self._open(config, graph, network, parameter_server, ps_config,
+                   i64_input_key=i64_input_key, use_gpu_embedding_cache=cache)  # fmt: skip
+        return self
+
+    def _open(
+        self, config: ModelConfig, graph: Graph, network: InferenceGraph, parameter_server: Any,
+        ps_config: PSConfig | None, *, i64_input_key: bool, use_gpu_embedding_cache: bool,
+    ) -> None:  # fmt: skip
+        """Set up over ``parameter_server`` or a new one of ``ps_config``, and commit."""
         consumers: list = []
         owns = parameter_server is None
         if owns:
             from tierserve.ps.hierarchy import HierarchicalParameterServer
-            from tierserve.ps.kafka_updates import start_update_consumers
 
-            vdb, pdb, src = p.tier_configs()
-            ps_config = PSConfig(
-                supportlonglong=p.i64_input_key,
-                volatile_db=vdb,
-                persistent_db=pdb,
-                update_source=src,
-                models=[],
-            )
             parameter_server = HierarchicalParameterServer(ps_config)
-        self.params = p
         try:
             self._setup(
-                config, graph, network, parameter_server, i64_input_key=p.i64_input_key,
-                use_gpu_embedding_cache=p.use_gpu_embedding_cache,
+                config, graph, network, parameter_server, i64_input_key=i64_input_key,
+                use_gpu_embedding_cache=use_gpu_embedding_cache,
             )  # fmt: skip
             replaced = self.commit()
             if replaced is not None:
                 parameter_server.drop_model(replaced)
             if owns:
-                consumers = start_update_consumers(parameter_server, src)
+                from tierserve.ps.kafka_updates import start_update_consumers
+
+                consumers = start_update_consumers(parameter_server, ps_config.update_source)
         except BaseException:
             if owns:
                 parameter_server.close()
             raise
         self._owns_ps = owns
         self.update_consumers = consumers  # Kafka online updates of its own server
+
+    @staticmethod
+    def _graph_of(config: ModelConfig) -> tuple[Graph, InferenceGraph]:
+        """The graph and dense network of ps.json entry ``config``, checked against it."""
+        if not config.network_file:
+            raise ConfigError(f"model {config.model!r}: no network_file (graph JSON)")
+        graph = load_graph_json(config.network_file)
+        network = InferenceGraph(graph, config.dense_file, None)
+        # ps.json's names are matched to the graph's tables by position (see _setup).
+        slots = [int(s["slot_num"]) for s in graph.data_layer.get("sparse", []) or []]
+        check_against_graph(config, f"ps.json models[{config.model}]", network, slots,
+                            config.network_file, names=False)  # fmt: skip
+        return graph, network
 
     @classmethod
     def from_config(
@@ -337,14 +428,7 @@ class InferenceModel:
 
         ``use_gpu_embedding_cache`` overrides the entry's ``gpucache`` (None: as it says).
         """
-        if not config.network_file:
-            raise ConfigError(f"model {config.model!r}: no network_file (graph JSON)")
-        graph = load_graph_json(config.network_file)
-        network = InferenceGraph(graph, config.dense_file, None)
-        # ps.json's names are matched to the graph's tables by position (see _setup).
-        slots = [int(s["slot_num"]) for s in graph.data_layer.get("sparse", []) or []]
-        check_against_graph(config, f"ps.json models[{config.model}]", network, slots,
-                            config.network_file, names=False)  # fmt: skip
+        graph, network = cls._graph_of(config)
         self = cls.__new__(cls)
         self.params = None
         self._owns_ps = False
@@ -634,28 +718,24 @@ class InferenceSession:
         if model_name is None and embedding_cache is not None:
             model_name = getattr(embedding_cache, "model", None)
         config = model_config_from_inference_json(config_file, model_name)
-        if sparse_model_files or dense_model_file:
-            config = config.model_copy(update={
-                "sparse_files": list(sparse_model_files or config.sparse_files),
-                "dense_file": dense_model_file or config.dense_file,
-            })
+        changes: dict[str, Any] = {"deployed_device_list": [device_id]}
+        if sparse_model_files:
+            changes["sparse_files"] = list(sparse_model_files)
+        if dense_model_file:
+            changes["dense_file"] = dense_model_file
+        if max_batchsize:
+            changes["max_batch_size"] = max_batchsize
+        config = config.updated("InferenceSession", **changes)
         bits = input_key_bits(config_file)
         if bits is None:
             bits = 64 if getattr(embedding_cache, "i64_input_key", True) else 32
-        params = InferenceParams(
-            model_name=config.model,
-            max_batchsize=int(max_batchsize or config.max_batch_size),
-            hit_rate_threshold=config.hit_rate_threshold,
-            dense_model_file=config.dense_file,
-            sparse_model_files=list(config.sparse_files),
-            use_gpu_embedding_cache=False,
-            cache_size_percentage=config.gpucacheper,
-            i64_input_key=bits == 64,
-            deployed_devices=[device_id],
-            volatile_db=VolatileDatabaseParams(type="hash_map"),
-            persistent_db=DisabledConfig(),
-        )
-        self.model = InferenceModel(config_file, params, parameter_server=embedding_cache)
+        ps_config = None
+        if embedding_cache is None:  # the files in a hash map of the session's own
+            ps_config = PSConfig(supportlonglong=bits == 64, volatile_db=HashMapConfig(),
+                                 persistent_db=DisabledConfig(), models=[])  # fmt: skip
+        self.model = InferenceModel.open(config, embedding_cache, ps_config,
+                                         i64_input_key=bits == 64,
+                                         use_gpu_embedding_cache=False)  # fmt: skip
 
     @classmethod
     def from_model(cls, model: InferenceModel) -> InferenceSession:

@@ -70,7 +70,7 @@ def test_cache_percentage_follows_one_rule_on_every_path(tmp_path):
                 got = to_host(caches.lookup(0, keys))
                 np.testing.assert_array_equal(got, ps.lookup(MODEL, TABLE, keys))
         refused = "less than or equal to 1"
-        with pytest.raises(ConfigError, match=rf"CreateEmbeddingCache:\n  cache_size_percentage: .*{refused}"):
+        with pytest.raises(ConfigError, match=rf"CreateEmbeddingCache: cache_size_percentage: .*{refused}"):
             CreateEmbeddingCache(ps, 0, False, 1.5, config, MODEL)
     data = dump_ps_config(config)
     data["models"][0]["gpucacheper"] = 1.5

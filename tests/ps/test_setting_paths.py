@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 from tierserve.cache import CreateEmbeddingCache
+from tierserve.cache.device import to_host
 from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
 from tierserve.ps.config import ModelConfig, PSConfig, parse_ps_config
 from tierserve.ps.errors import InvalidInputError, TierserveError
@@ -48,6 +49,7 @@ from tierserve.ps.rocksdb_tier import RocksDBConfig
 from tierserve.ps.shm_hash_map import MultiProcessHashMapConfig
 from tierserve.ps.sparse_file import read_sparse_model, write_sparse_model
 from tierserve.ps.tier_registry import create_tier
+from tierserve.server.inference_model import MODEL_FIELDS, InferenceParams, read_params
 
 REFUSED, WARNS = "refused", "warns"
 
@@ -221,8 +223,54 @@ PS_ROUTES = {
     "models": R(None, "walked"),
 }
 
-#: InferenceParams fields that are a model entry's field under another name.
-INFERENCE_PARAMS = {
+#: InferenceParams fields that are a model entry's field (under HugeCTR's name): they take
+#: that field's route (MODEL_ROUTES), through InferenceParams.
+INFERENCE_PARAMS = MODEL_FIELDS
+
+
+def _model_of(params_, env):
+    """The served model of HugeCTR's ``InferenceModel(graph, params)``: its own parameter
+    server, built from the params' tiers."""
+    from tierserve.server.inference_model import InferenceModel
+
+    model = InferenceModel(str(env.m32.graph), params_)
+    env.keep(model)
+    return model
+
+
+def _kafka_source(env):
+    return UpdateSourceParams(type="kafka_message_queue",
+                              brokers=env.request.getfixturevalue("kafka_broker").bootstrap)
+
+
+#: The other InferenceParams fields (the parameter server's, the facade's own), each with its
+#: route: "model": the ``InferenceModel`` built from the params; "config": the model entry
+#: the params convert into.
+INFERENCE_ROUTES = {
+    "device_id": R(1, "config", lambda c, e: c.deployed_device_list, [1]),
+    "i64_input_key": R(True, "model", lambda m, e: (m.i64_input_key,
+                                                    m.parameter_server.config.supportlonglong),
+                       (True, True)),
+    "scaler": R(2.0, WARNS),
+    "use_algorithm_search": R(False, WARNS),
+    "use_cuda_graph": R(False, WARNS),
+    "thread_pool_size": R(4, WARNS),
+    "volatile_db": R(lambda e: VolatileDatabaseParams(type="parallel_hash_map", num_partitions=3),
+                     "model", lambda m, e: (m.parameter_server.volatile.kind,
+                                            m.parameter_server.volatile.num_partitions),
+                     ("parallel_hash_map", 3)),
+    "persistent_db": R(lambda e: PersistentDatabaseParams(type="rocks_db",
+                                                          path=str(e.tmp / "params_rocksdb")),
+                       "model", lambda m, e: m.parameter_server.persistent.path,
+                       lambda e: str(e.tmp / "params_rocksdb")),
+    "update_source": R(_kafka_source, "model",
+                       lambda m, e: [c._settings["bootstrap.servers"] for c in m.update_consumers],
+                       lambda e: [e.request.getfixturevalue("kafka_broker").bootstrap]),
+    "non_trainable_params_file": R(lambda e: str(e.tmp / "missing_non_trainable.model"),
+                                   REFUSED),
+}  # fmt: skip
+
+PARAMS = {
     "max_batchsize": "max_batch_size", "hit_rate_threshold": "hit_rate_threshold",
     "use_gpu_embedding_cache": "gpucache", "cache_size_percentage": "gpucacheper",
     "cache_refresh_percentage_per_iteration": "cache_refresh_percentage_per_iteration",
@@ -232,6 +280,12 @@ INFERENCE_PARAMS = {
     "number_of_refresh_buffers_in_pool": "num_of_refresher_buffer_in_pool",
     "default_value_for_each_table": "default_value_for_each_table",
 }  # fmt: skip
+
+#: Where a path takes a field otherwise than ps.json does: HugeCTR's InferenceParams repeat
+#: the graph's table names (they must agree with it); ps.json's rename the tables.
+PATH_ROUTES = {
+    ("embedding_table_names", "InferenceParams"): R(["table0"], REFUSED),
+}
 
 PARAMS = {"volatile": VolatileDatabaseParams, "persistent": PersistentDatabaseParams}
 ALL_ROUTES = {**TIER_ROUTES, KafkaUpdateSourceConfig: SOURCE_ROUTES, ModelConfig: MODEL_ROUTES,
@@ -375,6 +429,16 @@ def test_every_field_has_a_route():
         unknown += [f"{cls.__name__}.{f}" for f in sorted(set(routes) - fields)]
     assert missing == [], f"settings with no route (honour, refuse or warn; then route): {missing}"
     assert unknown == []
+
+
+def test_every_inference_params_field_has_a_route():
+    """Each ``InferenceParams`` field is a model entry's field (then it takes its route) or
+    has a route of its own."""
+    fields = set(InferenceParams.model_fields)
+    shared = {name for name in fields if name in INFERENCE_PARAMS}
+    assert {INFERENCE_PARAMS[name] for name in shared} <= set(MODEL_ROUTES)
+    assert sorted(fields - shared - set(INFERENCE_ROUTES)) == []
+    assert set(INFERENCE_ROUTES) <= fields
 
 
 def test_every_hugectr_parameter_is_a_config_field_with_a_route():
@@ -523,13 +587,9 @@ def _model_config(env, name, value, extra, path) -> ModelConfig:
     if path == "ps.json":
         return parse_ps_config({"models": [env.model_entry(**{**extra, name: value})]}).models[0]
     if path == "InferenceParams":
-        from tierserve.server.inference_model import model_config_from_params
-        from tierserve.trainer.inference_graph import InferenceGraph
-
-        param = next(p for p, f in INFERENCE_PARAMS.items() if f == name)
-        params = env.m32.inference_params(**{param: value})
-        network = InferenceGraph(str(env.m32.graph), str(env.m32.dense), None)
-        return model_config_from_params(params, network, env.m32.graph)
+        named = {f: p for p, f in INFERENCE_PARAMS.items()}
+        params_ = env.m32.inference_params(**{named[k]: v for k, v in {**extra, name: value}.items()})
+        return read_params(str(env.m32.graph), params_)[0]
     key = path.partition(": ")[2]  # "inference JSON: <the clause's key>"
     graph = json.loads(env.m32.graph.read_text())
     graph["inference"] = {"dense_model_file": str(env.m32.dense),
@@ -564,7 +624,7 @@ def _serve(env, config: ModelConfig, target: str):
 
 @pytest.mark.parametrize("name,path", list(_model_cases()))
 def test_model_setting_arrives(name, path, env):
-    route = MODEL_ROUTES[name]
+    route = PATH_ROUTES.get((name, path), MODEL_ROUTES[name])
     value = _resolve(route.value, env)
     if route.target == WARNS:
         reset_warnings()
@@ -583,3 +643,49 @@ def test_model_setting_arrives(name, path, env):
     if path != "ps.json":
         return  # past the hop the entry is the same model config: its route was checked once
     _arrived(route, _serve(env, config, route.target), env, value)
+
+
+def _inference_cases():
+    for name in INFERENCE_ROUTES:
+        marks = (pytest.mark.kafka,) if name == "update_source" else ()
+        yield pytest.param(name, marks=marks, id=name)
+
+
+@pytest.mark.parametrize("name", list(_inference_cases()))
+def test_inference_params_setting_arrives(name, env):
+    route = INFERENCE_ROUTES[name]
+    value = _resolve(route.value, env)
+    if route.target == WARNS:
+        reset_warnings()
+        with pytest.warns(HugeCTRCompatibilityWarning, match=name):
+            read_params(str(env.m32.graph), env.m32.inference_params(**{name: value}))
+        return
+    if route.target == REFUSED:
+        with pytest.raises(TierserveError, match=f"{name}|{re.escape(str(value))}"):
+            _model_of(env.m32.inference_params(**{name: value}), env)
+        return
+    params_ = env.m32.inference_params(**{name: value})
+    assert getattr(params_, name) is value or getattr(params_, name) == value
+    if route.target == "config":
+        obj = read_params(str(env.m32.graph), params_)[0]
+    else:
+        obj = _model_of(params_, env)
+    _arrived(route, obj, env, value)
+
+
+@pytest.mark.parametrize("path", _model_paths("gpucacheper"))
+def test_cache_percentage_has_one_rule_on_every_path(path, env):
+    """HugeCTR's rule for ``cache_size_percentage`` / ``gpucacheper``: a share in [0, 1]; 0
+    is the smallest cache (HugeCTR rounds it up to its least cache size; ours holds one
+    set).  Every path honours 0 the same way and refuses 1.5 naming the field as that path
+    calls it."""
+    config = _model_config(env, "gpucacheper", 0.0, {}, path)
+    assert config.gpucacheper == 0.0
+    cache = _serve(env, config, "cache")
+    assert 1 <= cache.capacity <= 2  # one set of the set-associative cache
+    keys = env.table.keys[:50]
+    np.testing.assert_array_equal(to_host(cache.query(keys)), env.table.embeddings[:50])
+    named = {"ps.json": "gpucacheper", "InferenceParams": "cache_size_percentage"}
+    name = named.get(path, f"inference.{path.partition(': ')[2]}")
+    with pytest.raises(TierserveError, match=rf"{re.escape(name)}: .*less than or equal to 1"):
+        _model_config(env, "gpucacheper", 1.5, {}, path)
