@@ -6,8 +6,9 @@ to its level (``volatile`` or ``persistent``):
 
 - an update for a model or table this server does not hold, or one the tier refuses, is
   counted, logged and skipped (its offset committed); a tier that cannot be reached is
-  retried after ``failure_backoff_ms`` (the message is not skipped, and its offset not
-  committed);
+  retried after the loop's jittered backoff, ``failure_backoff_ms`` first, growing to
+  :data:`~tierserve.ps.kafka_consumer.MAX_RESTART_BACKOFF_S` (the message is not skipped,
+  and its offset not committed);
 - a partition whose model is not loaded yet is paused and read once it is; a committed
   version is re-read from the first update at or after its creation time
   (:mod:`tierserve.ps.update_replay`), and older updates are skipped as stale;
@@ -211,6 +212,7 @@ class UpdateConsumer(ConsumerLoop):
         if not run:
             return
         keys, embeddings = self._merged(run)
+        failures = 0  # tries the tier was unreachable for, in a row
         while not self._stop.is_set():
             try:
                 self.ps.apply_update(run[0].topic, keys, embeddings, level=self.level)
@@ -223,9 +225,11 @@ class UpdateConsumer(ConsumerLoop):
                 return
             except BackendUnavailableError as exc:
                 self.stats.retries += 1
+                failures += 1
+                delay = self.backoff.compute(failures)
                 log.warning("kafka updates (%s): %s; retrying in %.3f s", self.level, exc,
-                            self.failure_backoff_s)  # fmt: skip
-                self._stop.wait(self.failure_backoff_s)
+                            delay)  # fmt: skip
+                self._stop.wait(delay)
                 continue
             except Exception as exc:  # a bug must not stop the updates behind these
                 for one in run:

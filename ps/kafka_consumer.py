@@ -10,7 +10,8 @@ first bytes in hex), skipped and committed past.  Should the loop fail anyway (a
 restarts after a growing, jittered backoff (base ``failure_backoff_ms``, at most
 :data:`MAX_RESTART_BACKOFF_S`) with a new Kafka client, which reads again from the last
 committed offset; a message the loop failed on :data:`MAX_FAILURES_PER_MESSAGE` times in a
-row is skipped.  A topic deleted and created again (a new topic id,
+row is skipped.  A receive that fails (the Kafka client itself) is tried again after the same
+backoff (:mod:`tierserve.ps.retry`).  A topic deleted and created again (a new topic id,
 :mod:`tierserve.ps.kafka_topics`) is read from its start by a new Kafka client.
 
 What a run of messages does is the subclass's: :class:`~tierserve.ps.kafka_apply.UpdateConsumer`
@@ -367,15 +368,18 @@ class ConsumerLoop:
             self.catchup.handled.pop(key, None)
 
     def _run(self) -> None:
+        failures = 0  # consume calls that failed in a row
         while not self._stop.is_set():
             try:
                 self._housekeeping()
                 messages = self._receive(self.poll_timeout_s)
             except Exception as exc:  # the client itself failed: back off and go on
                 self.stats.errors += 1
+                failures += 1
                 log.warning("kafka updates (%s): consume failed: %s", self.level, exc)
-                self._stop.wait(self.failure_backoff_s)
+                self._stop.wait(self.backoff.compute(failures))
                 continue
+            failures = 0
             if self.kafka_log.down and any(m.error() is None for m in messages):
                 self.kafka_log.recovered()
             if not self._handle(messages):

@@ -17,12 +17,16 @@ from .errors import InvalidInputError
 from .kafka_consumer import ConsumerLoop, Update
 from .kafka_groups import group_id
 from .kafka_source import KafkaUpdateSourceConfig, confluent_kafka
+from .retry import EqualJitterBackoff
 
 log = logging.getLogger(__name__)
 
 #: How long after a message was published an invalidation consumer waits for the applying
 #: group to commit past it (then it drops the keys anyway).
 APPLIED_WAIT_S = 60.0
+#: How long it waits between asks of the applying group's offsets: 10 ms, doubling to 200 ms,
+#: jittered (the replicas' invalidation consumers ask the same coordinator).
+APPLIED_POLL = EqualJitterBackoff(cap=0.2, base=0.01)
 
 
 class InvalidationConsumer(ConsumerLoop):
@@ -89,7 +93,7 @@ class InvalidationConsumer(ConsumerLoop):
             kind, ms = m.timestamp()
             published = max(published, ms / 1000 if kind else time.time())
         deadline = published + APPLIED_WAIT_S
-        wait = 0.01
+        asked = 0
         while not self._stop.is_set():
             try:
                 committed = self._applier.committed(
@@ -108,6 +112,6 @@ class InvalidationConsumer(ConsumerLoop):
                             self.level, self.applier_group, len(behind), run[0].topic,
                             APPLIED_WAIT_S)  # fmt: skip
                 return True
-            self._stop.wait(wait)
-            wait = min(wait * 2, 0.2)
+            asked += 1
+            self._stop.wait(APPLIED_POLL.compute(asked))
         return False

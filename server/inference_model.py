@@ -339,7 +339,14 @@ class InferenceModel:
         p = inference_params
         config, graph, network = read_params(model_config_path, p)
         ps_config = None
-        if parameter_server is None:
+        if parameter_server is not None:
+            from tierserve.ps.compat import warn_once
+
+            for name in ("volatile_db", "persistent_db", "update_source"):
+                if getattr(p, name) is not None:
+                    warn_once(f"InferenceParams.{name}", "not used: the model reads the tiers "
+                              "of the parameter_server it was given", stacklevel=3)  # fmt: skip
+        else:
             vdb, pdb, src = p.tier_configs()
             ps_config = PSConfig(supportlonglong=p.i64_input_key, volatile_db=vdb,
                                  persistent_db=pdb, update_source=src, models=[])  # fmt: skip
