@@ -28,7 +28,7 @@ from tierserve.ps.errors import ConfigError, InvalidInputError, NotFoundError
 from tierserve.ps.keys import as_keys
 from tierserve.ps.params import persistent_config, update_source_config, volatile_config
 
-from .inference_model import MODEL_FIELDS, InferenceParams, model_config_fields, table_defaults
+from .inference_params import MODEL_FIELDS, InferenceParams, model_config_fields, table_defaults
 
 
 class ParameterServerConfig:

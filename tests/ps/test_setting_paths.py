@@ -49,7 +49,7 @@ from tierserve.ps.rocksdb_tier import RocksDBConfig
 from tierserve.ps.shm_hash_map import MultiProcessHashMapConfig
 from tierserve.ps.sparse_file import read_sparse_model, write_sparse_model
 from tierserve.ps.tier_registry import create_tier
-from tierserve.server.inference_model import MODEL_FIELDS, InferenceParams, read_params
+from tierserve.server.inference_params import MODEL_FIELDS, InferenceParams, read_params
 
 REFUSED, WARNS = "refused", "warns"
 
