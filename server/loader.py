@@ -193,7 +193,7 @@ class RepositoryLoader:
         return stats
 
     def consumer_status(self) -> list:
-        """The :class:`~tierserve.ps.kafka_updates.ConsumerStatus` of each Kafka consumer."""
+        """The :class:`~tierserve.ps.kafka_consumer.ConsumerStatus` of each Kafka consumer."""
         return [consumer.status() for consumer in self.update_consumers]
 
     def healthy(self) -> bool:

@@ -15,7 +15,7 @@ from kafka_clients import raw_producer
 from polling import until
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
-from tierserve.ps.kafka_updates import UpdateProducer
+from tierserve.ps.kafka_producer import UpdateProducer
 from tierserve.ps.update_message import encode_update
 from tierserve.server.app import BackgroundServer, free_port
 from tierserve.server.loader import RepositoryLoader
