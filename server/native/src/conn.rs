@@ -7,7 +7,6 @@
 //! connections already waiting in the listener's accept queue are accepted first (their
 //! clients may have sent calls on them), then every connection is asked to go.
 
-use std::convert::Infallible;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
@@ -17,10 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use hyper::server::conn::http2;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -28,7 +24,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::budget;
-use crate::grpc::{handle, GrpcBody, Server};
+use crate::grpc::{self, Server};
 
 /// The client connection preface every HTTP/2 connection starts with (RFC 9113, 3.4).
 const PREFACE_LEN: usize = 24;
@@ -163,13 +159,7 @@ async fn serve_connection(server: Arc<Server>, stream: TcpStream, shutdown: watc
     let limits = server.limits;
     let state = Arc::new(ConnState::new(limits.max_connection_bytes));
     let io = Watched { stream, state: state.clone() };
-    let service = {
-        let (server, state) = (server.clone(), state.clone());
-        service_fn(move |request: Request<Incoming>| -> _ {
-            let (server, state) = (server.clone(), state.clone());
-            async move { Ok::<Response<GrpcBody>, Infallible>(handle(server, state, request).await) }
-        })
-    };
+    let service = grpc::service(server.clone(), state.clone());
     let connection = http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -211,15 +211,7 @@ impl GrpcTransport {
         let Some(sender) = self.shared.waiting.lock().unwrap().remove(&id) else {
             return false;
         };
-        let payload = if status == 0 {
-            let mut framed = BytesMut::with_capacity(payload.len() + 5);
-            framed.put_u8(0);
-            framed.put_u32(payload.len() as u32);
-            framed.extend_from_slice(payload);
-            framed.freeze()
-        } else {
-            Bytes::new()
-        };
+        let payload = if status == 0 { Bytes::copy_from_slice(payload) } else { Bytes::new() };
         // the client may have gone: nothing to do then
         let _ = sender.send(Reply { status, message: message.to_string(), payload });
         true
@@ -250,6 +242,21 @@ impl Drop for GrpcTransport {
             runtime.shutdown_background();
         }
     }
+}
+
+/// Make `eventfd` readable (the event loop wakes up).
+pub fn wake(eventfd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to our own eventfd; a full counter (EAGAIN)
+    // already means "wake up".
+    unsafe { libc::write(eventfd, &one as *const u64 as *const libc::c_void, 8) };
+}
+
+/// Make `eventfd` unreadable again.
+pub fn clear_wake(eventfd: RawFd) {
+    let mut count: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd.
+    unsafe { libc::read(eventfd, &mut count as *mut u64 as *mut libc::c_void, 8) };
 }
 
 #[pymodule]
