@@ -184,6 +184,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(grpc.aio); default auto: native when installed",
     )  # fmt: skip
     parser.add_argument(
+        "--http-transport", choices=["auto", "native", "python"], default="python",
+        help="what carries HTTP: native (Rust HTTP/1.1, infer requests decoded there; the "
+        "tierserve-native package), python (uvicorn); default auto: native when installed",
+    )  # fmt: skip
+    parser.add_argument(
         "--blas-threads", type=int, default=None,
         help="BLAS threads per inference thread (default 1, unless OPENBLAS_NUM_THREADS or "
         "OMP_NUM_THREADS is set): the server already runs requests in parallel",
@@ -244,6 +249,7 @@ def settings_from_args(args: argparse.Namespace):
         keep_alive_timeout_s=args.keep_alive_timeout,
         event_loop=args.event_loop,
         grpc_transport=args.grpc_transport,
+        http_transport=args.http_transport,
         malloc_tuning=not args.no_malloc_tuning,
         log_level=args.log_level,
     )

@@ -103,6 +103,7 @@ class NativeGrpcServer:
         *,
         budget: Any = None,
         settings: Settings | None = None,
+        runtime: Any = None,
     ) -> None:
         self.plane = plane
         self.servicer = InferenceServicer(plane, admin_token)
@@ -119,6 +120,7 @@ class NativeGrpcServer:
             admission_timeout_s=settings.admission_timeout_s,
             max_connections=settings.max_connections,
             max_descriptor=max_descriptor(settings.descriptor_reserve), threads=threads,
+            runtime=runtime,
         )  # fmt: skip
         self.port: int = self.transport.port
         self._loop: asyncio.AbstractEventLoop | None = None

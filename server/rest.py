@@ -23,6 +23,7 @@ every route, infer included.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -113,13 +114,32 @@ def _parse_header_length(value: str | None) -> int | None:
 
 
 async def _infer_response(
-    plane: DataPlane, model: str, version: str, body: bytes, header_length: int | None
+    plane: DataPlane,
+    model: str,
+    version: str,
+    body: bytes,
+    header_length: int | None,
+    alive: Callable[[], bool] | None = None,
 ) -> tuple[bytes, int | None]:
     """Decode, infer and encode one REST infer request: the body and its JSON header length
-    (None: the whole body is JSON).  Raises TierserveError for bad requests."""
+    (None: the whole body is JSON).  Raises TierserveError for bad requests; ``alive()``
+    false before its batch runs (the client left) drops it."""
     decoded = decode_rest_request(body, header_length)
     try:
-        result = await plane.infer(model_name(model), version, decoded)
+        future = asyncio.get_running_loop().create_future()
+
+        def done(result, exc: BaseException | None) -> None:
+            if not future.done():
+                if exc is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(exc)
+
+        def wanted() -> bool:
+            return not future.done() and (alive is None or alive())
+
+        plane.start_infer(model_name(model), version, decoded, done, wanted)
+        result = await future
         return encode_rest_response(
             result.model_name, result.model_version, result.id, result.outputs, result.binary
         )
@@ -171,9 +191,16 @@ class InferEndpoint:
                     status = "499"  # the client went away (nginx's code for it)
                     return
                 body = _decode_body(body, encoding or "", self.limit)
-                payload, json_length = await _infer_response(
-                    plane, model, version, body, _parse_header_length(header_length)
-                )
+                # the next message is the client's leaving: a request whose client left
+                # before its batch ran is dropped
+                left = asyncio.ensure_future(receive())
+                try:
+                    payload, json_length = await _infer_response(
+                        plane, model, version, body, _parse_header_length(header_length),
+                        lambda: not left.done(),
+                    )  # fmt: skip
+                finally:
+                    left.cancel()
             except TierserveError as exc:
                 status = str(exc.http_status)
                 await _send(send, exc.http_status, _error_bytes(error_body(exc)), _JSON)

@@ -127,6 +127,12 @@ class Settings(BaseModel):
         "(the tierserve-native package) with calls handed to the event loop in batches; "
         "python, grpc.aio; auto: native when installed",
     )
+    http_transport: Literal["auto", "native", "python"] = Field(
+        "python",
+        description="what carries HTTP: native, HTTP/1.1 in Rust threads (the tierserve-native "
+        "package) with infer requests parsed and decoded there and every request handed to "
+        "the event loop in batches; python, uvicorn; auto: native when installed",
+    )
     dynamic_batching: bool = True
     max_batch_delay_ms: Annotated[float, Field(ge=0)] = 1.0
     poll_interval_s: Annotated[float, Field(ge=0)] = Field(

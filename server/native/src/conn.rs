@@ -194,7 +194,7 @@ async fn serve_connection(server: Arc<Server>, stream: TcpStream, shutdown: watc
 
 /// Connections waiting in the accept queue of listening socket `fd` (Linux: TCP_INFO's
 /// `tcpi_unacked` on a listener); 0 where it cannot be read.
-fn accept_queue(fd: RawFd) -> u32 {
+pub fn accept_queue(fd: RawFd) -> u32 {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: tcp_info is plain old data; getsockopt writes at most `len` bytes into it.
@@ -211,7 +211,7 @@ fn accept_queue(fd: RawFd) -> u32 {
     0
 }
 
-fn admit(server: &Arc<Server>, stream: TcpStream, shutdown: &watch::Receiver<bool>) {
+fn admit(server: &Arc<Server>, stream: TcpStream, shutdown: &watch::Receiver<bool>, kill: &watch::Receiver<bool>) {
     let limits = &server.limits;
     if stream.as_raw_fd() >= limits.max_descriptor {
         server.refused.fetch_add(1, Ordering::Relaxed);
@@ -222,16 +222,21 @@ fn admit(server: &Arc<Server>, stream: TcpStream, shutdown: &watch::Receiver<boo
         server.refused.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    tokio::spawn(serve_connection(server.clone(), stream, shutdown.clone()));
+    crate::spawn_killable(kill, serve_connection(server.clone(), stream, shutdown.clone()));
 }
 
-pub async fn accept_loop(server: Arc<Server>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+pub async fn accept_loop(
+    server: Arc<Server>,
+    listener: TcpListener,
+    shutdown: watch::Receiver<bool>,
+    kill: watch::Receiver<bool>,
+) {
     let stop = closing(shutdown.clone());
     tokio::pin!(stop);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => admit(&server, stream, &shutdown),
+                Ok((stream, _)) => admit(&server, stream, &shutdown, &kill),
                 // out of descriptors and the like: a moment, then accept again
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             },
@@ -242,7 +247,7 @@ pub async fn accept_loop(server: Arc<Server>, listener: TcpListener, shutdown: w
     let fd = listener.as_raw_fd();
     while accept_queue(fd) > 0 {
         match tokio::time::timeout(Duration::from_millis(100), listener.accept()).await {
-            Ok(Ok((stream, _))) => admit(&server, stream, &shutdown),
+            Ok(Ok((stream, _))) => admit(&server, stream, &shutdown, &kill),
             _ => break,
         }
     }
