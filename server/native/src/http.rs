@@ -836,7 +836,7 @@ pub async fn accept_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read as _, Write as _};
+    use std::io::Write as _;
 
     fn limits() -> Limits {
         Limits {
@@ -857,7 +857,7 @@ mod tests {
         let limits = limits();
         assert!(parse_head(b"GET /v2 HTTP/1.1\r\nHost: x\r\n", &limits).unwrap().is_none());
         let head = parse_head(b"GET /v2?a=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\nrest", &limits).unwrap().unwrap();
-        assert_eq!((head.method.as_str(), &head.target[..], head.length), ("GET", &b"/v2?a=1"[..], 44));
+        assert_eq!((head.method.as_str(), &head.target[..], head.length), ("GET", &b"/v2?a=1"[..], 41));
         assert_eq!(head.headers[1], (Bytes::from_static(b"x-a"), Bytes::from_static(b"1")));
         let url = [b"GET /".as_slice(), &[b'a'; 300]].concat(); // the URL alone, still arriving
         assert_eq!(parse_head(&url, &limits).unwrap_err().0, 414);
@@ -890,9 +890,12 @@ mod tests {
         }
     }
 
+    /// What a test holds while its transport serves (dropping the signals' senders stops it).
+    type Serving = (Arc<HttpServer>, tokio::runtime::Runtime, [watch::Sender<bool>; 2]);
+
     /// A transport on a free port whose "Python" answers every request with its body
     /// (infer requests: their rows), until the test ends.
-    fn serve(limits: Limits) -> (std::net::SocketAddr, Arc<HttpServer>, tokio::runtime::Runtime) {
+    fn serve(limits: Limits) -> (std::net::SocketAddr, Serving) {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let listener = crate::conn::bind("127.0.0.1", 0, false).unwrap();
         let address = listener.local_addr().unwrap();
@@ -912,8 +915,8 @@ mod tests {
             max_connection_bytes: 1 << 20,
             models: RwLock::new(None),
         });
-        let (_, shutdown) = watch::channel(false);
-        let (_, kill) = watch::channel(false);
+        let (stop, shutdown) = watch::channel(false);
+        let (killer, kill) = watch::channel(false);
         let listener = {
             let _entered = runtime.enter();
             TcpListener::from_std(listener).unwrap()
@@ -936,7 +939,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         });
-        (address, server, runtime)
+        (address, (server, runtime, [stop, killer]))
     }
 
     /// Everything the server sends until it closes the connection or `wait` passes.
@@ -955,7 +958,7 @@ mod tests {
 
     #[test]
     fn pipelined_chunked_and_continued_requests_are_answered_in_order() {
-        let (address, _server, _runtime) = serve(limits());
+        let (address, _serving) = serve(limits());
         let mut client = std::net::TcpStream::connect(address).unwrap();
         let infer = br#"{"inputs":[{"name":"X","datatype":"FP32","shape":[2,1],"data":[1,2]}]}"#;
         let mut requests = format!("POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: {}\r\n\r\n", infer.len()).into_bytes();
@@ -978,7 +981,7 @@ mod tests {
 
     #[test]
     fn idle_silent_and_slow_connections_are_closed_and_oversized_bodies_skipped() {
-        let (address, _server, _runtime) = serve(limits());
+        let (address, _serving) = serve(limits());
         let started = std::time::Instant::now();
         let mut silent = std::net::TcpStream::connect(address).unwrap();
         assert_eq!(read_all(&mut silent, Duration::from_secs(3)), ""); // closed: header timeout
