@@ -184,7 +184,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(grpc.aio); default auto: native when installed",
     )  # fmt: skip
     parser.add_argument(
-        "--http-transport", choices=["auto", "native", "python"], default="python",
+        "--http-transport", choices=["auto", "native", "python"], default="auto",
         help="what carries HTTP: native (Rust HTTP/1.1, infer requests decoded there; the "
         "tierserve-native package), python (uvicorn); default auto: native when installed",
     )  # fmt: skip

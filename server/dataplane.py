@@ -329,27 +329,31 @@ class DataPlane:
         self._on_batch(servable.name, servable.version, int(getattr(unit, "batch_size", 1)), 1)
         return out
 
-    async def infer(self, name: str, version: str, request: DecodedRequest) -> InferResult:
-        """Run one request; raises a TierserveError for anything a caller got wrong."""
-        started = time.perf_counter_ns()
-        handle, servable, wanted, unit = self._begin(name, version, request, started)
-        ok = False
-        t0 = time.perf_counter_ns()
-        try:
-            batcher: DynamicBatcher | None = handle.extras.get("batcher")
-            if batcher is not None:
-                outputs = await batcher.submit(unit)
-            else:  # never on the event loop: a lookup may wait on a network tier
-                loop = asyncio.get_running_loop()
-                outputs = await loop.run_in_executor(
-                    self.executor, self._execute_timed, servable, unit
-                )
-            compute = time.perf_counter_ns() - t0
-            ok = True
-        finally:
-            handle.release()
-            self._record(servable, request, ok, started, compute if ok else 0, t0 - started)
-        return self._result(servable, request, outputs, wanted)
+    async def infer(
+        self,
+        name: str,
+        version: str,
+        request: DecodedRequest,
+        alive: Callable[[], bool] | None = None,
+    ) -> InferResult:
+        """Run one request (:meth:`start_infer`, awaited); raises a TierserveError for
+        anything a caller got wrong.  A request whose awaiting task is cancelled, or whose
+        ``alive()`` turns false, before its batch runs is dropped."""
+        future = asyncio.get_running_loop().create_future()
+
+        def done(result: InferResult | None, exc: BaseException | None) -> None:
+            if future.done():  # cancelled meanwhile
+                return
+            if exc is None:
+                future.set_result(result)
+            else:
+                future.set_exception(exc)
+
+        def wanted() -> bool:
+            return not future.done() and (alive is None or alive())
+
+        self.start_infer(name, version, request, done, wanted)
+        return await future
 
     def start_infer(
         self,
@@ -360,7 +364,8 @@ class DataPlane:
         alive: Callable[[], bool] | None = None,
         sizes: list[int] | None = None,
     ) -> None:
-        """:meth:`infer` without a coroutine, for a front end that answers from callbacks:
+        """The one entry of every transport's infer requests (:meth:`infer` awaits it), for
+        a front end that answers from callbacks:
         raises a TierserveError at once for a request that cannot run, else ``done(result,
         None)`` or ``done(None, exception)`` is called later on the event loop.  ``alive()``
         false (its client gave up) before a batched request runs drops it
@@ -373,6 +378,7 @@ class DataPlane:
 
         def finish(outputs: dict[str, np.ndarray] | None, exc: BaseException | None) -> None:
             handle.release()
+            _trim_after(request)
             ok = exc is None
             compute = time.perf_counter_ns() - t0 if ok else 0
             self._record(servable, request, ok, started, compute, t0 - started, sizes)
@@ -390,6 +396,7 @@ class DataPlane:
             future = loop.run_in_executor(self.executor, self._execute_timed, servable, unit)
         except BaseException:
             handle.release()
+            _trim_after(request)
             self._record(servable, request, False, started, 0, 0, sizes)
             raise
         future.add_done_callback(lambda f: finish(*_outcome(f)))
@@ -412,6 +419,7 @@ class DataPlane:
             unit = servable.prepare(request.inputs)
         except BaseException:
             handle.release()
+            _trim_after(request)
             if sizes is None:  # a merged request refused is retried request by request
                 self._record(servable, request, False, started, 0)
             raise
@@ -479,3 +487,11 @@ class DataPlane:
                     per_size.add(compute)
             else:
                 st.fail.add(now - started, requests)
+
+
+def _trim_after(request: DecodedRequest) -> None:
+    """The heap goes back to the OS soon after a large request (by its rows or its
+    tensors' bytes, :data:`~.allocator.trimmer`): once per request, whichever transport
+    brought it."""
+    inputs = request.inputs
+    trimmer.after_request(inputs, sum(getattr(a, "nbytes", 0) for a in inputs.values()))

@@ -24,7 +24,6 @@ from google.protobuf.message import DecodeError
 from tierserve.ps.errors import ConfigError, InvalidInputError, TierserveError
 
 from .admission import make_budget, max_descriptor
-from .allocator import trimmer
 from .dataplane import DataPlane
 from .grpc_gen import grpc_predict_v2_pb2 as pb
 from .grpc_server import (
@@ -186,12 +185,8 @@ class NativeGrpcServer:
         plane = self.plane
         started = time.perf_counter()
         model = ""
-        decoded = None
-        size = len(message)  # the callbacks keep neither the message nor its parse alive
 
         def finish(status: str | None) -> None:
-            if decoded is not None:
-                trimmer.after_request(decoded.inputs, size)
             label = plane.metrics_label(model)
             plane.metrics.observe_request(label, "grpc", time.perf_counter() - started, status)
 

@@ -40,7 +40,6 @@ from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, Tierser
 
 from . import openapi as docs
 from .admission import Admission, ServerBusyError
-from .allocator import LARGE_ROWS, trimmer
 from .dataplane import DataPlane
 from .policy import (
     AdminToken,
@@ -125,26 +124,10 @@ async def _infer_response(
     (None: the whole body is JSON).  Raises TierserveError for bad requests; ``alive()``
     false before its batch runs (the client left) drops it."""
     decoded = decode_rest_request(body, header_length)
-    try:
-        future = asyncio.get_running_loop().create_future()
-
-        def done(result, exc: BaseException | None) -> None:
-            if not future.done():
-                if exc is None:
-                    future.set_result(result)
-                else:
-                    future.set_exception(exc)
-
-        def wanted() -> bool:
-            return not future.done() and (alive is None or alive())
-
-        plane.start_infer(model_name(model), version, decoded, done, wanted)
-        result = await future
-        return encode_rest_response(
-            result.model_name, result.model_version, result.id, result.outputs, result.binary
-        )
-    finally:
-        trimmer.after_request(decoded.inputs, len(body))
+    result = await plane.infer(model_name(model), version, decoded, alive)
+    return encode_rest_response(
+        result.model_name, result.model_version, result.id, result.outputs, result.binary
+    )
 
 
 # --- infer: the one implementation ---------------------------------------------------------
@@ -245,8 +228,6 @@ class InferEndpoint:
         (``alive()`` false by then, the client gone: it does not run).  The request's metrics
         are recorded.  Never raises."""
         plane = self.plane
-        decoded: DecodedRequest | None = None
-        size = len(body)
 
         def done(result, exc: BaseException | None) -> None:
             try:
@@ -257,9 +238,6 @@ class InferEndpoint:
                     )  # fmt: skip
             except Exception as error:
                 exc = error
-            finally:
-                if size >= LARGE_ROWS:  # smaller bodies hold fewer rows: never a trim
-                    trimmer.after_request(decoded.inputs, size)
             if exc is not None:
                 self.fail(model, exc, started, reply)
                 return
@@ -268,12 +246,9 @@ class InferEndpoint:
 
         try:
             body = _decode_body(body, encoding or "", self.limit)
-            size = len(body)
             decoded = decode_rest_request(body, _parse_header_length(header_length))
             plane.start_infer(model_name(model), version, decoded, done, alive)
         except Exception as exc:
-            if decoded is not None:
-                trimmer.after_request(decoded.inputs, size)
             self.fail(model, exc, started, reply)
 
     def fail(self, model: str, exc: BaseException, started: float, reply: Reply) -> None:

@@ -128,7 +128,7 @@ class Settings(BaseModel):
         "python, grpc.aio; auto: native when installed",
     )
     http_transport: Literal["auto", "native", "python"] = Field(
-        "python",
+        "auto",
         description="what carries HTTP: native, HTTP/1.1 in Rust threads (the tierserve-native "
         "package) with infer requests parsed and decoded there and every request handed to "
         "the event loop in batches; python, uvicorn; auto: native when installed",
