@@ -22,6 +22,7 @@ mod batch;
 mod budget;
 mod conn;
 mod grpc;
+mod head;
 mod http;
 mod http_py;
 mod kserve;
