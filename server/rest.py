@@ -198,7 +198,7 @@ class InferEndpoint:
             label = plane.metrics_label(model)
             plane.metrics.observe_request(label, "http", time.perf_counter() - started, status)
 
-    # -- served by the HTTP protocol itself (server/http_protocol.py), without ASGI ---------
+    # -- served by the native HTTP transport (server/http_native.py), without ASGI ---------
 
     def refuse(self, model: str, version: str, length: str | None) -> TierserveError | None:
         """The error an infer request gets before its body is read (unknown model, declared
