@@ -13,8 +13,6 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -415,26 +413,3 @@ def test_a_batched_request_whose_client_hung_up_does_not_run(tmp_path):
         if s.name == "tierserve_request_errors_total" and s.labels.get("status") == "499"
     ]  # fmt: skip
     assert hung_up == [1.0]
-
-
-def test_native_without_the_package_is_refused_by_name(repo, each_http_transport):
-    if each_http_transport != "python":
-        pytest.skip("one run is enough: the check runs in a process of its own")
-    code = (
-        "import sys; sys.modules['tierserve_native'] = None\n"  # as if it were not installed
-        "from tierserve.ps.errors import ConfigError\n"
-        "from tierserve.server.app import create_app\n"
-        "from tierserve.server.settings import Settings\n"
-        f"root = {str(repo)!r}\n"
-        "try:\n"
-        "    create_app(Settings.build(model_repository=root, http_transport='native'))\n"
-        "except ConfigError as exc:\n"
-        "    print(exc)\n"
-        "create_app(Settings.build(model_repository=root, http_transport='auto'))\n"
-        "print('auto ok')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    refusal, auto = out.stdout.strip().splitlines()
-    assert "http_transport" in refusal and "tierserve-native" in refusal
-    assert auto == "auto ok"
