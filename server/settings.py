@@ -172,6 +172,12 @@ class Settings(BaseModel):
         "(the tierserve-native package) with calls handed to the event loop in batches; "
         "python, grpc.aio; auto: native when installed",
     )
+    http_transport: Literal["auto", "native", "python"] = Field(
+        "auto",
+        description="what carries HTTP: native, HTTP/1.1 in Rust threads (the tierserve-native "
+        "package) with infer requests parsed and decoded there and every request handed to "
+        "the event loop in batches; python, uvicorn; auto: native when installed",
+    )
     dynamic_batching: bool = Field(
         True,
         description="merge concurrent requests to one model into one batch; off: every "

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from http_transports import TRANSPORTS
 from tritonclient.utils import InferenceServerException
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
@@ -46,12 +47,13 @@ def demo(tmp_path_factory):
     return model, repo
 
 
-@pytest.fixture(scope="module")
-def server(demo):
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def server(demo, request):
+    """The server, once per HTTP transport (tritonclient's HTTP client against each)."""
     _, repo = demo
     settings = Settings.build(
         model_repository=repo, http_port=0, grpc_port=0, admin_token=TOKEN, poll_interval_s=0,
-        max_request_bytes=4 * 1024 * 1024,
+        max_request_bytes=4 * 1024 * 1024, http_transport=request.param,
     )  # fmt: skip
     with BackgroundServer(settings) as srv:
         yield srv
