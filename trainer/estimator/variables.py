@@ -216,7 +216,7 @@ class VariableStore:
                 info = self.table_info[name]
                 params = self.tables[name].optimizer.params
                 table = self._new_table(name, info.dim, self.tables[name].workspace_rows,
-                                        params, info.combiner, self.tables[name]._bound)
+                                        params, info.combiner, self.tables[name].init_scale)
                 self._load_table(table, arrays)
                 self.tables[name] = table
             else:
