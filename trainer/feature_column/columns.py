@@ -471,7 +471,9 @@ class CrossedColumn(CategoricalColumn):
                     f"crossed_column: categorical_column_with_hash_bucket {k.name!r} is not "
                     "supported for crossing (as in TensorFlow: hashing before crossing adds "
                     "collisions); give the feature name as a string instead")
-        self.name = "_X_".join(k if isinstance(k, str) else k.name for k in self.keys)
+        # TensorFlow's name: the leaf keys' names, sorted
+        self.name = "_X_".join(sorted(k if isinstance(k, str) else k.name
+                                      for k in self._leaf_keys()))
         self.num_buckets = int(hash_bucket_size)
         if self.num_buckets < 1:
             raise ConfigError(f"crossed_column {self.name!r}: hash_bucket_size must be positive")

@@ -117,3 +117,19 @@ def test_bucketized_column_compares_in_float32_as_tensorflow():
     float32(0.1), so float32(0.1) falls in the upper bucket (float64 would put it below)."""
     col = fc.bucketized_column(fc.numeric_column("x"), [0.1000000015])
     assert col.ids({"x": np.array([0.1], np.float32)}).values.tolist() == [1]
+
+
+def test_dense_features_concatenate_in_tensorflows_order(tmp_path):
+    """``DenseFeatures`` sorts its columns by name (``feature_column_v2``'s
+    ``_DenseFeaturesHelper``: ``sorted(feature_columns, key=lambda x: x.name)``), a numeric
+    column between two embedding columns of one table included."""
+    ids_x = fc.categorical_column_with_identity("x", 5)
+    ids_z = fc.categorical_column_with_identity("z", 5)
+    cols = [fc.embedding_column(ids_z, 2, initializer=_init), fc.numeric_column("y"),
+            fc.embedding_column(ids_x, 2, initializer=_init)]
+    f = {"x": np.array([1, 4]), "y": np.array([7.0, 8.0]), "z": np.array([2, 3])}
+    out = dense_of(cols, f, tmp_path)
+    table = _init((5, 2))
+    # x_embedding, y, z_embedding
+    np.testing.assert_allclose(out, np.concatenate(
+        [table[[1, 4]], [[7.0], [8.0]], table[[2, 3]]], axis=1))

@@ -1,0 +1,115 @@
+"""The TensorFlow side of :mod:`bench.estimator.tf_peer`, run by the TensorFlow 2.15 virtual
+environment's Python (it imports TensorFlow and numpy, never tierserve):
+
+    python tf_peer_worker.py SPEC.json OUT_DIR
+
+For each model of the spec: the parity run (``parity_steps`` steps on fixed batches from
+TensorFlow's own initialisation; the per-step losses and the step-0 checkpoint's variables are
+written to ``OUT_DIR/<model>.parity.npz``) and the quality runs (``steps`` steps per seed on
+shuffled batches, then the held-out scores and the training time), all in
+``OUT_DIR/results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tf_peer_models as models  # noqa: E402
+
+tf.get_logger().setLevel("ERROR")
+NS = SimpleNamespace(estimator=tf.estimator, fc=tf.feature_column,
+                     numpy_input_fn=tf.compat.v1.estimator.inputs.numpy_input_fn,
+                     adagrad=tf.keras.optimizers.legacy.Adagrad)
+
+
+class _LossHook(tf.estimator.SessionRunHook):
+    def __init__(self, loss, into: list) -> None:
+        self.loss, self.into = loss, into
+
+    def before_run(self, run_context):
+        return tf.estimator.SessionRunArgs(self.loss)
+
+    def after_run(self, run_context, run_values):
+        self.into.append(float(run_values.results))
+
+
+def _recording(est, into: list):
+    """``est`` with a hook that records each training step's loss."""
+    def model_fn(features, labels, mode, config):
+        spec = est.model_fn(features, labels, mode, config)
+        if mode == tf.estimator.ModeKeys.TRAIN:
+            spec = spec._replace(training_hooks=[*spec.training_hooks,
+                                                 _LossHook(spec.loss, into)])
+        return spec
+
+    return tf.estimator.Estimator(model_fn, model_dir=est.model_dir, config=est.config)
+
+
+def _features(data: dict, rows: np.ndarray) -> dict:
+    return {k: v[rows] for k, v in data.items() if not k.startswith("label")}
+
+
+def parity(name: str, kind: str, data: dict, spec: dict, out: Path) -> None:
+    steps, batch = spec["parity_steps"], spec["batch"]
+    rows = np.arange(steps * batch) % spec["train_rows"]
+    model_dir = tempfile.mkdtemp(prefix=f"tf-{name}-")
+    est = models.build(name, NS, model_dir, spec["parity_seed"], spec["meta"], parity=True)
+    losses: list[float] = []
+    fn = NS.numpy_input_fn(_features(data, rows), models.labels_for(kind, data)[rows],
+                           batch_size=batch, shuffle=False, num_epochs=1)
+    _recording(est, losses).train(fn, steps=steps)
+    reader = tf.train.load_checkpoint(os.path.join(model_dir, "model.ckpt-0"))
+    variables = {f"var:{k}": reader.get_tensor(k)
+                 for k in reader.get_variable_to_shape_map()}
+    np.savez(out / f"{name}.parity.npz", losses=np.asarray(losses, np.float64), **variables)
+
+
+def quality(name: str, kind: str, data: dict, spec: dict) -> list[dict]:
+    train = np.arange(spec["train_rows"])
+    test = np.arange(spec["train_rows"], len(data["label"]))
+    out = []
+    for seed in spec["seeds"]:
+        model_dir = tempfile.mkdtemp(prefix=f"tf-{name}-{seed}-")
+        est = models.build(name, NS, model_dir, seed, spec["meta"], parity=False)
+        fn = NS.numpy_input_fn(_features(data, train), models.labels_for(kind, data)[train],
+                               batch_size=spec["batch"], shuffle=True, num_epochs=None)
+        t0 = time.perf_counter()
+        est.train(fn, steps=spec["steps"])
+        seconds = time.perf_counter() - t0
+        pred = NS.numpy_input_fn(_features(data, test), batch_size=spec["batch"],
+                                 shuffle=False, num_epochs=1)
+        out.append({"seed": seed, "train_seconds": seconds,
+                    "scores": models.scores(kind, list(est.predict(pred)))})
+    return out
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    data = dict(np.load(spec["data"], allow_pickle=False))
+    results = {"tensorflow": tf.__version__}
+    for name in spec["models"]:
+        _, kind, in_quality = models.MODELS[name]
+        t0 = time.perf_counter()
+        if spec["parity_steps"]:
+            parity(name, kind, data, spec, out)
+        results[name] = quality(name, kind, data, spec) if in_quality and spec["seeds"] else []
+        print(f"tensorflow {name}: {time.perf_counter() - t0:.1f}s", flush=True)
+    (out / "results.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
