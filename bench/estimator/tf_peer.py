@@ -104,10 +104,6 @@ def _ours() -> SimpleNamespace:
                            adagrad=estimator.train.Adagrad)
 
 
-def _features(data: dict, rows: np.ndarray) -> dict:
-    return {k: v[rows] for k, v in data.items() if not k.startswith("label")}
-
-
 def _assign(est, tf_vars: dict[str, np.ndarray]) -> None:
     """Copy TensorFlow's variables into ``est``'s (its training program built): same names,
     except the linear model's per-column weights of dense columns, which tierserve holds as
@@ -148,33 +144,13 @@ def ours_parity(name: str, kind: str, data: dict, spec: dict, tf_vars: dict) -> 
     rows = np.arange(steps * batch) % TRAIN_ROWS
     est = models.build(name, ns, tempfile.mkdtemp(prefix=f"ts-{name}-"),
                        spec["parity_seed"], spec["meta"], parity=True)
-    fn = ns.numpy_input_fn(_features(data, rows), models.labels_for(kind, data)[rows],
+    fn = ns.numpy_input_fn(models.features(data, rows), models.labels_for(kind, data)[rows],
                            batch_size=batch, shuffle=False, num_epochs=1)
     feats, labels = next(iter(fn()))
     est._program(ModeKeys.TRAIN, feats, est._labels_for(labels))  # the variables, built
     _assign(est, tf_vars)
     est.train(fn, hooks=[Record()], steps=steps)
     return losses
-
-
-def ours_quality(name: str, kind: str, data: dict, spec: dict) -> list[dict]:
-    ns = _ours()
-    train = np.arange(TRAIN_ROWS)
-    test = np.arange(TRAIN_ROWS, len(data["label"]))
-    out = []
-    for seed in spec["seeds"]:
-        est = models.build(name, ns, tempfile.mkdtemp(prefix=f"ts-{name}-{seed}-"), seed,
-                           spec["meta"], parity=False)
-        fn = ns.numpy_input_fn(_features(data, train), models.labels_for(kind, data)[train],
-                               batch_size=spec["batch"], shuffle=True, num_epochs=None)
-        t0 = time.perf_counter()
-        est.train(fn, steps=spec["steps"])
-        seconds = time.perf_counter() - t0
-        pred = ns.numpy_input_fn(_features(data, test), batch_size=spec["batch"],
-                                 shuffle=False, num_epochs=1)
-        out.append({"seed": seed, "train_seconds": seconds,
-                    "scores": models.scores(kind, list(est.predict(pred)))})
-    return out
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -274,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
             parity[name] = float(np.max(np.abs(np.asarray(mine) - theirs)))
             print(f"  parity {name}: TF loss {theirs[0]:.5f} -> {theirs[-1]:.5f}, tierserve "
                   f"{mine[0]:.5f} -> {mine[-1]:.5f}", flush=True)
-        ours[name] = ours_quality(name, kind, data, spec) if in_quality and spec["seeds"] else []
+        ours[name] = (models.quality_runs(name, _ours(), data, spec, "ts")
+                      if in_quality and spec["seeds"] else [])
         print(f"tierserve {name}: {time.perf_counter() - t0:.1f}s", flush=True)
     rows = report(spec, data, tf_results, ours, parity)
     if args.json:

@@ -13,6 +13,8 @@ computed once by the driver and given to both runs.
 
 from __future__ import annotations
 
+import tempfile
+import time
 from typing import Any
 
 INTS = [f"I{i}" for i in range(1, 14)]
@@ -131,3 +133,30 @@ def scores(kind: str, predictions: list[dict]) -> list[float]:
     if kind == "3class":
         return [float(p["probabilities"][1]) for p in predictions]
     return [float(p["predictions"][0]) for p in predictions]
+
+
+def features(data: dict, rows: Any) -> dict:
+    """The feature arrays of ``rows`` (everything but the labels)."""
+    return {k: v[rows] for k, v in data.items() if not k.startswith("label")}
+
+
+def quality_runs(name: str, ns: Any, data: dict, spec: dict, prefix: str) -> list[dict]:
+    """Model ``name`` trained ``spec['steps']`` steps of shuffled training rows from its own
+    initialisation, once per seed: the training time and the held-out scores of each."""
+    kind = MODELS[name][1]
+    train = list(range(spec["train_rows"]))
+    test = list(range(spec["train_rows"], len(data["label"])))
+    out = []
+    for seed in spec["seeds"]:
+        est = build(name, ns, tempfile.mkdtemp(prefix=f"{prefix}-{name}-{seed}-"), seed,
+                    spec["meta"], parity=False)
+        fn = ns.numpy_input_fn(features(data, train), labels_for(kind, data)[train],
+                               batch_size=spec["batch"], shuffle=True, num_epochs=None)
+        t0 = time.perf_counter()
+        est.train(fn, steps=spec["steps"])
+        seconds = time.perf_counter() - t0
+        pred = ns.numpy_input_fn(features(data, test), batch_size=spec["batch"],
+                                 shuffle=False, num_epochs=1)
+        out.append({"seed": seed, "train_seconds": seconds,
+                    "scores": scores(kind, list(est.predict(pred)))})
+    return out

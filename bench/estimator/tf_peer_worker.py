@@ -58,42 +58,19 @@ def _recording(est, into: list):
     return tf.estimator.Estimator(model_fn, model_dir=est.model_dir, config=est.config)
 
 
-def _features(data: dict, rows: np.ndarray) -> dict:
-    return {k: v[rows] for k, v in data.items() if not k.startswith("label")}
-
-
 def parity(name: str, kind: str, data: dict, spec: dict, out: Path) -> None:
     steps, batch = spec["parity_steps"], spec["batch"]
     rows = np.arange(steps * batch) % spec["train_rows"]
     model_dir = tempfile.mkdtemp(prefix=f"tf-{name}-")
     est = models.build(name, NS, model_dir, spec["parity_seed"], spec["meta"], parity=True)
     losses: list[float] = []
-    fn = NS.numpy_input_fn(_features(data, rows), models.labels_for(kind, data)[rows],
+    fn = NS.numpy_input_fn(models.features(data, rows), models.labels_for(kind, data)[rows],
                            batch_size=batch, shuffle=False, num_epochs=1)
     _recording(est, losses).train(fn, steps=steps)
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "model.ckpt-0"))
     variables = {f"var:{k}": reader.get_tensor(k)
                  for k in reader.get_variable_to_shape_map()}
     np.savez(out / f"{name}.parity.npz", losses=np.asarray(losses, np.float64), **variables)
-
-
-def quality(name: str, kind: str, data: dict, spec: dict) -> list[dict]:
-    train = np.arange(spec["train_rows"])
-    test = np.arange(spec["train_rows"], len(data["label"]))
-    out = []
-    for seed in spec["seeds"]:
-        model_dir = tempfile.mkdtemp(prefix=f"tf-{name}-{seed}-")
-        est = models.build(name, NS, model_dir, seed, spec["meta"], parity=False)
-        fn = NS.numpy_input_fn(_features(data, train), models.labels_for(kind, data)[train],
-                               batch_size=spec["batch"], shuffle=True, num_epochs=None)
-        t0 = time.perf_counter()
-        est.train(fn, steps=spec["steps"])
-        seconds = time.perf_counter() - t0
-        pred = NS.numpy_input_fn(_features(data, test), batch_size=spec["batch"],
-                                 shuffle=False, num_epochs=1)
-        out.append({"seed": seed, "train_seconds": seconds,
-                    "scores": models.scores(kind, list(est.predict(pred)))})
-    return out
 
 
 def main() -> None:
@@ -106,7 +83,8 @@ def main() -> None:
         t0 = time.perf_counter()
         if spec["parity_steps"]:
             parity(name, kind, data, spec, out)
-        results[name] = quality(name, kind, data, spec) if in_quality and spec["seeds"] else []
+        results[name] = (models.quality_runs(name, NS, data, spec, "tf")
+                         if in_quality and spec["seeds"] else [])
         print(f"tensorflow {name}: {time.perf_counter() - t0:.1f}s", flush=True)
     (out / "results.json").write_text(json.dumps(results))
 

@@ -41,19 +41,17 @@ def _shift_mix(v):
 
 
 @njit(cache=True, inline="always")
-def _fetch64(b, p):
+def _fetch(b, p, nbytes):
+    """The little-endian integer of ``b[p:p + nbytes]`` (FarmHash's Fetch64 / Fetch32)."""
     v = np.uint64(0)
-    for k in range(8):
+    for k in range(nbytes):
         v |= np.uint64(b[p + k]) << np.uint64(8 * k)
     return v
 
 
 @njit(cache=True, inline="always")
-def _fetch32(b, p):
-    v = np.uint64(0)
-    for k in range(4):
-        v |= np.uint64(b[p + k]) << np.uint64(8 * k)
-    return v
+def _fetch64(b, p):
+    return _fetch(b, p, 8)
 
 
 @njit(cache=True, inline="always")
@@ -76,8 +74,8 @@ def _len0to16(b, n):
         return _len16(c, d, mul)
     if n >= 4:
         mul = _K2 + np.uint64(n) * np.uint64(2)
-        a = _fetch32(b, 0)
-        return _len16(np.uint64(n) + (a << np.uint64(3)), _fetch32(b, n - 4), mul)
+        a = _fetch(b, 0, 4)
+        return _len16(np.uint64(n) + (a << np.uint64(3)), _fetch(b, n - 4, 4), mul)
     if n > 0:
         a = np.uint64(b[0])
         c1 = np.uint64(b[n >> 1])

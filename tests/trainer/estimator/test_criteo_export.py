@@ -65,6 +65,7 @@ def trained(tmp_path_factory):
         model_dir=str(model_dir),
         linear_feature_columns=cats + nums,
         linear_optimizer=estimator.train.FtrlOptimizer(0.05),
+        dnn_optimizer=estimator.train.Adagrad(0.05),
         dnn_feature_columns=nums + [fc.embedding_column(c, 8) for c in cats],
         dnn_hidden_units=[64, 32],
         config=estimator.RunConfig(save_checkpoints_steps=1000, save_summary_steps=20),
