@@ -30,6 +30,7 @@ rows for training, last 2,000 held out.  Two checks per model:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -96,12 +97,27 @@ def load(path: Path) -> tuple[dict, dict]:
 # -- tierserve's side --------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _absent_ids_as_initial():
+    """Evaluation reads an id no training step looked up as its initial vector, as
+    TensorFlow's embedding variables hold every row from the start (tierserve reads zeros):
+    to attribute an AUC difference to that rule."""
+    from tierserve.trainer.estimator.tables import ColumnTable
+
+    ColumnTable.absent_reads_initial = True
+    try:
+        yield
+    finally:
+        ColumnTable.absent_reads_initial = False
+
+
 def _ours() -> SimpleNamespace:
     from tierserve.trainer import estimator, feature_column
 
     return SimpleNamespace(estimator=estimator, fc=feature_column,
                            numpy_input_fn=estimator.inputs.numpy_input_fn,
-                           adagrad=estimator.train.Adagrad)
+                           adagrad=estimator.train.Adagrad, run_config={},
+                           absent_ids_as_initial=_absent_ids_as_initial)
 
 
 def _assign(est, tf_vars: dict[str, np.ndarray]) -> None:
@@ -181,24 +197,30 @@ def report(spec: dict, data: dict, tf_results: dict, ours: dict, parity: dict) -
     held_out = data["label"][TRAIN_ROWS:]
     rows = []
     head = (f"{'model':<20} {'parity max |dloss|':>18} {'TF AUC':>17} {'tierserve AUC':>17} "
-            f"{'diff':>8} {'TF s':>6} {'ts s':>6} {'speed':>6}")
+            f"{'diff':>8} {'diff*':>8} {'TF s':>6} {'ts s':>6} {'speed':>6}")
     print(f"\nTensorFlow {tf_results.get('tensorflow')} vs tierserve; parity: "
           f"{spec['parity_steps']} steps from TF's initial variables; quality: "
-          f"{spec['steps']} steps x {spec['batch']}, seeds {spec['seeds']}\n{head}")
+          f"{spec['steps']} steps x {spec['batch']}, seeds {spec['seeds']}, "
+          f"{spec['threads']} thread(s) each; diff*: with ids never trained read as TF reads "
+          f"them (their initial vector, not zeros)\n{head}")
     for name in spec["models"]:
         tf_auc = _auc(held_out, tf_results.get(name, []))
         our_auc = _auc(held_out, ours.get(name, []))
+        as_tf = _auc(held_out, [{"scores": r["scores_tf_absent"]} for r in ours.get(name, [])])
         tf_s = [r["train_seconds"] for r in tf_results.get(name, [])]
         our_s = [r["train_seconds"] for r in ours.get(name, [])]
         diff = (statistics.mean(our_auc) - statistics.mean(tf_auc)) if tf_auc else None
+        diff_tf = (statistics.mean(as_tf) - statistics.mean(tf_auc)) if tf_auc else None
         speed = (statistics.median(tf_s) / statistics.median(our_s)) if our_s else None
         row = {"model": name, "what": models.MODELS[name][0], "parity": parity.get(name),
                "tf_auc": tf_auc, "ours_auc": our_auc, "auc_diff": diff,
+               "ours_auc_absent_as_tf": as_tf, "auc_diff_absent_as_tf": diff_tf,
                "tf_seconds": tf_s, "ours_seconds": our_s, "speedup": speed}
         rows.append(row)
         par = "-" if parity.get(name) is None else f"{parity[name]:.2e}"
         print(f"{name:<20} {par:>18} {_spread(tf_auc):>17} {_spread(our_auc):>17} "
               f"{'-' if diff is None else f'{diff:+.4f}':>8} "
+              f"{'-' if diff_tf is None else f'{diff_tf:+.4f}':>8} "
               f"{statistics.median(tf_s) if tf_s else 0:>6.1f} "
               f"{statistics.median(our_s) if our_s else 0:>6.1f} "
               f"{'-' if speed is None else f'{speed:.2f}x':>6}")
@@ -215,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--parity-steps", type=int, default=50)
+    p.add_argument("--threads", type=int, default=1,
+                   help="TF's intra/inter-op threads and numpy's BLAS threads")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     if args.install:
@@ -233,7 +257,10 @@ def main(argv: list[str] | None = None) -> None:
     spec = {"data": str(workdir / "data.npz"), "models": names, "meta": meta,
             "seeds": [int(s) for s in args.seeds.split(",") if s != ""], "steps": args.steps,
             "batch": args.batch, "parity_steps": args.parity_steps, "train_rows": TRAIN_ROWS,
-            "parity_seed": 0}
+            "parity_seed": 0, "threads": args.threads}
+    from tierserve.trainer.blas_threads import set_blas_threads
+
+    set_blas_threads(args.threads)
     tf_results = run_tensorflow(args.tf_python, spec, workdir)
     ours: dict[str, list] = {}
     parity: dict[str, float] = {}

@@ -81,7 +81,8 @@ def build(name: str, ns: Any, model_dir: str, seed: int, meta: dict, parity: boo
     c = _columns(ns, meta)
     config = E.RunConfig(tf_random_seed=seed, save_checkpoints_steps=100000,
                          save_checkpoints_secs=None, keep_checkpoint_max=3,
-                         log_step_count_steps=100000, save_summary_steps=100000)
+                         log_step_count_steps=100000, save_summary_steps=100000,
+                         **ns.run_config)
     common = {"model_dir": model_dir, "config": config}
     if name == "linear":
         return E.LinearClassifier(feature_columns=_wide(c), **common)
@@ -157,6 +158,10 @@ def quality_runs(name: str, ns: Any, data: dict, spec: dict, prefix: str) -> lis
         seconds = time.perf_counter() - t0
         pred = ns.numpy_input_fn(features(data, test), batch_size=spec["batch"],
                                  shuffle=False, num_epochs=1)
-        out.append({"seed": seed, "train_seconds": seconds,
-                    "scores": scores(kind, list(est.predict(pred)))})
+        run = {"seed": seed, "train_seconds": seconds,
+               "scores": scores(kind, list(est.predict(pred)))}
+        if ns.absent_ids_as_initial is not None:  # tierserve: also as TensorFlow reads them
+            with ns.absent_ids_as_initial():
+                run["scores_tf_absent"] = scores(kind, list(est.predict(pred)))
+        out.append(run)
     return out

@@ -32,7 +32,8 @@ import tf_peer_models as models  # noqa: E402
 tf.get_logger().setLevel("ERROR")
 NS = SimpleNamespace(estimator=tf.estimator, fc=tf.feature_column,
                      numpy_input_fn=tf.compat.v1.estimator.inputs.numpy_input_fn,
-                     adagrad=tf.keras.optimizers.legacy.Adagrad)
+                     adagrad=tf.keras.optimizers.legacy.Adagrad, run_config={},
+                     absent_ids_as_initial=None)
 
 
 class _LossHook(tf.estimator.SessionRunHook):
@@ -76,6 +77,9 @@ def parity(name: str, kind: str, data: dict, spec: dict, out: Path) -> None:
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
+    threads = spec["threads"]
+    NS.run_config = {"session_config": tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)}
     data = dict(np.load(spec["data"], allow_pickle=False))
     results = {"tensorflow": tf.__version__}
     for name in spec["models"]:

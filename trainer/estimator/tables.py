@@ -80,14 +80,21 @@ class ColumnTable(EmbeddingTable):
             return self.xp.zeros((keys.shape[0], self.dim), dtype=self.xp.float32)
         return super().initial_rows(keys)
 
+    #: What a key the table does not hold reads in :meth:`lookup`: zeros (False, what the
+    #: served model's parameter server returns), or its initial vector (True, what
+    #: TensorFlow's embedding variable, whose every row exists from the start, holds).
+    absent_reads_initial = False
+
     def lookup(self, sparse: SparseInput, combiner: str | None = None) -> Any:
-        """Pooled vectors like :meth:`forward`, adding no key: absent keys read zeros."""
+        """Pooled vectors like :meth:`forward`, adding no key: absent keys read zeros (see
+        :attr:`absent_reads_initial`)."""
         xp = self.xp
         keys = xp.asarray(np.asarray(sparse.keys, dtype=np.int64))
         offsets = xp.asarray(np.asarray(sparse.row_offsets, dtype=np.int64))
         rows = self._index.lookup(keys)  # the base class's key index (read only)
         hit = rows >= 0
-        emb = xp.zeros((keys.shape[0], self.dim), dtype=xp.float32)
+        emb = (self.initial_rows(keys) if self.absent_reads_initial
+               else xp.zeros((keys.shape[0], self.dim), dtype=xp.float32))
         emb[hit] = xp.take(self._values, rows[hit], axis=0)
         return combine(emb, offsets, int(sparse.slot_num), combiner or self.combiner)
 
