@@ -141,12 +141,19 @@ def features(data: dict, rows: Any) -> dict:
     return {k: v[rows] for k, v in data.items() if not k.startswith("label")}
 
 
+def held_out_scores(est: Any, kind: str, ns: Any, data: dict, spec: dict) -> list[float]:
+    """``est``'s scores of the held-out rows (those after ``spec['train_rows']``)."""
+    test = list(range(spec["train_rows"], len(data["label"])))
+    pred = ns.numpy_input_fn(features(data, test), batch_size=spec["batch"], shuffle=False,
+                             num_epochs=1)
+    return scores(kind, list(est.predict(pred)))
+
+
 def quality_runs(name: str, ns: Any, data: dict, spec: dict, prefix: str) -> list[dict]:
     """Model ``name`` trained ``spec['steps']`` steps of shuffled training rows from its own
     initialisation, once per seed: the training time and the held-out scores of each."""
     kind = MODELS[name][1]
     train = list(range(spec["train_rows"]))
-    test = list(range(spec["train_rows"], len(data["label"])))
     out = []
     for seed in spec["seeds"]:
         est = build(name, ns, tempfile.mkdtemp(prefix=f"{prefix}-{name}-{seed}-"), seed,
@@ -156,12 +163,10 @@ def quality_runs(name: str, ns: Any, data: dict, spec: dict, prefix: str) -> lis
         t0 = time.perf_counter()
         est.train(fn, steps=spec["steps"])
         seconds = time.perf_counter() - t0
-        pred = ns.numpy_input_fn(features(data, test), batch_size=spec["batch"],
-                                 shuffle=False, num_epochs=1)
         run = {"seed": seed, "train_seconds": seconds,
-               "scores": scores(kind, list(est.predict(pred)))}
+               "scores": held_out_scores(est, kind, ns, data, spec)}
         if ns.absent_ids_as_initial is not None:  # tierserve: also as TensorFlow reads them
             with ns.absent_ids_as_initial():
-                run["scores_tf_absent"] = scores(kind, list(est.predict(pred)))
+                run["scores_tf_absent"] = held_out_scores(est, kind, ns, data, spec)
         out.append(run)
     return out

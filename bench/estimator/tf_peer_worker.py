@@ -5,7 +5,8 @@ environment's Python (it imports TensorFlow and numpy, never tierserve):
 
 For each model of the spec: the parity run (``parity_steps`` steps on fixed batches from
 TensorFlow's own initialisation; the per-step losses and the step-0 checkpoint's variables are
-written to ``OUT_DIR/<model>.parity.npz``) and the quality runs (``steps`` steps per seed on
+written to ``OUT_DIR/<model>.parity.npz`` with the held-out scores after them) and the
+quality runs (``steps`` steps per seed on
 shuffled batches, then the held-out scores and the training time), all in
 ``OUT_DIR/results.json``.
 """
@@ -71,7 +72,8 @@ def parity(name: str, kind: str, data: dict, spec: dict, out: Path) -> None:
     reader = tf.train.load_checkpoint(os.path.join(model_dir, "model.ckpt-0"))
     variables = {f"var:{k}": reader.get_tensor(k)
                  for k in reader.get_variable_to_shape_map()}
-    np.savez(out / f"{name}.parity.npz", losses=np.asarray(losses, np.float64), **variables)
+    np.savez(out / f"{name}.parity.npz", losses=np.asarray(losses, np.float64),
+             scores=np.asarray(models.held_out_scores(est, kind, NS, data, spec)), **variables)
 
 
 def main() -> None:
