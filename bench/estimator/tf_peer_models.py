@@ -64,7 +64,10 @@ MODELS: dict[str, tuple[str, str, bool]] = {
     "dnn": ("DNNClassifier, 'Adagrad' (default), weight_column", "binary", True),
     "dnn_adam_bn": ("DNNClassifier, 'Adam', batch_norm (dropout 0.1 in the AUC part)",
                     "binary", True),
-    "wide_deep": ("DNNLinearCombinedClassifier, 'Ftrl' + 'Adam'", "binary", True),
+    "issue": ("the issue's script: DNNLinearCombinedClassifier, numeric + hash-bucket "
+              "embedding columns, 'Ftrl' + 'Adam'", "binary", True),
+    "wide_deep": ("DNNLinearCombinedClassifier, 'Ftrl' + 'Adam', crosses, buckets", "binary",
+                  True),
     "wide_deep_default": ("DNNLinearCombinedClassifier, defaults", "binary", True),
     "dnn_3class": ("DNNClassifier n_classes=3, 'Adagrad', tf.keras-style Adagrad object",
                    "3class", False),
@@ -94,6 +97,13 @@ def build(name: str, ns: Any, model_dir: str, seed: int, meta: dict, parity: boo
     if name == "dnn_adam_bn":
         return E.DNNClassifier(hidden_units=HIDDEN, feature_columns=_deep(c), optimizer="Adam",
                                batch_norm=True, dropout=None if parity else 0.1, **common)
+    if name == "issue":
+        hashed = [ns.fc.categorical_column_with_hash_bucket(k, HASH_BUCKETS) for k in CATS]
+        return E.DNNLinearCombinedClassifier(
+            linear_feature_columns=hashed, linear_optimizer="Ftrl",
+            dnn_feature_columns=c["nums"] + [ns.fc.embedding_column(h, EMBEDDING_DIM)
+                                             for h in hashed],
+            dnn_optimizer="Adam", dnn_hidden_units=HIDDEN, **common)
     if name == "wide_deep":
         return E.DNNLinearCombinedClassifier(
             linear_feature_columns=c["hashed"] + c["crossed"] + c["buckets"],
