@@ -35,18 +35,7 @@ def reader_for(
     data = graph.data_layer
     _, label_dims = label_layout(data)
     dense = data.get("dense") or {}
-    sparse = [
-        DataReaderSparseParam(
-            sparse_name=s["top"],
-            nnz_per_slot=s.get("nnz_per_slot")
-            or max(
-                1, int(s.get("max_feature_num_per_sample", s["slot_num"])) // int(s["slot_num"])
-            ),
-            is_fixed_length=bool(s.get("is_fixed_length", False)),
-            slot_num=int(s["slot_num"]),
-        )
-        for s in data.get("sparse", []) or []
-    ]
+    sparse = [DataReaderSparseParam.from_graph(s) for s in data.get("sparse", []) or []]
     if slot_size_array is None or len(slot_size_array) == 0:
         slot_size_array = data.get("slot_size_array") or ()
     return DataReader(
@@ -60,8 +49,8 @@ def reader_for(
         i64_input_key=i64_input_key,
         repeat_dataset=repeat,
         slot_size_array=list(slot_size_array),
-        # Raw data as the model was trained on it (DataReaderParams' default: float32)
-        float_label_dense=bool(data.get("float_label_dense", True)),
+        # Raw data as the model was trained on it (default False, as HugeCTR's JSON parser)
+        float_label_dense=bool(data.get("float_label_dense", False)),
     )
 
 

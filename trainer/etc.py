@@ -34,7 +34,9 @@ table in key order, as one process does; ``total_rows`` counts every rank's rows
 ``emb_vector``[, ``slot_id``]) and the optimizer state beside its vectors as
 ``<Optimizer>.<state>`` files in the same row order, as HugeCTR's ETC writes them; the dense
 files go to the prefix as usual.  An existing ``sparse_models`` folder is loaded at start
-(incremental training).  Keyset files are HugeCTR's: the keys as raw little-endian int64.
+(incremental training).  Keyset files are HugeCTR's: the keys, raw little-endian, in the
+model's key width (``i64_input_key``: int64, else uint32; HugeCTR's ``load_keyset_from_file``
+reads ``sizeof(TypeKey)``-byte keys and ``criteo2hugectr`` writes uint32 ones).
 """
 
 from __future__ import annotations
@@ -83,12 +85,25 @@ def CreateHMemCache(num_blocks: int = 1, target_hit_rate: float | None = None,  
                     block_size_mb: float = 64.0) -> HMemCacheConfig:
     """HugeCTR's ``CreateHMemCache``: a host cache of ``num_blocks`` x ``block_size_mb`` MB.
 
-    ``target_hit_rate`` and ``max_num_evict`` (HugeCTR's block-eviction tuning) are refused:
-    this cache evicts the least used rows whenever it is full."""
-    for name, value in (("target_hit_rate", target_hit_rate), ("max_num_evict", max_num_evict)):
-        if value is not None:
-            raise ConfigError(f"CreateHMemCache: {name} is not supported (the host cache evicts "
-                              "its least used rows when full); leave it out")
+    ``target_hit_rate`` (0 .. 1) and ``max_num_evict`` (>= 0), HugeCTR's tuning of when its
+    pass-sized blocks are evicted and when the cache freezes, are checked and then warn: this
+    cache evicts its least used rows whenever it is full and never freezes.  Either way every
+    row is read from and written back to the RocksDB table, so the trained values are the
+    same; only the disk traffic differs."""
+    from .compat import warn_once
+
+    if target_hit_rate is not None:
+        if not 0.0 <= float(target_hit_rate) <= 1.0:
+            raise ConfigError(f"CreateHMemCache: target_hit_rate must be in [0, 1], "
+                              f"got {target_hit_rate}")
+        warn_once("CreateHMemCache.target_hit_rate", "the host cache evicts its least used "
+                  "rows whenever it is full, whatever its hit rate (the trained values are "
+                  "the same)")
+    if max_num_evict is not None:
+        if int(max_num_evict) < 0:
+            raise ConfigError(f"CreateHMemCache: max_num_evict must be >= 0, got {max_num_evict}")
+        warn_once("CreateHMemCache.max_num_evict", "the host cache is never frozen: it evicts "
+                  "its least used rows whenever it is full (the trained values are the same)")
     if int(num_blocks) < 1 or float(block_size_mb) <= 0:
         raise ConfigError(f"CreateHMemCache: num_blocks must be >= 1 and block_size_mb > 0, "
                           f"got {num_blocks}, {block_size_mb}")
@@ -308,6 +323,7 @@ class EmbeddingTrainingCache:
                               f"has {len(model.tables)} embedding tables")
         self.model = model
         self.params = params
+        self.i64_input_key = bool(model.solver.i64_input_key)  # the keyset files' key width
         dist = getattr(model, "_dist", None)
         self.comm = None if dist is None else dist.comm
         self.rank, self.size = (0, 1) if dist is None else (dist.rank, dist.size)
@@ -402,7 +418,8 @@ class EmbeddingTrainingCache:
         table = self._table(i)
         if self.size == 1 and count > table.max_rows:  # (only then is it read whole, to count;
             # a rank of several holds its share, which the lookups check)
-            table._check_capacity(int(np.unique(read_keyset(path)).shape[0]))
+            table._check_capacity(
+                int(np.unique(read_keyset(path, self.i64_input_key)).shape[0]))
 
     def _fill(self, i: int, path: Any, count: int) -> None:
         """Load the server's rows of the keys of keyset file ``path`` (``count`` keys) into
@@ -413,12 +430,13 @@ class EmbeddingTrainingCache:
         if self.size > 1:  # this rank's share: its keys of a DistributedSlot table (a
             # Localized table's share is known as rows are found: it grows as they come)
             need = 0 if self.model.tables[i].localized else sum(
-                int(self._mine(i, chunk).sum()) for chunk in _keyset_chunks(path))
+                int(self._mine(i, chunk).sum())
+                for chunk in _keyset_chunks(path, self.i64_input_key))
         need = min(need, table.max_rows)
         if need:
             table._reserve(need)  # once: no doubling (old and new arrays) mid-pass
             table._index.reserve(need)
-        for chunk in _keyset_chunks(path):
+        for chunk in _keyset_chunks(path, self.i64_input_key):
             if self.size > 1:
                 chunk = chunk[self._mine(i, chunk)]
             rows, found = server.get(chunk)
@@ -475,7 +493,7 @@ class EmbeddingTrainingCache:
         if len(files) != len(self.servers):
             raise ConfigError(f"EmbeddingTrainingCache.update: {len(files)} keyset files for "
                               f"{len(self.servers)} embedding tables")
-        counts = [keyset_size(f) for f in files]
+        counts = [keyset_size(f, self.i64_input_key) for f in files]
         for i, (path, count) in enumerate(zip(files, counts)):
             self._check_keyset(i, path, count)
         for i, (path, count) in enumerate(zip(files, counts)):
@@ -628,46 +646,83 @@ def _read_rows(path: Path, dtype: Any, lo: int, hi: int, width: int) -> np.ndarr
         hi - lo, width)
 
 
-def keyset_size(path: Any) -> int:
-    """The number of keys in a HugeCTR keyset file (raw little-endian int64), checked."""
+def keyset_dtype(i64_input_key: bool) -> np.dtype:
+    """A keyset file's key type: int64 for a model with ``i64_input_key``, else uint32."""
+    return np.dtype("<i8") if i64_input_key else np.dtype("<u4")
+
+
+def keyset_size(path: Any, i64_input_key: bool) -> int:
+    """The number of keys in a HugeCTR keyset file of the model's key width, checked: the
+    size must be whole keys, and a 32-bit model refuses a file of int64 keys (its first keys'
+    high halves, read as uint32 keys, would all be 0, a key a keyset holds once)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"keyset file {path} does not exist")
     size = path.stat().st_size
-    if size % 8:
-        raise ConfigError(f"keyset file {path} has {size} bytes, not a whole number of int64 keys")
-    return size // 8
+    dtype = keyset_dtype(i64_input_key)
+    width, flag = ("int64", "True") if i64_input_key else ("uint32", "False")
+    if size % dtype.itemsize:
+        raise ConfigError(f"keyset file {path} has {size} bytes, not a whole number of {width} "
+                          f"keys (the model has i64_input_key={flag})")
+    if not i64_input_key and size >= 32:
+        head = np.fromfile(path, dtype="<u4", count=min(size // 4, 2 * CHUNK_ROWS) // 2 * 2)
+        if head[0::2].any() and not head[1::2].any():
+            raise ConfigError(
+                f"keyset file {path} holds int64 keys (every other 4-byte word is 0) but the "
+                "model has i64_input_key=False: write the keyset with 4-byte keys "
+                "(write_keyset(path, keys, i64_input_key=False))")
+    return size // dtype.itemsize
 
 
-def read_keyset(path: Any) -> np.ndarray:
-    """The keys of a HugeCTR keyset file (raw little-endian int64)."""
-    keyset_size(path)
-    return np.fromfile(path, dtype="<i8").astype(np.int64, copy=False)
+def read_keyset(path: Any, i64_input_key: bool) -> np.ndarray:
+    """The keys of a HugeCTR keyset file of the model's key width, as int64."""
+    keyset_size(path, i64_input_key)
+    return np.fromfile(path, dtype=keyset_dtype(i64_input_key)).astype(np.int64)
 
 
-def _keyset_chunks(path: Any, rows: int = CHUNK_ROWS) -> Iterator[np.ndarray]:
-    """The keys of a keyset file, ``rows`` at a time."""
+def write_keyset(path: Any, keys: Any, i64_input_key: bool) -> Path:
+    """Write ``keys`` as a HugeCTR keyset file of the model's key width (uint32 keys must lie
+    in 0 .. 2**32 - 1)."""
+    keys = np.asarray(keys)
+    if not i64_input_key and keys.size and (keys.min() < 0 or keys.max() >= 2**32):
+        bad = keys[(keys < 0) | (keys >= 2**32)][0]
+        raise ConfigError(f"keyset key {int(bad)} does not fit a uint32 key "
+                          "(i64_input_key=False)")
+    path = Path(path)
+    keys.astype(keyset_dtype(i64_input_key)).tofile(path)
+    return path
+
+
+def _keyset_chunks(path: Any, i64_input_key: bool, rows: int = CHUNK_ROWS
+                   ) -> Iterator[np.ndarray]:
+    """The keys of a keyset file, ``rows`` at a time, as int64."""
+    dtype = keyset_dtype(i64_input_key)
     with open(path, "rb") as f:
         while True:
-            chunk = np.fromfile(f, dtype="<i8", count=rows)
+            chunk = np.fromfile(f, dtype=dtype, count=rows)
             if not chunk.shape[0]:
                 return
-            yield chunk.astype(np.int64, copy=False)
+            yield chunk.astype(np.int64)
 
 
 class KeysetReader:
     """A reader handle that trains the (file list, keyset) pairs of ``set_source`` one after
     the other, calling ``update(keyset)`` before each file list; the end of the last is the
-    end of the epoch, and ``set_source()`` starts again from the first."""
+    end of the epoch, and ``set_source()`` starts again from the first.
+
+    ``set_source(file_list)`` (HugeCTR's low-level loop: the script calls
+    ``EmbeddingTrainingCache.update(keyset)`` itself) reads that file list alone, with no
+    keyset of its own, until ``Model.set_source(source, keyset)`` gives pairs again."""
 
     def __init__(self, inner: Any, cache: EmbeddingTrainingCache) -> None:
         self.inner, self.cache = inner, cache
         self._next = 0
+        self._manual = False
         self._start_pair()
 
     def _start_pair(self) -> bool:
         pairs = self.cache._sources
-        if self._next >= len(pairs):
+        if self._manual or self._next >= len(pairs):
             return False
         source, keyset = pairs[self._next]
         self._next += 1
@@ -688,9 +743,13 @@ class KeysetReader:
         return False
 
     def set_source(self, file_name: Any = "") -> None:
-        if file_name not in ("", None):
-            raise ConfigError("with keysets, set the sources with Model.set_source(source, "
-                              "keyset)")
+        if file_name not in ("", None):  # the script's own file list; it updates the keysets
+            self._manual = True
+            self.inner.set_source(file_name)
+            return
+        if self._manual:
+            self.inner.set_source(file_name)
+            return
         self._next = 0
         self._start_pair()
 

@@ -103,7 +103,7 @@ def _data_reader_params(config: dict[str, Any], path) -> DataReaderParams:
         check_type=Check_t(data.get("check", "Sum")),
         num_samples=int(data.get("num_samples", 0)),
         eval_num_samples=int(data.get("eval_num_samples", 0)),
-        float_label_dense=bool(data.get("float_label_dense", True)),
+        float_label_dense=bool(data.get("float_label_dense", False)),
         slot_size_array=list(data.get("slot_size_array", []) or []),
     )
 
@@ -194,7 +194,7 @@ class Session:
                    export_labels_out_file: str | None = None) -> list[tuple[str, float]]:
         """Evaluate ``max_eval_batches`` batches from the start of the eval source and return
         the metrics; the predictions and labels of those batches go to the files when given
-        (one value per line, appended, as ``Model.export_predictions`` does)."""
+        (appended, every value followed by a space, as ``Model.export_predictions`` does)."""
         if (export_predictions_out_file is None) != (export_labels_out_file is None):
             raise ConfigError("evaluation: give both export_predictions_out_file and "
                               "export_labels_out_file, or neither")

@@ -68,8 +68,9 @@ def test_predict_writes_one_row_per_sample(model_dir, tmp_path):
 
 
 def test_evaluate_reads_raw_data_as_the_model_was_trained_on_it(tmp_path, capsys):
-    """Raw labels and dense values are float32 by DataReaderParams' default; evaluate reads
-    them the same way (the graph JSON records it), so its AUC is the trainer's."""
+    """Raw labels and dense values read as float32 (float_label_dense=True, not the default);
+    evaluate reads them the same way (the graph JSON records it), so its AUC is the
+    trainer's."""
     import tierserve.trainer as hugectr
     from tierserve.trainer.data.raw import write_raw_file
 
@@ -85,7 +86,8 @@ def test_evaluate_reads_raw_data_as_the_model_was_trained_on_it(tmp_path, capsys
     reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Raw,
                                       source=[str(tmp_path / "train.bin")],
                                       eval_source=str(tmp_path / "eval.bin"),
-                                      check_type=hugectr.Check_t.Non, slot_size_array=[20, 20])
+                                      check_type=hugectr.Check_t.Non, slot_size_array=[20, 20],
+                                      float_label_dense=True)
     opt = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam)
     model = hugectr.Model(solver, reader, opt)
     model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",

@@ -46,8 +46,9 @@ def test_restarted_empty_redis_is_refilled_from_rocksdb(tmp_path, redis_server_f
         truth[:10] = 7.0
         redis.stop()
         redis.start()  # empty
-        assert until(lambda: ps.volatile.size(storage) == N, timeout=15), "never refilled"
-        assert ps.volatile.stats.refilled == N
+        # the refill counts its keys after writing them: wait for the count, not only the size
+        assert until(lambda: ps.volatile.stats.refilled == N, timeout=15), "never refilled"
+        assert ps.volatile.size(storage) == N
         before = ps.tier_stats()["persistent"].hits
         np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", keys), truth)
         assert ps.tier_stats()["persistent"].hits == before  # all from Redis again
@@ -65,7 +66,8 @@ def test_restarted_empty_redis_is_refilled_from_the_model_files(tmp_path, redis_
         truth = np.concatenate([expected(keys[:N], 4), np.full((5, 4), -1, np.float32)])
         redis.stop()
         redis.start()
-        assert until(lambda: ps.volatile.size(storage) == N, timeout=15), "never refilled"
+        assert until(lambda: ps.volatile.stats.refilled == N, timeout=15), "never refilled"
+        assert ps.volatile.size(storage) == N
         np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", keys), truth)
         refilled = ps.volatile.stats.refilled
         # Nothing more is written while the marks stay.
@@ -88,8 +90,8 @@ def test_restarted_cluster_node_gets_back_only_its_partitions(tmp_path, redis_cl
             redis_cluster.kill_node(node)
         finally:
             redis_cluster.restart_node(node)
-        assert until(lambda: ps.volatile.size(storage) == N, timeout=20), "never refilled"
-        assert ps.volatile.stats.refilled == on_node
+        assert until(lambda: ps.volatile.stats.refilled == on_node, timeout=20), "never refilled"
+        assert ps.volatile.size(storage) == N
         keys = np.arange(N)
         np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", keys), expected(keys, 4))
         ps.unload_model(name)

@@ -15,11 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hugectr_layout import keyset_bytes, parse_keyset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from keyset_data import keyset_parts
 
 import tierserve.trainer as hugectr
 from tierserve.ps.errors import ConfigError
 from tierserve.ps.sparse_file import read_sparse_model
+from tierserve.trainer.etc import read_keyset, write_keyset
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -33,9 +37,9 @@ def sources(tmp_path_factory):
     return keyset_parts(tmp_path_factory.mktemp("etc_data"), SLOTS)
 
 
-def _model(source, etc=None, optimizer="Adam", update="Local", workspace_mb=1):
+def _model(source, etc=None, optimizer="Adam", update="Local", workspace_mb=1, i64=True):
     solver = hugectr.CreateSolver(batchsize=128, batchsize_eval=128, lr=0.01,
-                                  repeat_dataset=False, i64_input_key=True, seed=5)
+                                  repeat_dataset=False, i64_input_key=i64, seed=5)
     reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm,
                                       source=[source], check_type=hugectr.Check_t.Sum)
     opt = hugectr.CreateOptimizer(optimizer_type=getattr(hugectr.Optimizer_t, optimizer),
@@ -158,8 +162,8 @@ def test_bad_cache_settings_are_refused(tmp_path, sources):
     with pytest.raises(ConfigError, match="Cached table needs local_paths"):
         hugectr.CreateETC(ps_types=[hugectr.TrainPSType_t.Cached], sparse_models=["a"],
                           hmem_cache_configs=[hugectr.CreateHMemCache(1)])
-    with pytest.raises(ConfigError, match="target_hit_rate is not supported"):
-        hugectr.CreateHMemCache(2, 0.5)
+    with pytest.raises(ConfigError, match="target_hit_rate must be in"):
+        hugectr.CreateHMemCache(2, 2.0)
     with pytest.raises(ConfigError, match="ps_types entries must be"):
         hugectr.CreateETC(ps_types=["SSD"], sparse_models=["a"])
     model = _model(sources[0][0], _etc("Staged", tmp_path))
@@ -270,3 +274,40 @@ def test_update_streams_the_keyset_instead_of_reading_it_whole(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak - current < keys.nbytes  # 3.2 MB
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(i64=st.booleans(), n=st.integers(1, 200), seed=st.integers(0, 2**32 - 1))
+def test_keyset_files_in_the_model_key_width_both_ways(tmp_path, i64, n, seed):
+    """A keyset is the keys, raw, in the model's key type (HugeCTR's load_keyset_from_file
+    reads sizeof(TypeKey) bytes a key; criteo2hugectr writes uint32)."""
+    keys = np.random.default_rng(seed).choice(2**62 if i64 else 2**32, n, replace=False)
+    path = tmp_path / f"{seed}.keyset"
+    path.write_bytes(keyset_bytes(keys.tolist(), i64))
+    assert read_keyset(path, i64).tolist() == keys.tolist()
+    write_keyset(path, keys, i64)
+    assert path.read_bytes() == keyset_bytes(keys.tolist(), i64)
+    assert parse_keyset(path.read_bytes(), i64) == keys.tolist()
+
+
+def test_a_32_bit_model_trains_with_uint32_keysets(tmp_path):
+    """A model with i64_input_key=False (HugeCTR's default) reads its keysets as uint32 keys,
+    as HugeCTR writes them; they were read as int64, pairing keys up."""
+    pairs = keyset_parts(tmp_path / "data", SLOTS, parts=1, i64_input_key=False)
+    source, keyset = pairs[0]
+    keys = np.frombuffer(Path(keyset).read_bytes(), "<u4")
+    model = _model(source, _etc("Staged", tmp_path), i64=False)
+    etc = model.get_embedding_training_cache()
+    for _ in range(2):  # the second time the keyset's rows come back from the server
+        etc.update(keyset)
+        assert _train_source(model, source) == 1024 // 128
+    etc.update(keyset)
+    assert model.tables[0].num_rows == keys.size
+    assert np.array_equal(np.sort(model.tables[0].export().keys), np.sort(keys))
+    wide = tmp_path / "wide.keyset"
+    keys.astype("<i8").tofile(wide)
+    with pytest.raises(ConfigError, match="holds int64 keys .* i64_input_key=False"):
+        model.get_embedding_training_cache().update(str(wide))
+    with pytest.raises(ConfigError, match="does not fit a uint32 key"):
+        write_keyset(tmp_path / "x.keyset", [2**32], i64_input_key=False)

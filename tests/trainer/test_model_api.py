@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+from hugectr_layout import export_predictions_text
 
 import tierserve.trainer as hugectr
 from tierserve.ps.errors import ConfigError, CorruptModelFileError
@@ -205,14 +206,22 @@ def test_low_level_loop_and_export_predictions(data, tmp_path):
         model.train()
         losses.append(model.get_current_loss())
     assert np.isfinite(losses).all() and np.mean(losses[-5:]) < np.mean(losses[:5])
+    text = {"pred": "", "label": ""}
     for _ in range(2):
         assert model.eval()
         model.export_predictions(str(tmp_path / "pred"), str(tmp_path / "label"))
+        pred, label = model._last_eval
+        text["pred"] += export_predictions_text(pred.ravel().tolist())
+        text["label"] += export_predictions_text(label.ravel().tolist())
     metrics = dict(model.get_eval_metrics())
     assert set(metrics) == {"AUC", "AverageLoss"} and 0 <= metrics["AUC"] <= 1
+    # HugeCTR's layout: all values on one line, each followed by a space (label_dim 2 here)
+    assert (tmp_path / "pred").read_text() == text["pred"]
+    assert (tmp_path / "label").read_text() == text["label"]
     pred = np.loadtxt(tmp_path / "pred")
     label = np.loadtxt(tmp_path / "label")
-    assert pred.shape == label.shape == (512, 2)
+    assert pred.shape == label.shape == (2 * 256 * 2,)
+    assert np.abs(pred[-512:] - model._last_eval[0].flatten()).max() < 1e-5
     inc = model.get_incremental_model()
     assert len(inc) == 2 and inc[1][1].shape[1] == 4 and len(inc[1][0]) == len(inc[1][1])
 
@@ -464,3 +473,28 @@ def test_fit_epoch_mode_runs_each_epoch_once(data):
     model.fit(num_epochs=3, display=100, eval_interval=0)
     # 4 batches per epoch (1,024 samples); one learning-rate step per trained batch
     assert model.get_learning_rate_scheduler().step == 12
+
+
+@pytest.mark.parametrize("optimizer", [hugectr.Optimizer_t.AdaGrad, hugectr.Optimizer_t.Adam])
+def test_column_major_weights_train_as_row_major_ones(data, optimizer):
+    """Fully connected weights are stored column-major on the CPU (faster BLAS products);
+    a model whose weights and optimizer state are made row-major again trains to the same
+    values."""
+    models = [small_net(make_model(data, optimizer=optimizer)) for _ in range(2)]
+    for m in models:
+        m.compile()
+    fc = [i for i, layer in enumerate(models[0].network.layers)
+          if layer.type_name == "InnerProduct"]
+    assert fc and all(models[0].params[i][0].flags.f_contiguous for i in fc)
+    row_major = models[1]
+    for i in fc:
+        row_major.params[i][0] = np.ascontiguousarray(row_major.params[i][0])
+        state = row_major.opt_states[i][0]
+        for name in state:
+            state[name] = np.ascontiguousarray(state[name])
+    for _ in range(4):
+        for m in models:
+            assert m.train()
+    assert not row_major.params[fc[0]][0].flags.f_contiguous
+    for a, b in zip(models[0].dense_parameters(), row_major.dense_parameters()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

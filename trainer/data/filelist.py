@@ -1,13 +1,20 @@
 """HugeCTR file lists: the first line is the number of data files, then one path per line.
 
-Relative paths are resolved against the list's own folder first (lists written by tierserve
-are relocatable) and, when nothing exists there, against the current directory (HugeCTR's
-tools write paths relative to where they ran).
+As HugeCTR's ``FileList``, the reader takes the first line's count of paths and ignores lines
+after them: HugeCTR's own data generator (v3.9 and later) lists every Norm file twice.  Extra
+lines that are not such a repeat draw a warning.
+
+A relative path is looked up beside the list first (lists tierserve's converter writes are
+relocatable), then in the current directory (HugeCTR, and HugeCTR's tools and tierserve's
+data generator, which write the paths as formed from the ``source`` they were given, open them
+from the working directory), then in the list's parent folders (so a list written by such a
+tool, ``./data/file_list.txt`` naming ``./data/train/gen_0.data``, is found from anywhere).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,10 +39,17 @@ def read_file_list(path: str | os.PathLike) -> list[str]:
         raise DataFileError(
             str(path), f"first line must be the number of files, got {lines[0]!r}"
         ) from None
-    entries = lines[1:]
+    entries, extra = lines[1 : 1 + max(count, 0)], lines[1 + max(count, 0) :]
     if count != len(entries) or count < 1:
         raise DataFileError(
             str(path), f"first line says {count} files but {len(entries)} paths follow"
+        )
+    if extra and set(extra) != set(entries):
+        warnings.warn(
+            f"{path}: the first line says {count} files; the {len(extra)} lines after them are "
+            "ignored, as HugeCTR ignores them",
+            UserWarning,
+            stacklevel=2,
         )
     return [_resolve(path.parent, entry) for entry in entries]
 
@@ -44,17 +58,29 @@ def _resolve(base: Path, entry: str) -> str:
     if os.path.isabs(entry):
         return entry
     beside = base / entry
-    if beside.exists() or not Path(entry).exists():
+    if beside.exists():
         return str(beside)
-    return str(Path(entry))
+    if Path(entry).exists():
+        return str(Path(entry))
+    for folder in base.resolve().parents:
+        if (folder / entry).exists():
+            return str(folder / entry)
+    return str(beside)
 
 
-def write_file_list(path: str | os.PathLike, files: Sequence[str | os.PathLike]) -> Path:
-    """Write a file list naming ``files`` (relative to the list's folder where possible)."""
+def write_file_list(
+    path: str | os.PathLike, files: Sequence[str | os.PathLike], as_given: bool = False
+) -> Path:
+    """Write a file list naming ``files``: relative to the list's folder where possible, or
+    ``as_given`` (HugeCTR's tools list the paths they wrote, which HugeCTR opens from its
+    working directory)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     base = path.parent.resolve()
     lines = [str(len(files))]
+    if as_given:
+        path.write_text("\n".join(lines + [os.fspath(f) for f in files]) + "\n")
+        return path
     for f in files:
         f = Path(f).resolve()
         try:

@@ -6,13 +6,13 @@ model's AUC means something.  Output is deterministic for a given ``seed``.
 
 Layout (HugeCTR's tools write the same shapes):
 
-- Norm: ``source`` and ``eval_source`` are file lists; data files are
-  ``<folder of source>/train/gen_<i>.data`` and ``<folder of eval_source>/val/gen_<i>.data``.
-  Keys are written global (slot offsets added), so read Norm with an empty
+- Norm and Parquet: ``source`` and ``eval_source`` are file lists (they may share a folder);
+  data files are ``<folder of source>/train/gen_<i>.data`` (``.parquet``) and
+  ``<folder of eval_source>/val/gen_<i>.data``; Parquet's ``_metadata.json`` goes beside its
+  data files, in ``train/`` and ``val/``, where HugeCTR's reader looks for it.  Norm keys are
+  written global (slot offsets added), so read Norm with an empty ``slot_size_array``;
+  Parquet keys are slot-local (int64, or uint32 without ``i64_input_key``): read with
   ``slot_size_array``.
-- Parquet: ``source`` and ``eval_source`` are file lists (HugeCTR names them
-  ``_file_list.txt``) in two different folders; each folder also gets ``gen_<i>.parquet`` and
-  ``_metadata.json``.  Keys are slot-local: read with ``slot_size_array``.
 - Raw: ``source`` and ``eval_source`` are the data files (``num_samples`` and
   ``eval_num_samples`` records).  Keys are slot-local: read with ``slot_size_array``.
 
@@ -130,14 +130,6 @@ class DataGeneratorParams(ParamsModel):
             and sum(self.slot_size_array) > 2**32
         ):
             problems.append("the slots hold more than 2**32 keys: use i64_input_key=True")
-        if (
-            self.format is DataReaderType_t.Parquet
-            and Path(self.source).parent.resolve() == Path(self.eval_source).parent.resolve()
-        ):
-            problems.append(
-                "Parquet source and eval_source must be in different folders (each holds "
-                "its own _metadata.json)"
-            )
         if problems:
             raise ConfigError("invalid DataGeneratorParams:\n  " + "\n  ".join(problems))
 
@@ -279,29 +271,29 @@ class DataGenerator:
                 logits.append(lg)
             files.append(source)
         else:
-            folder = Path(source).parent
-            if p.format is DataReaderType_t.Norm:
-                folder = folder / ("train" if split == "train" else "val")
-            folder.mkdir(parents=True, exist_ok=True)
+            # named as HugeCTR's generator names them: <folder of source as given>/train/...,
+            # listed as such (relative to the working directory when source is relative)
+            folder = os.path.join(os.path.dirname(source), "train" if split == "train" else "val")
+            Path(folder).mkdir(parents=True, exist_ok=True)
             names = default_column_names(p.label_dim, p.dense_dim, p.num_slot)
             stats = {}
             list_slots = [p.variable_nnz or n > 1 for n in p.nnz]
             for i in range(num_files):
                 records, _, lg = self.samples(split, i, p.num_samples_per_file)
                 if p.format is DataReaderType_t.Norm:
-                    path = folder / f"gen_{i}.data"
+                    path = os.path.join(folder, f"gen_{i}.data")
                     write_norm_file(path, self.global_keys(records), p.check_type, p.i64_input_key)
                 else:
-                    path = folder / f"gen_{i}.parquet"
+                    path = os.path.join(folder, f"gen_{i}.parquet")
                     meta = ParquetMetadata({}, names[2], names[1], names[0])
                     write_parquet_file(path, records, meta, list_slots, p.i64_input_key)
-                    stats[path.name] = len(records)
-                files.append(os.fspath(path))
+                    stats[os.path.basename(path)] = len(records)
+                files.append(path)
                 labels.append(records.label)
                 logits.append(lg)
             if p.format is DataReaderType_t.Parquet:
                 write_parquet_metadata(folder, ParquetMetadata(stats, names[2], names[1], names[0]))
-            write_file_list(source, files)
+            write_file_list(source, files, as_given=True)
         label = np.concatenate(labels)
         logit = np.concatenate(logits)
         auc = float(np.mean([auc_score(label[:, j], logit[:, j]) for j in range(p.label_dim)]))

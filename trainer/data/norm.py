@@ -1,16 +1,23 @@
 """The Norm format: HugeCTR's binary files with a header and variable-length records.
 
-A file is a 64-byte header of eight little-endian int64 (``error_check`` 1 with checksums,
-0 without; ``number_of_records``; ``label_dim``; ``dense_dim``; ``slot_num``; three reserved)
-followed by ``number_of_records`` records::
+The header is eight little-endian int64: ``error_check`` (1 with checksums, 0 without),
+``number_of_records``, ``label_dim``, ``dense_dim``, ``slot_num`` and three reserved (0).
+A record is::
 
-    [int32 length]                          only with Check_t.Sum: bytes of what follows, up to
-                                            (not including) the checksum byte
     float32 label[label_dim]
     float32 dense[dense_dim]
     slot_num x { int32 nnz; key[nnz] }      key: uint32, or int64 when i64_input_key
-    [uint8 checksum]                        only with Check_t.Sum: the byte sum (mod 256) of
-                                            the ``length`` bytes before it
+
+With ``Check_t.Sum`` HugeCTR's data writer frames every write it checksums, the header
+included, as ``[int32 length][length bytes][uint8 checksum]`` (the checksum is the byte sum
+mod 256 of the ``length`` bytes).  So a Sum file is the framed header (4 + 64 + 1 bytes: it
+starts ``40 00 00 00 01 00 00 00``) followed by one frame per record; a ``Check_t.Non`` file
+is the bare 64-byte header followed by the bare records.
+
+Files tierserve wrote before it framed the header (a bare header with ``error_check`` 1, then
+framed records) are still read, with a warning: that header is unambiguous (its first int64
+is 1, where HugeCTR's framed one starts with the int32 64).  HugeCTR cannot read them;
+rewrite them.
 
 Keys in Norm files are global (slots do not overlap), as HugeCTR expects; the tierserve
 generator and converter write them with the slot offsets already added.
@@ -22,6 +29,8 @@ import contextlib
 import mmap
 import os
 import struct
+import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,8 +52,40 @@ HEADER_DTYPE = np.dtype(
         ("reserved", "<i8", (3,)),
     ]
 )
-HEADER_SIZE = HEADER_DTYPE.itemsize  # 64
+HEADER_SIZE = HEADER_DTYPE.itemsize  # 64: the header's fields, without a frame
+#: Bytes before the first record: the framed header with checksums, the bare one without.
+FRAMED_HEADER_SIZE = 4 + HEADER_SIZE + 1
 _I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
+
+_legacy_warned: set[str] = set()
+_legacy_lock = threading.Lock()
+
+
+class LegacyNormHeaderWarning(UserWarning):
+    """A Norm file with checksums has the bare header an older tierserve wrote (HugeCTR
+    frames it); it is read, but HugeCTR cannot read it."""
+
+
+def data_offset(check_sum: bool) -> int:
+    """Where the first record starts in a file HugeCTR's writer wrote."""
+    return FRAMED_HEADER_SIZE if check_sum else HEADER_SIZE
+
+
+def encode_norm_header(
+    number_of_records: int, label_dim: int, dense_dim: int, slot_num: int, check_sum: bool
+) -> bytes:
+    """The header bytes as HugeCTR's ``DataWriter`` writes them (framed with checksums)."""
+    header = np.zeros(1, dtype=HEADER_DTYPE)
+    header["error_check"] = int(check_sum)
+    header["number_of_records"] = number_of_records
+    header["label_dim"] = label_dim
+    header["dense_dim"] = dense_dim
+    header["slot_num"] = slot_num
+    raw = header.tobytes()
+    if not check_sum:
+        return raw
+    return _I32.pack(len(raw)) + raw + bytes([sum(raw) & 0xFF])
 
 
 def key_dtype(i64_input_key: bool) -> np.dtype:
@@ -75,7 +116,7 @@ class NormWriter:
         self.key_dtype = key_dtype(i64_input_key)
         self.count = 0
         self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by close()/__exit__
-        self._file.write(bytes(HEADER_SIZE))
+        self._file.write(bytes(data_offset(self.check_sum)))
 
     def write(self, records: Records) -> None:
         """Append ``records`` (keys as they should appear in the file)."""
@@ -96,14 +137,12 @@ class NormWriter:
         """Write the header, then move the file into place."""
         if self._file.closed:
             return self.path
-        header = np.zeros(1, dtype=HEADER_DTYPE)
-        header["error_check"] = int(self.check_sum)
-        header["number_of_records"] = self.count
-        header["label_dim"] = self.label_dim
-        header["dense_dim"] = self.dense_dim
-        header["slot_num"] = self.slot_num
         self._file.seek(0)
-        self._file.write(header.tobytes())
+        self._file.write(
+            encode_norm_header(
+                self.count, self.label_dim, self.dense_dim, self.slot_num, self.check_sum
+            )
+        )
         self._file.close()
         os.replace(self._tmp, self.path)
         return self.path
@@ -141,6 +180,8 @@ def write_norm_file(
 def encode_norm_records(records: Records, check_sum: bool, kdt: np.dtype) -> np.ndarray:
     """The bytes of ``records`` in Norm record layout (vectorised)."""
     n, s = len(records), records.slot_num
+    if n == 0:
+        return np.zeros(0, dtype=np.uint8)
     ld = records.label.shape[1] + records.dense.shape[1]
     ks = kdt.itemsize
     keys = records.keys
@@ -213,14 +254,49 @@ def _gather(buf: np.ndarray, pos: np.ndarray, nbytes: int) -> np.ndarray:
 
 
 def read_norm_header(path: str | os.PathLike) -> dict[str, int]:
-    """The header fields of a Norm file."""
+    """The header fields of a Norm file (framed or bare, see the module docstring)."""
+    return _read_header(path)[0]
+
+
+def _read_header(path: str | os.PathLike) -> tuple[dict[str, int], int, bool]:
+    """(header fields, offset of the first record, whether the header is the bare one an
+    older tierserve wrote before checksummed records)."""
     with open(path, "rb") as f:
-        raw = f.read(HEADER_SIZE)
+        raw = f.read(FRAMED_HEADER_SIZE)
     if len(raw) < HEADER_SIZE:
         raise DataFileError(
             str(path), f"truncated header: {len(raw)} of {HEADER_SIZE} bytes", record=0
         )
-    h = np.frombuffer(raw, dtype=HEADER_DTYPE)[0]
+    first = _I64.unpack_from(raw, 0)[0]
+    if first in (0, 1):  # bare header: Check_t.Non (0) or an older tierserve's Sum file (1)
+        h = np.frombuffer(raw[:HEADER_SIZE], dtype=HEADER_DTYPE)[0]
+        return _fields(h), HEADER_SIZE, first == 1
+    if _I32.unpack_from(raw, 0)[0] != HEADER_SIZE or _I64.unpack_from(raw, 4)[0] not in (0, 1):
+        raise DataFileError(
+            str(path),
+            f"not a Norm header: it starts with neither error_check 0 / 1 (a bare header) "
+            f"nor the frame length {HEADER_SIZE} then error_check (a framed Check_t.Sum header); "
+            f"first 8 bytes {raw[:8].hex(' ')}",
+            field="error_check",
+        )
+    if len(raw) < FRAMED_HEADER_SIZE:
+        raise DataFileError(
+            str(path),
+            f"truncated header: {len(raw)} of {FRAMED_HEADER_SIZE} bytes (framed header)",
+            record=0,
+        )
+    body = raw[4 : 4 + HEADER_SIZE]
+    if sum(body) & 0xFF != raw[4 + HEADER_SIZE]:
+        raise DataFileError(
+            str(path),
+            f"header checksum mismatch: stored {raw[4 + HEADER_SIZE]:#04x}, "
+            f"computed {sum(body) & 0xFF:#04x}",
+            field="checksum",
+        )
+    return _fields(np.frombuffer(body, dtype=HEADER_DTYPE)[0]), FRAMED_HEADER_SIZE, False
+
+
+def _fields(h) -> dict[str, int]:
     return {name: int(h[name]) for name in HEADER_DTYPE.names if name != "reserved"}
 
 
@@ -457,7 +533,7 @@ def iter_norm_file(
     :class:`DataFileError` naming the file and record.
     """
     path = str(path)
-    header = _checked_header(path, label_dim, dense_dim, slot_num, check_type)
+    header, start = _checked_header(path, label_dim, dense_dim, slot_num, check_type)
     total = header["number_of_records"]
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -473,13 +549,13 @@ def iter_norm_file(
             Check_t(check_type) is Check_t.Sum,
             key_dtype(i64_input_key),
         )
-        pos, first = HEADER_SIZE, 0
+        pos, first = start, 0
         while first < total:
             count = min(chunk_records, total - first)
             try:
                 records, pos = decoder.decode(pos, count, first)
             except DataFileError as exc:
-                if first == 0 and _reads_as(decoder, key_dtype(not i64_input_key), count):
+                if first == 0 and _reads_as(decoder, key_dtype(not i64_input_key), count, start):
                     bits, flag = (32, False) if i64_input_key else (64, True)
                     raise DataFileError(
                         path,
@@ -505,14 +581,15 @@ def iter_norm_file(
             mm.close()
 
 
-def _reads_as(decoder: _NormDecoder, kdt: np.dtype, count: int) -> bool:
-    """Whether the first ``count`` records (at most 64) decode with keys of ``kdt``."""
+def _reads_as(decoder: _NormDecoder, kdt: np.dtype, count: int, start: int) -> bool:
+    """Whether the first ``count`` records (at most 64, from byte ``start``) decode with keys
+    of ``kdt``."""
     other = _NormDecoder(
         decoder.path, decoder.buf, decoder.label_dim, decoder.ld - decoder.label_dim,
         decoder.slot_num, decoder.check_sum, kdt,
     )
     try:
-        other.decode(HEADER_SIZE, min(count, 64), 0)
+        other.decode(start, min(count, 64), 0)
     except DataFileError:
         return False
     return True
@@ -522,7 +599,7 @@ def detect_key_bits(path: str | os.PathLike, label_dim: int, dense_dim: int, slo
                     check_type: Check_t) -> int | None:
     """32 or 64 when the first records of a Norm file decode with only that key width, else
     None (both or neither do; the header does not record the width)."""
-    header = _checked_header(str(path), label_dim, dense_dim, slot_num, check_type)
+    header, start = _checked_header(str(path), label_dim, dense_dim, slot_num, check_type)
     count = min(64, header["number_of_records"])
     if count == 0:
         return None
@@ -532,27 +609,50 @@ def detect_key_bits(path: str | os.PathLike, label_dim: int, dense_dim: int, slo
     for bits in (32, 64):
         decoder = _NormDecoder(str(path), buf, label_dim, dense_dim, slot_num,
                                Check_t(check_type) is Check_t.Sum, key_dtype(bits == 64))
-        if _reads_as(decoder, decoder.kdt, count):
+        if _reads_as(decoder, decoder.kdt, count, start):
             fits.append(bits)
     return fits[0] if len(fits) == 1 else None
 
 
-def _checked_header(path, label_dim, dense_dim, slot_num, check_type) -> dict[str, int]:
-    header = read_norm_header(path)
-    want = {
-        "error_check": int(Check_t(check_type) is Check_t.Sum),
-        "label_dim": label_dim,
-        "dense_dim": dense_dim,
-        "slot_num": slot_num,
-    }
+def _checked_header(
+    path, label_dim, dense_dim, slot_num, check_type
+) -> tuple[dict[str, int], int]:
+    """The header, checked against the reader's settings, and the first record's offset."""
+    header, start, legacy = _read_header(path)
+    check_sum = Check_t(check_type) is Check_t.Sum
+    if header["error_check"] != int(check_sum):
+        has = "has checksums (Check_t.Sum)" if header["error_check"] else "has no checksums"
+        want = "Sum" if header["error_check"] else "Non"
+        raise DataFileError(
+            path,
+            f"header says {header['error_check']}, the reader expects {int(check_sum)}: the file "
+            f"{has}; set check_type=Check_t.{want}",
+            field="error_check",
+        )
+    want = {"label_dim": label_dim, "dense_dim": dense_dim, "slot_num": slot_num}
     for name, expected in want.items():
         if header[name] != expected:
-            hint = " (check_type Sum needs 1, Non needs 0)" if name == "error_check" else ""
             raise DataFileError(
-                path,
-                f"header says {header[name]}, the reader expects {expected}{hint}",
-                field=name,
+                path, f"header says {header[name]}, the reader expects {expected}", field=name
             )
     if header["number_of_records"] < 0:
         raise DataFileError(path, "negative record count", field="number_of_records")
-    return header
+    if legacy:
+        _warn_legacy(path)
+    return header, start
+
+
+def _warn_legacy(path: str) -> None:
+    """Warn once per folder: a dataset's files were all written alike."""
+    folder = os.path.dirname(os.path.abspath(path))
+    with _legacy_lock:
+        if folder in _legacy_warned:
+            return
+        _legacy_warned.add(folder)
+    warnings.warn(
+        f"{path}: a Check_t.Sum Norm file with a bare header, as tierserve wrote before it "
+        "framed the header as HugeCTR does; it is read, but HugeCTR cannot read it: rewrite it "
+        "(further files like it in this folder are not reported)",
+        LegacyNormHeaderWarning,
+        stacklevel=4,
+    )

@@ -1,25 +1,34 @@
 """The Parquet format (NVTabular style), read and written with pyarrow (extra ``parquet``).
 
-A dataset folder holds the data files, ``_file_list.txt`` (a HugeCTR file list) and
-``_metadata.json``::
+A dataset is a HugeCTR file list naming the data files, and ``_metadata.json`` in the folder
+of the data files (HugeCTR's reader looks for it beside the first data file of the list)::
 
     {"file_stats": [{"file_name": "gen_0.parquet", "num_rows": 40960}, ...],
-     "cats":   [{"col_name": "C1", "index": 14}, ...],
+     "labels": [{"col_name": "label", "index": 0}],
      "conts":  [{"col_name": "I1", "index": 1}, ...],
-     "labels": [{"col_name": "label", "index": 0}]}
+     "cats":   [{"col_name": "C1", "index": 14}, ...]}
 
-Columns are found by ``col_name`` (``index`` is written for HugeCTR and not relied on).
-Label and dense columns are numeric (read as float32); categorical columns are integers, one
-key per row, or lists of integers for multi-hot slots.  No value may be missing.  Keys are
-local to their slot; the reader adds ``slot_size_array`` offsets.
+``file_stats`` entries are matched by the file's base name (a ``file_name`` with folders, as
+HugeCTR's generator writes it, matches too).  Columns are read by ``index``, their position in
+the file, as HugeCTR reads them, each role in ascending ``index`` order; ``col_name`` is a
+label (HugeCTR's own generator writes unnamed columns, which cudf names ``_col0``, ``_col1``,
+...).  An entry without ``index`` is found by ``col_name``.  Label and dense columns are
+numeric (read as float32); categorical columns are integers, one key per row, or lists of
+integers for multi-hot slots.  No value may be missing.  Keys are local to their slot; the
+reader adds ``slot_size_array`` offsets.
+
+``_metadata.json`` beside the file list only (where tierserve once looked) is still used, with
+a warning, when the data files' folder has none: HugeCTR would not find it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +40,18 @@ from .records import Records
 
 METADATA_NAME = "_metadata.json"
 FILE_LIST_NAME = "_file_list.txt"
+ROLES = ("labels", "conts", "cats")
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _pa():
@@ -44,50 +65,126 @@ def _pq():
 
 @dataclass(frozen=True)
 class ParquetMetadata:
-    """The contents of ``_metadata.json``: row counts per file and the column roles."""
+    """The contents of ``_metadata.json``: row counts per file and the column roles.
+
+    ``index`` maps a ``col_name`` to its column position in the files (from the JSON); names
+    it lacks are found by name.  Metadata built in code (the writers) has none: the writers
+    put the columns in ``labels + conts + cats`` order, which :meth:`to_json` records.
+    """
 
     file_stats: dict[str, int]
     cats: list[str]
     conts: list[str]
     labels: list[str]
+    index: dict[str, int] = field(default_factory=dict)
+    source: str = field(default="", compare=False)  # the JSON file it came from
 
     @property
     def columns(self) -> list[str]:
         return self.labels + self.conts + self.cats
 
+    def rows(self, data_file: str) -> int | None:
+        """``num_rows`` of ``data_file`` (by base name), or None when not listed."""
+        return self.file_stats.get(os.path.basename(data_file))
+
     def to_json(self) -> dict:
         index = {name: i for i, name in enumerate(self.columns)}
+        index.update(self.index)
         return {
             "file_stats": [{"file_name": f, "num_rows": n} for f, n in self.file_stats.items()],
-            "cats": [{"col_name": c, "index": index[c]} for c in self.cats],
-            "conts": [{"col_name": c, "index": index[c]} for c in self.conts],
             "labels": [{"col_name": c, "index": index[c]} for c in self.labels],
+            "conts": [{"col_name": c, "index": index[c]} for c in self.conts],
+            "cats": [{"col_name": c, "index": index[c]} for c in self.cats],
         }
 
 
-def load_parquet_metadata(file_list: str | os.PathLike) -> ParquetMetadata:
-    """``_metadata.json`` from the folder of ``file_list``."""
-    path = Path(file_list).parent / METADATA_NAME
+def metadata_path(data_file: str | os.PathLike) -> Path:
+    """Where HugeCTR looks for a data file's ``_metadata.json``: the data file's folder."""
+    return Path(data_file).parent / METADATA_NAME
+
+
+def find_parquet_metadata(
+    data_file: str | os.PathLike, file_list: str | os.PathLike | None = None
+) -> ParquetMetadata:
+    """The ``_metadata.json`` of ``data_file``: in its folder, else (with a warning) beside
+    ``file_list``."""
+    path = metadata_path(data_file)
+    if not path.is_file() and file_list is not None:
+        beside = Path(file_list).parent / METADATA_NAME
+        if beside.is_file():
+            _warn_once(
+                str(beside),
+                f"{beside}: used for {data_file}, whose folder has no {METADATA_NAME}; HugeCTR "
+                f"reads it from the data files' folder only: move it to {path.parent}",
+            )
+            path = beside
+    return load_parquet_metadata(path)
+
+
+def load_parquet_metadata(path: str | os.PathLike) -> ParquetMetadata:
+    """A ``_metadata.json`` file (or the one in folder ``path``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METADATA_NAME
     try:
         data = json.loads(path.read_text())
-        stats = {str(e["file_name"]): int(e["num_rows"]) for e in data.get("file_stats", [])}
-        roles = {k: [str(e["col_name"]) for e in data[k]] for k in ("cats", "conts", "labels")}
+        stats = {
+            os.path.basename(str(e["file_name"])): int(e["num_rows"])
+            for e in data.get("file_stats", [])
+        }
+        roles, index = {}, {}
+        for role in ROLES:
+            entries = [(str(e["col_name"]), e.get("index")) for e in data[role]]
+            # HugeCTR takes each role's columns in ascending index order
+            entries.sort(key=lambda e: (e[1] is None, e[1] if e[1] is not None else 0))
+            roles[role] = [name for name, _ in entries]
+            index.update({name: int(i) for name, i in entries if i is not None})
     except FileNotFoundError:
         raise DataFileError(
-            str(path), "missing (Parquet datasets need it beside the file list)"
+            str(path),
+            "missing (HugeCTR reads _metadata.json from the folder of the data files)",
         ) from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataFileError(
             str(path), f"not a valid _metadata.json (file_stats, cats, conts, labels): {exc}"
         ) from None
-    return ParquetMetadata(stats, roles["cats"], roles["conts"], roles["labels"])
+    return ParquetMetadata(
+        stats, roles["cats"], roles["conts"], roles["labels"], index, source=str(path)
+    )
 
 
 def write_parquet_metadata(folder: str | os.PathLike, metadata: ParquetMetadata) -> Path:
-    """Write ``_metadata.json`` into ``folder``."""
+    """Write ``_metadata.json`` into ``folder`` (the data files' folder)."""
     path = Path(folder) / METADATA_NAME
     path.write_text(json.dumps(metadata.to_json(), indent=1) + "\n")
     return path
+
+
+def _resolve_columns(path: str, file_names: list[str], metadata: ParquetMetadata) -> list[str]:
+    """The file's column for each metadata column (labels, conts, cats), by index."""
+    out = []
+    for name in metadata.columns:
+        i = metadata.index.get(name)
+        if i is None:
+            if name not in file_names:
+                raise DataFileError(path, "column listed in _metadata.json is missing", field=name)
+            out.append(name)
+            continue
+        if not 0 <= i < len(file_names):
+            raise DataFileError(
+                path,
+                f"_metadata.json gives index {i}, but the file has {len(file_names)} columns",
+                field=name,
+            )
+        if file_names[i] != name and name in file_names:
+            _warn_once(  # once per _metadata.json
+                f"{metadata.source}:index",
+                f"{metadata.source or METADATA_NAME}: column {name!r} has index {i} but is "
+                f"column {file_names.index(name)} of {path}; read by index ({file_names[i]!r}), "
+                "as HugeCTR reads it",
+            )
+        out.append(file_names[i])
+    return out
 
 
 def default_column_names(label_dim: int, dense_dim: int, slot_num: int):
@@ -116,8 +213,9 @@ def write_parquet_file(
         columns[name] = pa.array(records.label[:, j], type=pa.float32())
     for j, name in enumerate(metadata.conts):
         columns[name] = pa.array(records.dense[:, j], type=pa.float32())
-    key_type = pa.int64() if i64_input_key else pa.int32()
-    kdt = np.int64 if i64_input_key else np.int32
+    # HugeCTR's generator: int64 keys, or unsigned int (uint32) without i64_input_key
+    key_type = pa.int64() if i64_input_key else pa.uint32()
+    kdt = np.int64 if i64_input_key else np.uint32
     for slot, name in enumerate(metadata.cats):
         keys, offsets = records.select_slots(slot, slot + 1)
         if list_slots[slot]:
@@ -149,23 +247,22 @@ def iter_parquet_file(
         raise DataFileError(path, "data file does not exist") from None
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataFileError(path, f"not a readable Parquet file: {exc}") from None
-    names = set(pf.schema_arrow.names)
-    for col in metadata.columns:
-        if col not in names:
-            raise DataFileError(path, "column listed in _metadata.json is missing", field=col)
+    columns = _resolve_columns(path, list(pf.schema_arrow.names), metadata)
     rows = pf.metadata.num_rows
-    expected = metadata.file_stats.get(os.path.basename(path))
+    expected = metadata.rows(path)
     if expected is not None and expected != rows:
         raise DataFileError(
             path,
             f"holds {rows} rows but _metadata.json file_stats says {expected}",
             field="num_rows",
         )
+    nl, nc = len(metadata.labels), len(metadata.conts)
+    roles = (columns[:nl], columns[nl : nl + nc], columns[nl + nc :])
     first = 0
     try:
-        batches = pf.iter_batches(batch_size=chunk_records, columns=metadata.columns)
+        batches = pf.iter_batches(batch_size=chunk_records, columns=list(dict.fromkeys(columns)))
         for batch in batches:
-            yield first, _decode_batch(path, batch, metadata, first)
+            yield first, _decode_batch(path, batch, roles, first)
             first += batch.num_rows
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataFileError(path, f"cannot decode: {exc}", record=first) from None
@@ -182,9 +279,11 @@ def parquet_num_rows(path: str) -> int:
         raise DataFileError(path, f"not a readable Parquet file: {exc}") from None
 
 
-def _decode_batch(path: str, batch, metadata: ParquetMetadata, first: int) -> Records:
+def _decode_batch(path: str, batch, roles, first: int) -> Records:
+    """``roles``: the file's column names of the labels, the dense values and the slots."""
     pa = _pa()
-    n, s = batch.num_rows, len(metadata.cats)
+    labels, conts, cats = roles
+    n, s = batch.num_rows, len(cats)
 
     def column(name: str):
         col = batch.column(name)
@@ -199,10 +298,10 @@ def _decode_batch(path: str, batch, metadata: ParquetMetadata, first: int) -> Re
             out[:, j] = column(name).to_numpy(zero_copy_only=False)
         return out
 
-    label, dense = floats(metadata.labels), floats(metadata.conts)
+    label, dense = floats(labels), floats(conts)
     counts = np.ones((n, s), dtype=np.int64)
     slot_keys = []
-    for slot, name in enumerate(metadata.cats):
+    for slot, name in enumerate(cats):
         col = column(name)
         if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
             offsets = np.asarray(col.offsets, dtype=np.int64)

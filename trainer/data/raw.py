@@ -4,7 +4,15 @@ Each record is ``label[label_dim]``, ``dense[dense_dim]``, ``key[slot_num]``, al
 little-endian.  Keys are int32 (read as uint32), one per slot, local to their slot (the reader
 adds ``slot_size_array`` offsets).  Label and dense are int32 unless ``float_label_dense``, in
 which case they are float32; int32 dense values are read as ``log(x + 1)`` (HugeCTR's Criteo
-preprocessing), so they must not be negative.
+preprocessing), so they must not be negative.  ``float_label_dense`` defaults to False, as in
+HugeCTR's binding and its data generator.
+
+The file does not say which it holds, so the reader refuses values that cannot be what the
+setting says: with ``float_label_dense=True`` a nonzero label or dense value below float32's
+smallest normal number (1.18e-38) is the bit pattern of a small int32 (int32 1 reads as
+1.4e-45); with ``float_label_dense=False`` a label whose bits are those of a float32 of
+magnitude 1e-6 .. 1e6 (float32 1.0 reads as 1065353216) is refused.  Either error names the
+setting to change.
 """
 
 from __future__ import annotations
@@ -107,6 +115,33 @@ def raw_num_records(
     return whole
 
 
+_TINY = np.finfo(np.float32).tiny
+
+
+def _check_value_kind(path: str, data: np.ndarray, float_label_dense: bool, start: int) -> None:
+    """Refuse labels (and, as floats, dense values) that are the other type's bit pattern."""
+    names = ("label", "dense") if float_label_dense else ("label",)
+    for name in names:
+        values = np.ascontiguousarray(data[name].reshape(len(data), -1))
+        if float_label_dense:  # a small int32 read as float32 is a denormal
+            bad = (values != 0) & (np.abs(values) < _TINY)
+        else:  # a float32 read as int32: its bits are a float of a plausible magnitude
+            as_float = np.abs(values.view("<f4"))
+            bad = (as_float >= 1e-6) & (as_float <= 1e6)
+        if not bad.any():
+            continue
+        r, d = np.argwhere(bad)[0]
+        if float_label_dense:
+            problem = (f"{name} {values[r, d]:.9g} is not a normal float32: it is the bit "
+                       f"pattern of int32 {values[r:r + 1, d].view('<i4')[0]}; the file holds "
+                       "int32 label and dense values: set float_label_dense=False")
+        else:
+            problem = (f"{name} {values[r, d]} read as int32 is the bit pattern of float32 "
+                       f"{values[r:r + 1, d].view('<f4')[0]:.9g}; the file holds float32 label "
+                       "and dense values: set float_label_dense=True")
+        raise DataFileError(path, problem, record=start + int(r), field=f"{name}[{d}]")
+
+
 def read_raw_records(
     path: str,
     start: int,
@@ -126,6 +161,7 @@ def read_raw_records(
         raise DataFileError(
             path, "truncated: the file ends inside this record", record=start + len(data)
         )
+    _check_value_kind(path, data, float_label_dense, start)
     dense = data["dense"].reshape(n, dense_dim)
     if not float_label_dense and dense.size:
         negative = dense < 0
@@ -133,7 +169,8 @@ def read_raw_records(
             r, d = np.argwhere(negative)[0]
             raise DataFileError(
                 path,
-                f"int32 dense value {dense[r, d]} is negative; log(x + 1) needs x >= 0",
+                f"int32 dense value {dense[r, d]} is negative; log(x + 1) needs x >= 0 (if the "
+                "file holds float32 values, set float_label_dense=True)",
                 record=start + int(r),
                 field=f"dense[{d}]",
             )

@@ -29,7 +29,7 @@ from .errors import DataFileError
 from .filelist import read_file_list
 from .norm import iter_norm_file, norm_num_records
 from .params import Check_t, DataReaderParams, DataReaderSparseParam, DataReaderType_t
-from .parquet import iter_parquet_file, load_parquet_metadata, parquet_num_rows
+from .parquet import ParquetMetadata, find_parquet_metadata, iter_parquet_file, parquet_num_rows
 from .raw import raw_num_records, read_raw_records
 from .records import Records, SlotLayout
 from .shard import BatchShares, Placeholder, take_records
@@ -364,15 +364,12 @@ class DataReader:
                     )
                     tasks.append(_Task(path, decode, partial(norm_num_records, path)))
             elif kind is DataReaderType_t.Parquet:
-                metadata = load_parquet_metadata(src)
-                found = (len(metadata.labels), len(metadata.conts), len(metadata.cats))
-                if found != dims:
-                    raise DataFileError(
-                        os.path.join(os.path.dirname(src), "_metadata.json"),
-                        f"labels/conts/cats have {found[0]}/{found[1]}/{found[2]} columns, the "
-                        f"reader expects label_dim/dense_dim/slots {dims[0]}/{dims[1]}/{dims[2]}",
-                    )
+                by_folder: dict[str, ParquetMetadata] = {}
                 for path in read_file_list(src):
+                    folder = os.path.dirname(path)
+                    if folder not in by_folder:
+                        by_folder[folder] = _parquet_metadata(path, src, dims)
+                    metadata = by_folder[folder]
                     tasks.append(
                         _Task(
                             path,
@@ -395,6 +392,19 @@ class DataReader:
         if not tasks:
             raise DataFileError(self._source[0], "the source holds no records")
         return tasks
+
+
+def _parquet_metadata(data_file: str, file_list: str, dims: tuple[int, int, int]):
+    """The ``_metadata.json`` of a data file, checked against the reader's dimensions."""
+    metadata = find_parquet_metadata(data_file, file_list)
+    found = (len(metadata.labels), len(metadata.conts), len(metadata.cats))
+    if found != dims:
+        raise DataFileError(
+            metadata.source,
+            f"labels/conts/cats have {found[0]}/{found[1]}/{found[2]} columns, the "
+            f"reader expects label_dim/dense_dim/slots {dims[0]}/{dims[1]}/{dims[2]}",
+        )
+    return metadata
 
 
 def _single(first: int, read: Callable[[], Records]) -> Iterator[tuple[int, Records]]:

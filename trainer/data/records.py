@@ -110,8 +110,26 @@ def fixed_records(
     )
 
 
+def shared_vocabulary_sizes(slot_size_array: Sequence[int]) -> np.ndarray:
+    """Each slot's vocabulary size, where an entry of 0 shares the vocabulary of the next
+    non-zero entry (HugeCTR's reading of ``slot_size_array``: slot ``s``'s keys start at
+    ``sum(slot_size_array[:s])``, so slots of size 0 start where the next one does, as in
+    HugeCTR's DIN test).  Trailing zeros, with no vocabulary after them, are unbounded (-1)."""
+    sizes = np.asarray(slot_size_array, dtype=np.int64)
+    out = np.full(sizes.shape, -1, dtype=np.int64)
+    nxt = -1
+    for i in range(sizes.shape[0] - 1, -1, -1):  # per slot, not per key
+        if sizes[i] > 0:
+            nxt = sizes[i]
+        out[i] = nxt
+    return out
+
+
 class SlotLayout:
-    """How a dataset's slots map to sparse inputs, with their limits and key offsets."""
+    """How a dataset's slots map to sparse inputs, with their limits and key offsets.
+
+    ``slot_size_array`` entries of 0 share the next slot's vocabulary
+    (:func:`shared_vocabulary_sizes`)."""
 
     def __init__(
         self,
@@ -136,8 +154,12 @@ class SlotLayout:
                 f"slot_size_array has {len(self.slot_size_array)} entries but the sparse "
                 f"inputs have {self.slot_num} slots"
             )
-        self._sizes = np.asarray(self.slot_size_array, dtype=np.int64)
-        self._offsets = np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(np.int64)
+        if any(x < 0 for x in self.slot_size_array):
+            raise ConfigError(f"slot_size_array entries must be >= 0, got {self.slot_size_array}")
+        self._sizes = shared_vocabulary_sizes(self.slot_size_array)
+        self._sizes[self._sizes < 0] = np.iinfo(np.int64).max
+        self._offsets = np.concatenate(
+            [[0], np.cumsum(self.slot_size_array, dtype=np.int64)[:-1]]).astype(np.int64)
 
     def max_nnz(self) -> np.ndarray:
         """Per slot, the most keys a sample may hold there (int nnz_per_slot: its total)."""
@@ -159,32 +181,22 @@ class SlotLayout:
             return records
         counts = records.counts()
         for p, (a, b) in zip(self.sparse_params, self.slot_ranges):
+            # nnz_per_slot is a maximum whatever is_fixed_length says: in HugeCTR that flag
+            # only picks a faster host-to-device copy when a batch has as many keys as the last
             part = counts[:, a:b]
             if isinstance(p.nnz_per_slot, list):
                 limit = np.asarray(p.nnz_per_slot, dtype=np.int64)
-                bad = part != limit if p.is_fixed_length else part > limit
+                bad = part > limit
                 if bad.any():
                     r, s = np.argwhere(bad)[0]
-                    want = "exactly" if p.is_fixed_length else "at most"
                     raise DataFileError(
                         file,
                         f"{part[r, s]} keys, but sparse input {p.sparse_name!r} allows "
-                        f"{want} {limit[s]} (nnz_per_slot)",
+                        f"at most {limit[s]} (nnz_per_slot)",
                         record=first_record + int(r),
                         slot=a + int(s),
                     )
             else:
-                if p.is_fixed_length:
-                    bad = part != p.nnz_per_slot
-                    if bad.any():
-                        r, s = np.argwhere(bad)[0]
-                        raise DataFileError(
-                            file,
-                            f"{part[r, s]} keys, but sparse input {p.sparse_name!r} is fixed "
-                            f"length with {p.nnz_per_slot} per slot",
-                            record=first_record + int(r),
-                            slot=a + int(s),
-                        )
                 total = part.sum(axis=1)
                 bad_rows = np.flatnonzero(total > p.max_nnz)
                 if len(bad_rows):
@@ -207,7 +219,9 @@ class SlotLayout:
             raise DataFileError(
                 file,
                 f"key {int(keys[i])} is outside [0, slot_size_array[{slot}] = "
-                f"{self.slot_size_array[slot]})",
+                f"{self.slot_size_array[slot]})" if self.slot_size_array[slot] else
+                f"key {int(keys[i])} is outside [0, {int(self._sizes[slot])}) (slot_size_array"
+                f"[{slot}] = 0: the slot shares the next non-zero entry's vocabulary)",
                 record=first_record + row // self.slot_num,
                 slot=slot,
             )

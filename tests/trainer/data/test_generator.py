@@ -42,15 +42,21 @@ def test_auc_score_matches_pair_counting():
     assert np.isnan(auc_score(np.ones(3), np.arange(3)))
 
 
-def test_norm_layout_and_determinism(tmp_path):
+def test_norm_layout_and_determinism(tmp_path, monkeypatch):
     dataset = DataGenerator(params(tmp_path / "a")).generate()
     files = read_file_list(dataset.train.source)
     assert files == [str(tmp_path / "a" / "train" / f"gen_{i}.data") for i in range(2)]
+    # HugeCTR's generator lists the paths it formed from source, as given
     assert (tmp_path / "a" / "file_list.txt").read_text().splitlines() == [
-        "2",
-        "train/gen_0.data",
-        "train/gen_1.data",
-    ]
+        "2", *files]
+    monkeypatch.chdir(tmp_path)
+    DataGenerator(params(tmp_path, source="./rel/file_list.txt",
+                         eval_source="./rel/file_list_test.txt")).generate()
+    assert (tmp_path / "rel" / "file_list.txt").read_text().splitlines() == [
+        "2", "./rel/train/gen_0.data", "./rel/train/gen_1.data"]
+    monkeypatch.chdir(tmp_path / "a")  # found from elsewhere too: in the list's parent folder
+    assert read_file_list(tmp_path / "rel" / "file_list.txt") == [
+        str(tmp_path / "./rel/train" / f"gen_{i}.data") for i in range(2)]
     assert read_file_list(dataset.eval.source) == [str(tmp_path / "a" / "val" / "gen_0.data")]
     header = read_norm_header(files[0])
     assert header["number_of_records"] == 4000 and header["slot_num"] == 5
@@ -120,16 +126,44 @@ def test_multi_hot_and_multi_label(tmp_path):
 
 def test_parquet_and_raw_layout(tmp_path):
     pytest.importorskip("pyarrow")
+    import json
+
+    import pyarrow.parquet as pq
+
+    # HugeCTR's layout: both lists in one folder, data and _metadata.json in train/ and val/
     p = params(
         tmp_path,
         format="Parquet",
-        source=str(tmp_path / "pq" / "train" / "_file_list.txt"),
-        eval_source=str(tmp_path / "pq" / "val" / "_file_list.txt"),
+        source=str(tmp_path / "pq" / "file_list.txt"),
+        eval_source=str(tmp_path / "pq" / "file_list_test.txt"),
+        nnz_array=[1, 3, 1, 1, 2],
     )
-    dataset = DataGenerator(p).generate()
-    assert (tmp_path / "pq" / "train" / "_metadata.json").exists()
-    assert read_file_list(dataset.train.source)[1].endswith("pq/train/gen_1.parquet")
+    generator = DataGenerator(p)
+    dataset = generator.generate()
     assert dataset.reader_slot_size_array == p.slot_size_array
+    for split, folder, n in (("train", "train", 2), ("eval", "val", 1)):
+        listed = (tmp_path / "pq" / ("file_list.txt" if split == "train" else
+                                     "file_list_test.txt")).read_text().split()
+        assert int(listed[0]) == n and len(listed) == n + 1
+        files = read_file_list(getattr(dataset, split).source)
+        assert files == [str(tmp_path / "pq" / folder / f"gen_{i}.parquet") for i in range(n)]
+        # read as HugeCTR does: _metadata.json beside the first data file, columns by index
+        meta = json.loads((tmp_path / "pq" / folder / "_metadata.json").read_text())
+        assert [e["num_rows"] for e in meta["file_stats"]] == [4000] * n
+        for i, path in enumerate(files):
+            table = pq.read_table(path)
+            cols = [table.column(e["index"]).to_pylist()
+                    for role in ("labels", "conts", "cats") for e in meta[role]]
+            want = generator.expected_records(split, i)
+            assert np.array_equal(np.array(cols[0], np.float32), want.label[:, 0])
+            assert np.array_equal(np.array(cols[1:5], np.float32).T, want.dense)
+            local = want.keys - np.repeat(
+                np.tile(generator._offsets, len(want)), want.counts().ravel())
+            flat = [k for row in zip(*cols[5:]) for v in row
+                    for k in (v if isinstance(v, list) else [v])]
+            assert flat == local.tolist()
+            types = {str(table.schema.field(e["index"]).type) for e in meta["cats"]}
+            assert types == {"uint32", "list<element: uint32>"}, types
     raw = params(
         tmp_path,
         format="Raw",

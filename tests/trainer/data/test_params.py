@@ -4,6 +4,7 @@ import pytest
 from tierserve.ps.errors import ConfigError
 from tierserve.trainer.data import (
     Check_t,
+    DataFileError,
     DataGeneratorParams,
     DataReaderParams,
     DataReaderSparseParam,
@@ -22,7 +23,9 @@ def test_reader_params_hugectr_defaults():
     )
     assert p.keyset == [] and p.cache_eval_data == 0
     assert p.num_samples == 0 and p.eval_num_samples == 0
-    assert p.float_label_dense is True and p.num_workers == 12  # HugeCTR's documented default
+    # float_label_dense: the binding's default (HugeCTR's document says True in one place,
+    # False in another; pybind/model_wrapper.hpp has false)
+    assert p.float_label_dense is False and p.num_workers == 12
     assert p.slot_size_array == [] and p.async_param is None and p.data_source_params is None
     # positional, in HugeCTR's order, and enum values by name
     q = DataReaderParams("Raw", "train.bin", [], "test.bin", "Non", 0, 100, 10)
@@ -30,23 +33,39 @@ def test_reader_params_hugectr_defaults():
     assert DataReaderType_t.RawAsync.value == "RawAsync"
 
 
-def test_float_raw_data_reads_right_with_the_default_params(tmp_path):
-    """Issue 13: float_label_dense defaulted to False, so float Raw data read as int32 bits."""
-    from tierserve.trainer.data.raw import write_raw_file
+def test_raw_data_as_hugectr_generates_it_reads_right_with_the_default_params(tmp_path):
+    """HugeCTR's generator writes int32 label and dense by default (float_label_dense=False);
+    read with a default reader that once gave label 1 as 1.4e-45 (loss 0.0002, AUC nan).
+    Float data read with the default is refused, naming the setting."""
+    from hugectr_layout import raw_bytes
+
     from tierserve.trainer.data.reader import create_data_reader
 
-    rng = np.random.default_rng(0)
-    label = rng.integers(0, 2, (64, 1)).astype(np.float32)
-    dense = rng.standard_normal((64, 3)).astype(np.float32)
-    keys = rng.integers(0, 100, (64, 2)).astype(np.int32)
-    write_raw_file(tmp_path / "f.bin", label, dense, keys, float_label_dense=True)
-    params = DataReaderParams(data_reader_type=DataReaderType_t.Raw, source=str(tmp_path / "f.bin"),
-                              check_type=Check_t.Non)
+    n = 64
+    labels = [[i % 2] for i in range(n)]  # data_generation_for_raw: label i % 2, dense j
+    dense = [list(range(3)) for _ in range(n)]
+    keys = np.random.default_rng(0).integers(0, 100, (n, 2)).tolist()
+    (tmp_path / "int.bin").write_bytes(raw_bytes(labels, dense, keys, False))
+    params = DataReaderParams(data_reader_type=DataReaderType_t.Raw,
+                              source=str(tmp_path / "int.bin"), check_type=Check_t.Non)
     sparse = [DataReaderSparseParam("d", 1, True, 2)]
-    with create_data_reader(params, 64, 1, 3, sparse) as reader:
+    with create_data_reader(params, n, 1, 3, sparse) as reader:
         batch = reader.read_a_batch()
-    np.testing.assert_array_equal(batch.label, label)
-    np.testing.assert_array_equal(batch.dense, dense)
+    np.testing.assert_array_equal(batch.label, np.array(labels, np.float32))
+    np.testing.assert_array_equal(batch.dense, np.log1p(np.array(dense, np.float32)))
+
+    (tmp_path / "float.bin").write_bytes(raw_bytes(labels, dense, keys, True))
+    params = DataReaderParams(data_reader_type=DataReaderType_t.Raw,
+                              source=str(tmp_path / "float.bin"), check_type=Check_t.Non)
+    with (create_data_reader(params, n, 1, 3, sparse) as reader,
+          pytest.raises(DataFileError, match="set float_label_dense=True") as err):
+        reader.read_a_batch()
+    assert err.value.record == 1 and "1065353216" in str(err.value)
+    params = DataReaderParams(data_reader_type=DataReaderType_t.Raw, float_label_dense=True,
+                              source=str(tmp_path / "int.bin"), check_type=Check_t.Non)
+    with (create_data_reader(params, n, 1, 3, sparse) as reader,
+          pytest.raises(DataFileError, match="int32 1; .* set float_label_dense=False")):
+        reader.read_a_batch()
 
 
 def test_reader_params_errors():
@@ -93,7 +112,7 @@ def test_generator_params_defaults_and_checks():
         DataGeneratorParams(**{**bad, "format": "Raw", "nnz_array": [1, 2]})
     with pytest.raises(ConfigError, match="int32 keys"):
         DataGeneratorParams(**{**bad, "format": "Raw", "i64_input_key": True})
-    with pytest.raises(ConfigError, match="different folders"):
-        DataGeneratorParams(**{**bad, "format": "Parquet"})
+    # Parquet train and eval lists in one folder, as HugeCTR's examples have them
+    assert DataGeneratorParams(**{**bad, "format": "Parquet"}).format is DataReaderType_t.Parquet
     with pytest.raises(ConfigError, match="alpha"):
         DataGeneratorParams(**{**bad, "alpha": 1.0})

@@ -1,4 +1,5 @@
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from tierserve.trainer.data import (
     create_data_reader,
     read_file_list,
 )
+from tierserve.trainer.data.norm import write_norm_file
 from tierserve.trainer.data.records import Records
 
 SLOTS = [50, 7, 300, 1000]
@@ -239,8 +241,9 @@ def test_nnz_limits(tmp_path):
     _, dataset = generate(tmp_path, "Norm", (1, 3, 2, 1), variable=True)
     for params, match in [
         (sparse([1, 2, 2, 1], False), r"slot 1: 3 keys, but sparse input 'data1' allows at most 2"),
-        (sparse([1, 3, 2, 1], True), r"keys, but sparse input 'data1' allows exactly"),
+        (sparse([1, 2, 2, 1], True), r"slot 1: 3 keys, but sparse input 'data1' allows at most 2"),
         (sparse(1, False), r"more than nnz_per_slot \* slot_num = 4"),
+        (sparse(1, True), r"more than nnz_per_slot \* slot_num = 4"),
     ]:
         with (
             create_data_reader(reader_params(dataset), 64, 1, 3, params) as reader,
@@ -277,3 +280,39 @@ def test_config_errors(tmp_path):
     (tmp_path / "bad.txt").write_text("3\na.data\n")
     with pytest.raises(DataFileError, match="first line says 3 files but 1 paths follow"):
         DataReader("Norm", tmp_path / "bad.txt", 8, 1, 1, sparse()).read_a_batch()
+
+
+def test_a_file_list_as_hugectr_generator_writes_it(tmp_path, monkeypatch, make_records):
+    """HugeCTR's DataGenerator (v3.9 on) lists each Norm file twice, with paths relative to
+    where it ran; HugeCTR's FileList takes the count's worth, so each file is read once."""
+    monkeypatch.chdir(tmp_path)
+    records = make_records(np.random.default_rng(0), 10, 1, 3, 4, 1, True)
+    for i in range(2):
+        write_norm_file(tmp_path / "d" / "train" / f"gen_{i}.data", records, Check_t.Sum)
+    names = "./d/train/gen_0.data\n./d/train/gen_1.data\n"
+    (tmp_path / "d" / "file_list.txt").write_text("2\n" + names + names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        files = read_file_list("./d/file_list.txt")
+    assert files == ["d/train/gen_0.data", "d/train/gen_1.data"]
+    with DataReader("Norm", "./d/file_list.txt", 64, 1, 3, sparse(),
+                    check_type="Sum") as reader:
+        assert sum(b.batch_size for b in reader) == 20
+    (tmp_path / "d" / "other.txt").write_text("1\n" + names)
+    with pytest.warns(UserWarning, match="the 1 lines after them are ignored"):
+        assert read_file_list(tmp_path / "d" / "other.txt") == ["d/train/gen_0.data"]
+
+
+@pytest.mark.parametrize("nnz", [[1, 3, 2, 1], 3])
+def test_is_fixed_length_takes_slots_with_fewer_keys(tmp_path, nnz):
+    """nnz_per_slot is a maximum, is_fixed_length or not (HugeCTR's flag only selects a faster
+    copy): Criteo W&D scripts declare wide_data with 30 keys per slot and fixed length."""
+    generator, dataset = generate(tmp_path, "Norm", (1, 3, 2, 1), variable=True)
+    got = {}
+    for fixed in (True, False):
+        with create_data_reader(reader_params(dataset), 128, 1, 3, sparse(nnz, fixed)) as reader:
+            got[fixed] = [(b.sparse[0].keys, b.sparse[0].row_offsets) for b in reader]
+    want = expected(generator)
+    keys = np.concatenate([k for k, _ in got[True]])
+    assert np.array_equal(keys, want.keys[: len(keys)]) and len(keys) == len(want.keys)
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(got[True], got[False]))

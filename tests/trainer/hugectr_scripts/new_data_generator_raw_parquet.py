@@ -1,7 +1,8 @@
 # The new document's Data Generator API writing the Raw and Parquet data that its
 # DataReaderParams examples read: 1 label, 3 dense features, 4 one-hot slots with the
-# Parquet example's slot_size_array.  Raw labels and dense features are written as floats
-# (float_label_dense=True), as DataReaderParams reads Raw data by default.  Sizes shrunk.
+# Parquet example's slot_size_array.  Raw labels and dense features are written as int32
+# (float_label_dense defaults to False here and in DataReaderParams, as in HugeCTR's
+# binding).  Sizes shrunk.
 import tierserve.trainer as hugectr
 
 for data_format, source, eval_source, i64_input_key in [
@@ -25,7 +26,6 @@ for data_format, source, eval_source, i64_input_key in [
         eval_num_files = 1,
         num_samples_per_file = 1024,
         num_samples = 2048,
-        eval_num_samples = 1024,
-        float_label_dense = True)
+        eval_num_samples = 1024)
     data_generator = hugectr.tools.DataGenerator(data_generator_params)
     data_generator.generate()
