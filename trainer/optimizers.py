@@ -162,9 +162,10 @@ def CreateOptimizer(  # noqa: N802 - HugeCTR's name
     """HugeCTR's ``CreateOptimizer``: the optimizer for dense layers and, by default, embeddings.
 
     Arguments and defaults are HugeCTR's; ``lambda1``, ``lambda2`` and ``beta`` configure
-    ``Optimizer_t.Ftrl`` (and ``initial_accu_value`` its ``n``, 0 as in HugeCTR).  Bad values raise :class:`InvalidInputError`.  ``atomic_update=False``
-    warns once: the SGD update is applied exactly, as with atomic updates (HugeCTR's
-    non-atomic GPU kernel may drop concurrent updates of one row).
+    ``Optimizer_t.Ftrl`` (and ``initial_accu_value`` its ``n``, 0 as in HugeCTR).  Bad values
+    raise :class:`InvalidInputError`.  ``atomic_update=False`` warns once: the SGD update is
+    applied exactly, as with atomic updates (HugeCTR's non-atomic GPU kernel may drop
+    concurrent updates of one row).
     """
     opt = _enum(optimizer_type, Optimizer_t, "optimizer_type")
     upd = _enum(update_type, Update_t, "update_type")

@@ -176,3 +176,15 @@ def test_crossing_refuses_what_tensorflow_refuses():
     with pytest.raises(InvalidInputError, match="crossed_column 'a_X_x': feature 'x': .*"
                                                 "non-integral"):
         fc.crossed_column(["a", "x"], 10).ids({"a": np.array(["u"]), "x": np.array([0.5])})
+
+
+def test_crossed_column_names_are_tensorflows():
+    """``feature_column_v2.CrossedColumn.name``: the names of the leaf keys (nested crosses
+    flattened, ``_collect_leaf_level_keys``), sorted, joined by ``_X_``; TensorFlow 2.15
+    prints ``a_X_n_bucketized`` and ``a_X_aa_X_b_X_c`` for these two.  The name is the
+    variable's (``linear/linear_model/<name>/weights``), so a TensorFlow checkpoint's crossed
+    weights are found under it."""
+    assert fc.crossed_column([_bucketized_n(), "a"], 10).name == "a_X_n_bucketized"
+    vocab = fc.categorical_column_with_vocabulary_list("aa", ["x"])
+    nested = fc.crossed_column([fc.crossed_column(["b", "a"], 10), "c", vocab], 10)
+    assert nested.name == "a_X_aa_X_b_X_c"
