@@ -344,10 +344,11 @@ class DNNRegressor(_Canned):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._setup(*_dnn_positional(args, kwargs), **kwargs)
 
-    def _setup(self, hidden_units=None, feature_columns=None, model_dir=None, label_dimension: int = 1,
-                 weight_column=None, optimizer: Any = "Adagrad", activation_fn: Any = None,
-                 dropout: float | None = None, config=None, warm_start_from=None,
-                 loss_reduction: Any = None, batch_norm: bool = False) -> None:
+    def _setup(self, hidden_units=None, feature_columns=None, model_dir=None,
+               label_dimension: int = 1, weight_column=None, optimizer: Any = "Adagrad",
+               activation_fn: Any = None, dropout: float | None = None, config=None,
+               warm_start_from=None, loss_reduction: Any = None,
+               batch_norm: bool = False) -> None:
         self.head = Head("regression", label_dimension=label_dimension,
                          weight_column=weight_column, loss_reduction=loss_reduction)
         self._dnn(hidden_units, feature_columns, optimizer, activation_fn, dropout, batch_norm,

@@ -4,8 +4,8 @@ Numeric, bucketized and indicator columns fill the dense input (the server's ``D
 categorical columns turn raw values into TensorFlow's ids, vectorised (vocabulary lookup by
 binary search, FarmHash ``Fingerprint64`` hashing in numba, float32 bucketing); embedding
 columns look those ids up in the trainer's embedding tables, so an exported model's tables
-go into the parameter server like any other model's.  See :mod:`.columns` for the columns and :mod:`.layers` for
-``DenseFeatures``, ``input_layer`` and ``linear_model``.
+go into the parameter server like any other model's.  See :mod:`.columns` for the columns
+and :mod:`.layers` for ``DenseFeatures``, ``input_layer`` and ``linear_model``.
 """
 
 from .columns import (

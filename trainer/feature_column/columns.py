@@ -2,9 +2,9 @@
 
 Numeric, bucketized and indicator columns fill the dense input (the server's ``DES``);
 categorical columns turn raw values into ids, vectorised with numpy (vocabulary lookup by
-binary search, TensorFlow's FarmHash ``Fingerprint64`` hashing, bucketing in float32); embedding columns look those
-ids up in the trainer's embedding tables (:class:`~tierserve.trainer.embedding.EmbeddingTable`),
-so an exported model's tables go into the parameter server like any model's.  Columns of one
+binary search, TensorFlow's FarmHash ``Fingerprint64`` hashing, bucketing in float32);
+embedding columns look those ids up in the trainer's embedding tables
+(:class:`~tierserve.trainer.embedding.EmbeddingTable`), so an exported model's tables go into the parameter server like any model's.  Columns of one
 ``DenseFeatures`` call with the same dimension and combiner share one table, a slot each
 (HugeCTR's layout: ids offset per slot), which is what the server looks up as ``CATCOLUMN``.
 

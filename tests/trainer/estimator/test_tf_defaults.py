@@ -312,3 +312,35 @@ def test_deepfm_default_optimizers_train_without_nan(tmp_path):
     loss = est.evaluate(lambda: (data, y))["loss"]
     per_example = est.evaluate(lambda: (data, y))["average_loss"]
     assert np.isfinite(loss) and loss == pytest.approx(256 * per_example, rel=1e-5)
+
+
+def test_deepfm_logit_is_deepctrs_sum_of_linear_fm_and_dnn(tmp_path):
+    """DeepCTR's ``DeepFMEstimator`` (``deepctr/estimator/models/deepfm.py``): the logit is
+    ``linear_model`` (with its bias) + ``FM`` over the embedding columns (``0.5 * sum((sum_f
+    e)^2 - sum_f e^2)``) + a ``DNN`` over the embeddings then the dense columns
+    (``combined_dnn_input``) whose layers are ``dense`` then the activation
+    (``deepctr/layers/core.py`` ``DNN.call``), read out by a bias-free ``Dense(1)``.  Checked
+    with the model's own variables against numpy."""
+    a, b = fc.categorical_column_with_identity("a", 5), fc.categorical_column_with_identity("b", 7)
+    x = fc.numeric_column("x")
+    est = estimator.DeepFMEstimator([a, b, x], [fc.embedding_column(a, 3),
+                                                fc.embedding_column(b, 3), x],
+                                    dnn_hidden_units=[4], model_dir=str(tmp_path),
+                                    l2_reg_linear=0, l2_reg_embedding=0)
+    f = {"a": np.array([0, 1, 4, 2]), "b": np.array([2, 6, 0, 2]),
+         "x": np.array([0.5, -1.0, 2.0, 0.1], np.float32)}
+    est.train(lambda: (f, np.array([1.0, 0.0, 1.0, 0.0], np.float32)), steps=3)
+    v = {n: est.get_variable_value(n).astype(np.float64) for n in est.get_variable_names()}
+    lin = (v["linear/linear_model/a/weights"][f["a"], 0]
+           + v["linear/linear_model/b/weights"][f["b"], 0]
+           + f["x"] * v["linear/linear_model/dense/kernel"][0, 0]
+           + v["linear/linear_model/bias_weights"][0])
+    ea = v["dnn/input_layer/a_embedding/embedding_weights"][f["a"]]
+    eb = v["dnn/input_layer/b_embedding/embedding_weights"][f["b"]]
+    fm = 0.5 * ((ea + eb) ** 2 - ea ** 2 - eb ** 2).sum(axis=1)
+    h = np.maximum(np.concatenate([ea, eb, f["x"][:, None]], axis=1) @ v["dnn/dnn_0/kernel"]
+                   + v["dnn/dnn_0/bias"], 0.0)
+    assert not v["dnn/logits/bias"].any()  # use_bias=False: never trained
+    dnn = (h @ v["dnn/logits/kernel"])[:, 0]
+    got = [p["logits"][0] for p in est.predict(lambda: f)]
+    np.testing.assert_allclose(got, lin + fm + dnn, rtol=1e-5, atol=1e-6)
