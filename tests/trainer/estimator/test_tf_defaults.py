@@ -344,3 +344,31 @@ def test_deepfm_logit_is_deepctrs_sum_of_linear_fm_and_dnn(tmp_path):
     dnn = (h @ v["dnn/logits/kernel"])[:, 0]
     got = [p["logits"][0] for p in est.predict(lambda: f)]
     np.testing.assert_allclose(got, lin + fm + dnn, rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_cross_entropy_takes_tf1_reductions_and_refuses_sums(tmp_path):
+    """``tf.compat.v1.losses.softmax_cross_entropy`` (``losses_impl.py``) defaults to
+    ``SUM_BY_NONZERO_WEIGHTS``: without weights, the mean over the examples, as
+    ``SUM_OVER_BATCH_SIZE`` gives; a summed or unreduced loss is refused by name."""
+    from tierserve.trainer import tf
+
+    y = np.arange(B) % 3
+
+    def loss_of(reduction):
+        def model_fn(features, labels, mode):
+            logits = estimator.layers.dense(fc.input_layer(features, [fc.numeric_column("x")]),
+                                            3, kernel_initializer="zeros")
+            kwargs = {} if reduction is None else {"reduction": reduction}
+            loss = tf.losses.softmax_cross_entropy(tf.one_hot(labels, 3), logits, **kwargs)
+            return estimator.EstimatorSpec(mode, loss=loss, train_op=train.GradientDescentOptimizer(
+                0.1).minimize(loss))
+
+        est = estimator.Estimator(model_fn, str(tmp_path / str(reduction)))
+        return _evaluate_loss(est, {"x": FEATURES["x"]}, y)
+
+    assert loss_of(None) == pytest.approx(math.log(3), rel=1e-6)  # zero logits: log(3) each
+    assert loss_of(estimator.losses.Reduction.SUM_OVER_BATCH_SIZE) == pytest.approx(
+        math.log(3), rel=1e-6)
+    for reduction in (estimator.losses.Reduction.SUM, estimator.losses.Reduction.NONE):
+        with pytest.raises(ConfigError, match="softmax_cross_entropy: reduction"):
+            loss_of(reduction)
