@@ -259,9 +259,10 @@ _NO_SLOT = -1  # stage 2 found the key absent; below -1: -2 - the next bucket to
 
 @nb.njit(inline="always")
 def _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out, found,
-            line_dim):  # fmt: skip
+            line_dim, d):  # fmt: skip
     """The body of the lookup kernels, inlined with constant ``indexed``, ``track`` and
-    ``line_dim`` (the dim when the kernel is compiled for one, else 0).
+    ``line_dim`` (the dim when the kernel is compiled for one, else 0), stages ``d`` keys
+    apart (at most ``_RING / 2 - 1``).
 
     The loop keeps to a few instructions per stage, as the lookup of rows the caches hold is
     bound by them: no calls (an inlined function taking an array costs reference counting
@@ -275,7 +276,6 @@ def _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out,
     # A ring of the slots in flight: small, so no fresh pages to fault in per call.
     slot = np.empty(_RING, np.int64)
     zeros = np.zeros(dim, np.float32)  # the row of a key not found
-    d = _AHEAD
     hits = 0
     for j in range(-2 * d, m):
         a = j + 2 * d  # stage 1: the home bucket's line
@@ -329,7 +329,7 @@ LINE_DIMS = frozenset(range(16, 513, 16))
 
 
 @functools.cache
-def _lookup_kernel(indexed: bool, track: int, line_dim: int):
+def _lookup_kernel(indexed: bool, track: int, line_dim: int, ahead: int = _AHEAD):
     """The compiled lookup of one case, made on first use.
 
     A function of its own per case (indexed or not, which statistic), as the six cases
@@ -342,7 +342,7 @@ def _lookup_kernel(indexed: bool, track: int, line_dim: int):
     @nb.njit(nogil=True, cache=True)
     def kernel(keys, pos, index, rows, cap, seed, stats, tick, out, found):
         return _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out,
-                       found, line_dim)  # fmt: skip
+                       found, line_dim, ahead)  # fmt: skip
 
     return kernel
 
