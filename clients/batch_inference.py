@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import tempfile
 from pathlib import Path
 
@@ -102,13 +101,14 @@ _DENSE = re.compile(r"^(?!.*_opt_).*_dense_\d+\.model$")
 def model_files(path: str | Path) -> tuple[Path, Path, list[Path]]:
     """(graph, dense file, sparse folders) of a version folder or a model folder's latest."""
     from tierserve.ps.errors import ConfigError
+    from tierserve.trainer.version_folder import version_numbers
 
     folder = Path(path)
     if not folder.is_dir():
         raise ConfigError(f"--model {folder} is not a folder")
-    versions = [p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
+    versions = version_numbers(folder)
     if versions and not list(folder.glob("*.json")):
-        folder = max(versions, key=lambda p: int(p.name))
+        folder = folder / str(versions[-1])
     graphs = sorted(folder.glob("*.json"))
     dense = sorted(p for p in folder.iterdir() if _DENSE.match(p.name))
     sparse = sorted((p for p in folder.iterdir() if p.is_dir() and _SPARSE.match(p.name)),
@@ -204,14 +204,32 @@ def _source(args: argparse.Namespace, workdir: str) -> tuple[str, str, str]:
     return args.data, kind, check
 
 
-def _batches(args: argparse.Namespace, model, workdir: str):
-    from tqdm.auto import tqdm
+def total_rows(source: str, kind: str) -> int | None:
+    """The rows of a Norm or Parquet file list (None for Raw: its record size is the
+    model's)."""
+    from tierserve.trainer.data.filelist import read_file_list
 
+    if kind == "Norm":
+        from tierserve.trainer.data.norm import norm_num_records
+
+        return sum(norm_num_records(f) for f in read_file_list(source))
+    if kind == "Parquet":
+        from tierserve.trainer.data.parquet import parquet_num_rows
+
+        return sum(parquet_num_rows(f) for f in read_file_list(source))
+    return None
+
+
+def _batches(args: argparse.Namespace, model, workdir: str):
     from tierserve.server.datasets import epoch_batches
+    from tierserve.trainer.progress import progress_bar
 
     source, kind, check = _source(args, workdir)
     rows = 0
-    bar = tqdm(unit="rows", disable=args.no_progress, file=sys.stderr, desc=args.command)
+    total = total_rows(source, kind)
+    if args.max_rows is not None:
+        total = args.max_rows if total is None else min(total, args.max_rows)
+    bar = progress_bar(total=total, unit="rows", desc=args.command, disable=args.no_progress)
     try:
         for batch in epoch_batches(model.graph, source, kind, check, args.slot_size_array,
                                    args.batch_size, model.i64_input_key):  # fmt: skip

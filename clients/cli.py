@@ -24,7 +24,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tierserve {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import batch_inference, convert, demo, doctor, publish, serve, triton_repo
+    from . import (
+        batch_inference,
+        convert,
+        demo,
+        doctor,
+        publish,
+        serve,
+        triton_install,
+        triton_repo,
+    )
 
     demo.register(commands)
     convert.register(commands)
@@ -33,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish.register(commands)
     doctor.register(commands)
     triton_repo.register(commands)
+    triton_install.register(commands)
     from tierserve.trainer.elastic import entry as train_entry
 
     train_entry.register(commands)

@@ -2,7 +2,8 @@
 
 The main job of the README: it generates a synthetic click log with a planted model, trains
 a small DLRM with the embedded trainer, writes it into a model repository whose ``ps.json``
-uses the in-process hash map and RocksDB tiers, and serves it over HTTP and gRPC.
+uses the in-process hash map and RocksDB tiers, and serves it over HTTP and gRPC.  The ports
+are checked before anything is trained; every step prints a line at least every few seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--workdir", default=".demo", help="where data, model and RocksDB go")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument(
+        "--http-port", "--port", dest="port", type=int, default=8000,
+        help="HTTP port (default 8000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grpc-port", type=int, default=None,
+        help="gRPC port (default: the HTTP port + 1, so 8001)",
+    )  # fmt: skip
+    parser.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
     parser.add_argument(
         "--iterations", type=int, default=120, help="training iterations (default 120)"
     )
@@ -30,64 +39,97 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def _say(text: str) -> None:
+    print(f"[demo] {text}", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    import json
     import shutil
     import time
-    import urllib.request
     from pathlib import Path
 
-    from tierserve.server.app import BackgroundServer
+    from tierserve.server.app import BackgroundServer, check_ports, uses_native_grpc
     from tierserve.server.settings import Settings
+    from tierserve.trainer.progress import heartbeat
 
-    from .demo_model import MODEL_NAME, train_demo_model, write_repository
+    from .demo_model import train_demo_model, write_repository
 
     workdir = Path(args.workdir)
-    print(f"[demo] training a small DLRM on generated data in {workdir} ...", flush=True)
-    demo = train_demo_model(workdir / "train", iterations=args.iterations)
     repository = workdir / "repository"
+    grpc_port = None if args.no_grpc else (
+        args.grpc_port if args.grpc_port is not None else args.port + 1)  # fmt: skip
+    settings = Settings.from_env(
+        model_repository=repository, host=args.host, http_port=args.port, grpc_port=grpc_port
+    )
+    check_ports(settings)  # before minutes of training, not after
+    transport = None
+    if grpc_port is not None:
+        transport = "native (Rust)" if uses_native_grpc(settings) else "grpc.aio"
+    started = time.monotonic()
+    demo = train_demo_model(workdir / "train", iterations=args.iterations, say=_say)
     for old in (repository, repository.with_name(repository.name + ".rocksdb")):
         shutil.rmtree(old, ignore_errors=True)  # an earlier demo's model and tables
-    print(f"[demo] eval AUC {demo.eval_auc:.4f} over {demo.eval_batches} batches of held-out rows")
+    _say(f"eval AUC {demo.eval_auc:.4f} over {demo.eval_batches} batches of held-out rows")
     write_repository(demo, repository)
-    print(
-        f"[demo] model repository {repository} (hash_map + rocks_db tiers, see its ps.json); "
+    _say(
+        f"model repository {repository} (hash_map + rocks_db tiers, see its ps.json); "
         f"RocksDB in {repository}.rocksdb, training data and checkpoints in {workdir / 'train'}"
     )
-    settings = Settings.from_env(
-        model_repository=repository, host=args.host, http_port=args.port, grpc_port=args.port + 1
-    )
-    with BackgroundServer(settings) as server:
+    server = BackgroundServer(settings)
+    with heartbeat("[demo] loading the model and running one warm-up batch"):
+        server.start(timeout=600)
+    try:
         url = f"http://{server.http_url}"
-        print(f"[demo] serving on {url} (HTTP) and {server.grpc_url} (gRPC)")
-        batch = next(iter(_one_row(demo)))
-        body = {
-            "inputs": [
-                {"name": "DES", "datatype": "FP32", "shape": [1, batch.dense.shape[1]],
-                 "data": batch.dense[0].tolist()},
-                {"name": "CATCOLUMN", "datatype": "INT64", "shape": [1, batch.sparse[0].slot_num],
-                 "data": batch.sparse[0].keys.tolist()},
-            ]
-        }  # fmt: skip
-        request = urllib.request.Request(
-            f"{url}/v2/models/{MODEL_NAME}/infer",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            answer = json.loads(reply.read())
-        score = answer["outputs"][0]["data"][0]
-        print(f"[demo] POST {url}/v2/models/{MODEL_NAME}/infer")
-        print(f"[demo]   request:  {json.dumps(body)}")
-        print(f"[demo]   click probability: {score:.6f} (label in the data: {batch.label[0, 0]:g})")
+        grpc = f" and {server.grpc_url} (gRPC, {transport} transport)" if transport else ""
+        _say(f"serving on {url} (HTTP){grpc}, ready {time.monotonic() - started:.0f} s "
+             "after the demo started")  # fmt: skip
+        if transport == "grpc.aio":
+            _say("the native gRPC transport is not installed: `make setup` builds it "
+                 "(needs cargo); tierserve doctor shows it")  # fmt: skip
+        _check(url, demo)
         if args.exit_after_check:
             return 0
-        print("[demo] try: curl " + url + "/v2/models/" + MODEL_NAME + "  (Ctrl-C stops)")
+        _say(f"try: curl {url}/v2/models/dlrm  (Ctrl-C stops)")
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
             return 0
+    finally:
+        server.stop()
+
+
+def _check(url: str, demo) -> None:
+    """POST one row of the held-out data and print the click probability."""
+    import json
+    import time
+    import urllib.request
+
+    from .demo_model import MODEL_NAME
+
+    batch = next(iter(_one_row(demo)))
+    body = {
+        "inputs": [
+            {"name": "DES", "datatype": "FP32", "shape": [1, batch.dense.shape[1]],
+             "data": batch.dense[0].tolist()},
+            {"name": "CATCOLUMN", "datatype": "INT64", "shape": [1, batch.sparse[0].slot_num],
+             "data": batch.sparse[0].keys.tolist()},
+        ]
+    }  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/v2/models/{MODEL_NAME}/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    sent = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        answer = json.loads(reply.read())
+    took = (time.perf_counter() - sent) * 1000
+    score = answer["outputs"][0]["data"][0]
+    _say(f"POST {url}/v2/models/{MODEL_NAME}/infer")
+    _say(f"  request:  {json.dumps(body)}")
+    _say(f"  click probability: {score:.6f} (label in the data: {batch.label[0, 0]:g}; "
+         f"answered in {took:.1f} ms)")  # fmt: skip
 
 
 def _one_row(demo):

@@ -7,8 +7,10 @@ HugeCTR DLRM sample with ``import tierserve.trainer as hugectr`` and small sizes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,17 +66,24 @@ def train_demo_model(
     batch_size: int = 512,
     seed: int = 7,
     num_samples: int = 65536,
+    say: Callable[[str], None] | None = None,
 ) -> DemoModel:
-    """Generate data, train the demo DLRM for ``iterations`` steps and save its files.
+    """Generate data, train the demo DLRM for ``iterations`` steps and save its files;
+    ``say`` is told of each step as it starts.
 
     The defaults (about one epoch over 65,536 generated rows) reach an eval AUC near 0.86;
     many more passes over so few rows overfit the per-key embeddings.
     """
     import tierserve.trainer as hugectr
+    from tierserve.trainer.progress import heartbeat
 
+    beat = heartbeat("[demo] generating data") if say else contextlib.nullcontext()
+    say = say or (lambda text: None)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    dataset = generate_data(workdir, num_samples=num_samples, seed=seed)
+    say(f"generating {num_samples:,} click-log rows with a planted model in {workdir / 'data'}")
+    with beat:
+        dataset = generate_data(workdir, num_samples=num_samples, seed=seed)
     solver = hugectr.CreateSolver(
         model_name=MODEL_NAME,
         max_eval_batches=4,
@@ -138,6 +147,7 @@ def train_demo_model(
             )
         )
     model.compile()
+    say(f"training a small DLRM for {iterations} iterations of {batch_size} rows")
     model.fit(max_iter=iterations, display=max(iterations, 1), eval_interval=iterations + 1)
     eval_batches = 8
     for _ in range(eval_batches):

@@ -4,7 +4,8 @@ Prints, in sections: the versions of tierserve, Python and numpy; cupy, the CUDA
 driver, and every CUDA device (or that there is none: caches and the trainer then run on the
 CPU with numpy); whether the CUDA kernels in ``cuda/`` compile (with cupy for the device when
 there is one, and with NVRTC for the supported architectures when ``cuda-python`` is
-installed); which optional extras are installed; and, given ``--config ps.json``, whether the
+installed); which optional extras are installed, and whether the native gRPC transport is;
+and, given ``--config ps.json``, whether the
 Redis or Redis Cluster nodes and the Kafka brokers it names answer, each within
 ``--timeout`` seconds.
 
@@ -32,6 +33,10 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "rocksdb": ("rocksdict",),
     "triton": ("tritonclient",),
     "parquet": ("pyarrow",),
+    "tensorboard": ("tensorboardX",),
+    "datasource": ("fsspec",),
+    "pandas": ("pandas",),
+    "mpi": ("mpi4py", "mpich") if sys.platform == "linux" else ("mpi4py",),
 }
 _CORE = {"rocksdb"}
 _CUPY_WHEELS = ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy")
@@ -88,6 +93,7 @@ def diagnose(
     if compile_kernels:
         checks += _kernels(cupy)
     checks += _extras()
+    checks.append(_native_transport())
     if config_path:
         checks += _services(config_path, timeout)
     return checks
@@ -216,6 +222,19 @@ def _extras() -> list[Check]:
         else:
             checks.append(Check("extras", extra, "ok", have))
     return checks
+
+
+def _native_transport() -> Check:
+    """Whether gRPC can go over the native (Rust) transport or falls back to grpc.aio."""
+    version = _dist_version("tierserve-native")
+    from tierserve.server.grpc_native import native_available
+
+    if native_available():
+        return Check("extras", "native gRPC transport", "ok",
+                     f"tierserve-native {version or '?'}: gRPC is served by the Rust transport")
+    return Check("extras", "native gRPC transport", "missing",
+                 "tierserve-native not installed: gRPC is served by grpc.aio; `make setup` "
+                 "builds it where cargo is installed (or pip install ./server/native)")
 
 
 # -- services -------------------------------------------------------------------------------

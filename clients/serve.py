@@ -91,6 +91,46 @@ def register(commands: argparse._SubParsersAction) -> None:
         "headers (default 60)",
     )
     parser.add_argument(
+        "--max-header-bytes", type=int, default=64 * 1024, metavar="N",
+        help="most bytes of an HTTP request line and headers (and of gRPC headers); over it "
+        "the request gets 414 (URL) or 431 (default 65536)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-header-count", type=int, default=100, metavar="N",
+        help="most header lines of an HTTP request; over it: 431 (default 100)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-inflight-mb", type=float, default=512.0, metavar="MB",
+        help="most MiB of requests one worker holds at once, HTTP and gRPC together; more "
+        "wait for room, then get 503 / RESOURCE_EXHAUSTED (default 512)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-inflight-calls", type=int, default=1024, metavar="N",
+        help="most requests one worker holds at once, HTTP and gRPC together (default 1024)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-connection-mb", type=float, default=128.0, metavar="MB",
+        help="most MiB of requests one gRPC connection holds at once (default 128)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--admission-timeout", type=float, default=5.0, metavar="S",
+        help="how long a request waits for room under the limits above before it is refused "
+        "(default 5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grpc-idle-timeout", type=float, default=60.0, metavar="S",
+        help="close a gRPC connection without a call for this long (default 60)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-connections", type=int, default=4096, metavar="N",
+        help="most open connections per transport (HTTP, gRPC) and worker (default 4096)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--descriptor-reserve", type=int, default=64, metavar="N",
+        help="file descriptors kept free for health, loads and the repository poller: new "
+        "connections are refused first (default 64)",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-dynamic-batching",
         action="store_true",
         help="run every request on its own instead of merging concurrent ones",
@@ -110,8 +150,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workers", type=int, default=None, metavar="N",
         help="worker processes, all serving the same ports (default: one per core, at most "
-        "--max-workers; one when ps.json's tiers cannot be shared: a writable RocksDB, Redis). "
-        "Until this release --workers counted inference threads: that is now --threads",
+        "--max-workers; one when ps.json's tiers cannot be shared: a writable RocksDB, Redis); "
+        "inference threads per worker are --threads",
     )  # fmt: skip
     parser.add_argument(
         "--max-workers", type=int, default=8, metavar="N",
@@ -162,8 +202,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "$TIERSERVE_REPLICA_ID, else host-pid-random, so each process is its own replica)",
     )
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines shown, of tierserve and uvicorn alike (default info)",
+    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
@@ -184,6 +225,15 @@ def settings_from_args(args: argparse.Namespace):
         allow_nonfinite_inputs=args.allow_nonfinite_inputs,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
+        max_header_bytes=args.max_header_bytes,
+        max_header_count=args.max_header_count,
+        max_inflight_bytes=int(args.max_inflight_mb * 1024 * 1024),
+        max_inflight_calls=args.max_inflight_calls,
+        max_connection_bytes=int(args.max_connection_mb * 1024 * 1024),
+        admission_timeout_s=args.admission_timeout,
+        grpc_idle_timeout_s=args.grpc_idle_timeout,
+        max_connections=args.max_connections,
+        descriptor_reserve=args.descriptor_reserve,
         dynamic_batching=not args.no_dynamic_batching,
         max_batch_delay_ms=args.max_batch_delay_ms,
         poll_interval_s=args.poll_interval,
@@ -231,6 +281,7 @@ def limit_blas_threads(threads: int | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     limit_blas_threads(args.blas_threads)
+    from tierserve.server.logs import configure_logging
     from tierserve.server.workers import run_server
 
     settings = settings_from_args(args)
@@ -238,14 +289,11 @@ def run(args: argparse.Namespace) -> int:
         from tierserve.ps.kafka_updates import REPLICA_ENV, check_replica_id
 
         os.environ[REPLICA_ENV] = check_replica_id(args.replica_id, "--replica-id")
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.admin_token is None:
         logging.getLogger("tierserve").warning(
             "binding %s without an admin token: anyone who reaches the port can load and "
             "unload models (set --admin-token or TIERSERVE_ADMIN_TOKEN)",
             settings.host,
         )
-    run_server(settings)
-    return 0
+    return run_server(settings)

@@ -9,18 +9,25 @@ version: the new version folder appears whole, so tritonserver's ``--model-contr
 picks it up, and a version folder it made whose version is gone from DIR is removed;
 config.pbtxt files are rewritten only when they change.
 
+A ``ps.json`` whose persistent tier is a writable RocksDB (one process may open it) gives
+the Triton models ``OUT/ps.json``: the same tables without RocksDB, all in each model
+process's volatile tier.
+
 Examples:
   tierserve triton-repo --model-repository models/ --out triton/
   tierserve triton-repo --model-repository models/ --out triton/ --models dlrm --instances 2
-  tritonserver --model-repository triton/ --backend-directory <dir with python/>
+  tierserve triton-install   # once: tritonserver + Python backend from nvidia-pytriton
+  ~/.cache/tierserve/pytriton/bin/tritonserver --model-repository triton/
 
 Contracts (HugeCTR's Triton backends): a one-hot ranking model is batched by Triton
 (``DES`` FP32 [dense_dim], ``CATCOLUMN`` INT64 or INT32 [slots] -> ``OUTPUT0`` FP32
 [label_dim], dynamic batching on); a multi-hot one takes whole requests (``DES`` [-1,
 dense_dim], ``CATCOLUMN`` [-1], ``ROWINDEX`` INT32 [-1] -> ``OUTPUT0`` [-1, label_dim]:
 Triton's batcher needs every input to share the batch dimension, which CSR inputs do not);
-an embedding store (no graph) has the HPS backend's ``KEYS`` INT64, ``NUMKEYS`` INT32 ->
-``OUTPUT0`` FP32.
+an embedding store (no graph) has the HPS backend's ``KEYS`` INT64 [-1] and ``NUMKEYS`` INT32
+[tables] -> ``OUTPUT0`` FP32 [-1].  These are the shapes ``tierserve serve`` presents for the
+same models (its model metadata and config), so a client such as ``perf_analyzer`` drives
+both alike.
 """
 
 from __future__ import annotations
@@ -128,12 +135,15 @@ def graph_signature(graph, max_batch_size: int, i64_keys: bool) -> Signature:
     )
 
 
-STORE_SIGNATURE = Signature(
-    "embedding store",
-    0,
-    (Tensor("KEYS", "TYPE_INT64", (-1,)), Tensor("NUMKEYS", "TYPE_INT32", (-1,))),
-    (Tensor("OUTPUT0", "TYPE_FP32", (-1,)),),
-)
+def store_signature(tables: int) -> Signature:
+    """The signature of an embedding store of ``tables`` tables (``NUMKEYS``: one count per
+    table, as tierserve serve presents it)."""
+    return Signature(
+        "embedding store",
+        0,
+        (Tensor("KEYS", "TYPE_INT64", (-1,)), Tensor("NUMKEYS", "TYPE_INT32", (tables,))),
+        (Tensor("OUTPUT0", "TYPE_FP32", (-1,)),),
+    )
 
 
 def version_signature(entry, folder: Path, i64_keys: bool) -> Signature:
@@ -143,7 +153,7 @@ def version_signature(entry, folder: Path, i64_keys: bool) -> Signature:
 
     config = version_files(entry, folder)
     if not config.network_file:
-        return STORE_SIGNATURE
+        return store_signature(len(config.embedding_vecsize_per_table))
     graph = load_graph_json(config.network_file)
     try:
         return graph_signature(graph, entry.max_batch_size, i64_keys)
@@ -192,18 +202,45 @@ def _quote(value: object) -> str:
     return json.dumps(str(value))[1:-1]  # protobuf text strings escape like JSON's
 
 
+def _triton_ps_json(config, ps_path: Path, out: Path) -> tuple[Path, str | None]:
+    """The ps.json the Triton models use, and why it is not ``ps_path`` (None: it is).
+
+    A writable ``rocks_db`` opens in one process only, and Triton runs every model instance
+    (and a new version beside the old one) in a process of its own: the Triton models then
+    get ``out/ps.json``, the same tiers without RocksDB and with every row in the volatile
+    tier (``initial_cache_rate`` 1.0, a hash map when it had none), so they answer alike."""
+    from tierserve.ps.config import RocksDBConfig, dump_ps_config
+
+    pdb = config.persistent_db
+    if not isinstance(pdb, RocksDBConfig) or pdb.read_only:
+        return ps_path, None
+    data = dump_ps_config(config)  # paths already absolute: the file moves
+    data.pop("persistent_db", None)
+    volatile = data.get("volatile_db") or {}
+    if volatile.get("type") in (None, "disabled"):
+        volatile = {"type": "hash_map"}
+    volatile["initial_cache_rate"] = 1.0
+    data["volatile_db"] = volatile
+    target = out / "ps.json"
+    _write_if_changed(target, json.dumps(data, indent=2) + "\n")
+    why = (f"{ps_path}'s persistent_db is a writable rocks_db ({pdb.path}), which one process "
+           f"may open; the Triton models (a process each) use {target}: the same tables, all "
+           "in each process's volatile tier, no RocksDB (--ps-json gives another)")  # fmt: skip
+    return target, why
+
+
 def _check_tiers(config, ps_path: Path) -> None:
-    """Refuse tiers one Triton process per model version cannot share."""
+    """Refuse a ``--ps-json`` whose tiers one Triton process per model version cannot share."""
     from tierserve.ps.config import RocksDBConfig
 
     pdb = config.persistent_db
     if isinstance(pdb, RocksDBConfig) and not pdb.read_only:
         raise ConfigError(
-            f"{ps_path}: persistent_db is a writable rocks_db ({pdb.path}); Triton runs every "
-            "model, and a new version while the old one still serves, in a process of its "
-            "own, and RocksDB lets one process open it for writing. Set persistent_db "
-            "read_only true (its tables already loaded, e.g. by tierserve serve), or give "
-            "the Triton models a ps.json without it (--ps-json)"
+            f"--ps-json {ps_path}: persistent_db is a writable rocks_db ({pdb.path}); Triton "
+            "runs every model, and a new version while the old one still serves, in a process "
+            "of its own, and RocksDB lets one process open it for writing. Set persistent_db "
+            "read_only true (its tables already loaded, e.g. by tierserve serve), or leave "
+            "out --ps-json: the models then use the repository's tables without RocksDB"
         )
 
 
@@ -272,6 +309,7 @@ class Generated:
     new_versions: list[str]
     config_changed: bool
     removed_versions: list[str]
+    ps_json_note: str | None = None  # why the models use another ps.json than the repository's
 
 
 def generate(
@@ -306,7 +344,8 @@ def generate(
     if max_queue_delay_us < 0:
         raise ConfigError(f"--max-queue-delay-us must be >= 0, not {max_queue_delay_us}")
     config = load_ps_config(ps_path)
-    _check_tiers(config, ps_path)
+    if ps_json:
+        _check_tiers(config, ps_path)
     repository = ModelRepository(loader=None, root=root)
     available = repository.model_names()
     if models:
@@ -325,6 +364,7 @@ def generate(
     if out == root or root in out.parents:
         raise ConfigError(f"--out {out} must lie outside the model repository {root}")
     out.mkdir(parents=True, exist_ok=True)
+    ps_path, why = _triton_ps_json(config, ps_path, out)
     results = []
     for name in names:
         entry = config.model(name)
@@ -344,7 +384,7 @@ def generate(
         changed = _write_if_changed(out / name / "config.pbtxt", text)
         new = [v for v in versions if _write_version(root / name / v, out / name / v, copy)]
         removed = _remove_gone_versions(out / name, versions)
-        results.append(Generated(name, latest, versions, new, changed, removed))
+        results.append(Generated(name, latest, versions, new, changed, removed, why))
     return results
 
 
@@ -393,5 +433,25 @@ def run(args: argparse.Namespace) -> int:
             added += f", removed version {', '.join(r.removed_versions)} (gone from the repository)"
         print(f"{r.model}: {r.signature.kind} model, versions {', '.join(r.versions)}{added}"
               f"{'' if r.config_changed else ', config.pbtxt unchanged'}")  # fmt: skip
-    print(f"tritonserver --model-repository {Path(args.out).resolve()}")
+    if results and results[0].ps_json_note:
+        print(results[0].ps_json_note)
+    print(serve_command(Path(args.out).resolve()))
     return 0
+
+
+def serve_command(out: Path) -> str:
+    """How to serve ``out``: with the tritonserver ``tierserve triton-install`` installed,
+    else how to get one."""
+    from .triton_install import default_home, installed, wrapper_path, write_wrapper
+
+    home = default_home()
+    if installed(home):
+        write_wrapper(home)
+        return f"serve it: {wrapper_path(home)} --model-repository {out}"
+    return (
+        "serve it: tierserve triton-install   # once: a CPU tritonserver with the Python "
+        f"backend, into {home}\n"
+        f"          {wrapper_path(home)} --model-repository {out}\n"
+        "   or with your own Triton: tritonserver --model-repository "
+        f"{out} --backend-directory <its backends folder, holding python/>"
+    )

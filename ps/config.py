@@ -12,7 +12,8 @@ Beyond HugeCTR: ``type: "redis"`` is a standalone Redis server given by ``addres
 HugeCTR has no settings for how its Redis client waits and retries; ours are on the ``redis``
 and ``redis_cluster`` configs (:class:`_RedisBase`): ``socket_timeout_ms``,
 ``connect_timeout_ms``, ``max_retries``, the circuit breaker's ``failure_threshold``,
-``failure_backoff_ms`` and ``max_failure_backoff_ms``, and ``refill_interval_ms``.
+``failure_backoff_ms`` and ``max_failure_backoff_ms``, and ``refill_interval_ms``; a
+cluster's also ``topology_refresh_ms``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .table_tag import NAME_PATTERN
 Name = Annotated[str, Field(pattern=rf"^{NAME_PATTERN}$")]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 #: ``overflow_margin`` default: HugeCTR's 2^64 - 1, de-facto unbounded.
 UNBOUNDED = 2**64 - 1
@@ -245,10 +247,16 @@ class _RedisBase(_VolatileBase):
 
 
 class RedisClusterConfig(_RedisBase):
-    """An existing Redis Cluster; ``address`` lists seed nodes ``host:port[,host:port...]``."""
+    """An existing Redis Cluster; ``address`` lists seed nodes ``host:port[,host:port...]``.
+
+    ``topology_refresh_ms`` (500): while calls to a node fail, are skipped or are redirected
+    (``MOVED``), the slot map is read again in the background at most this often, so a
+    replica the cluster promoted in place of a dead master is used within this time.
+    """
 
     type: Literal[DatabaseType_t.redis_cluster] = DatabaseType_t.redis_cluster
     address: str = "127.0.0.1:7000"
+    topology_refresh_ms: PositiveInt = 500
 
     @field_validator("address")
     @classmethod
@@ -340,6 +348,11 @@ UpdateSourceConfig = Annotated[
 # --- models --------------------------------------------------------------------------------
 
 
+#: The most keys one request may carry (INT32 row pointers): bounds ``max_batch_size`` times
+#: the sum of ``maxnum_catfeature_query_per_table_per_sample``, the default key limit.
+MAX_KEYS_PER_REQUEST = 2**31 - 1
+
+
 class ModelConfig(_Strict):
     """One served model: its files and per-table settings (``models[]`` in ``ps.json``)."""
 
@@ -360,8 +373,8 @@ class ModelConfig(_Strict):
     embedding_cache_type: Literal["dynamic", "static"] = "dynamic"
     use_static_table: bool = False
     cache_refresh_percentage_per_iteration: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    refresh_interval: NonNegativeInt = 0
-    refresh_delay: NonNegativeInt = 0
+    refresh_interval: NonNegativeFloat = 0.0  # seconds; 0: never
+    refresh_delay: NonNegativeFloat = 0.0
     num_of_worker_buffer_in_pool: PositiveInt = 1
     num_of_refresher_buffer_in_pool: PositiveInt = 1
     use_context_stream: bool = True
@@ -401,6 +414,14 @@ class ModelConfig(_Strict):
                 raise ValueError(f"{field} has {len(values)} entries, sparse_files has {n} tables")
         if len(set(self.embedding_table_names)) != n:
             raise ValueError("embedding_table_names must be unique")
+        keys = self.max_batch_size * sum(self.maxnum_catfeature_query_per_table_per_sample)
+        if keys > MAX_KEYS_PER_REQUEST:
+            raise ValueError(
+                f"max_batch_size {self.max_batch_size} x maxnum_catfeature_query_per_table_per_"
+                f"sample {self.maxnum_catfeature_query_per_table_per_sample} is {keys} keys per "
+                f"request, over {MAX_KEYS_PER_REQUEST} (the most keys the INT32 ROWINDEX row "
+                "pointers of one request address; the product is the default key limit)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -466,16 +487,33 @@ class PSConfig(_Strict):
         )
 
 
+def _problem(err: dict[str, Any]) -> tuple[str, str]:
+    """``(where, what)`` of one pydantic error, in the file's terms: a discriminator's
+    allowed values as they are written in JSON, not as enum reprs."""
+    loc = [str(p) for p in err["loc"]]
+    if err["type"] == "union_tag_invalid":
+        ctx = err.get("ctx") or {}
+        field = ctx.get("discriminator", "type").strip("'")
+        # the tags come as "<DatabaseType_t.hash_map: 'hash_map'>, ..." or "'a', 'b'"
+        allowed = re.findall(r"'([^']*)'>?(?:,|$)", str(ctx.get("expected_tags", "")))
+        where = ".".join([*loc, field])
+        return where, f"{ctx.get('tag')!r} is not one of: {', '.join(allowed)}"
+    if err["type"] == "union_tag_not_found":
+        field = str((err.get("ctx") or {}).get("discriminator", "type")).strip("'")
+        return ".".join(loc) or "(top level)", f"has no {field!r} field"
+    where = ".".join(loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return where, "unknown field"
+    return where, str(err["msg"]).removeprefix("Value error, ")
+
+
 def format_validation_errors(exc: ValidationError, source: str) -> str:
-    """One line per invalid field: ``<dotted path>: <problem>`` (unknown fields named so)."""
-    lines = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown field")
-        else:
-            lines.append(f"{where}: {err['msg']}")
-    return f"invalid {source}:\n  " + "\n  ".join(lines)
+    """``invalid <source>: <dotted path>: <problem>``: on one line for one invalid field,
+    one line per field after the first line for several (unknown fields named so)."""
+    problems = [f"{where}: {what}" for where, what in map(_problem, exc.errors())]
+    if len(problems) == 1:
+        return f"invalid {source}: {problems[0]}"
+    return f"invalid {source}:\n  " + "\n  ".join(problems)
 
 
 def parse_ps_config(data: dict[str, Any], source: str = "ps config") -> PSConfig:

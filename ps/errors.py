@@ -55,6 +55,11 @@ class CorruptModelFileError(TierserveError):
     grpc_status = "INVALID_ARGUMENT"
 
 
+class IncompleteModelError(CorruptModelFileError):
+    """A model version folder lacks a file its manifest or ``ps.json`` names, or holds one
+    shorter or longer than recorded: perhaps still being copied."""
+
+
 class NotFoundError(TierserveError):
     """A model, version, table or route does not exist."""
 
@@ -119,6 +124,14 @@ class BackendUnavailableError(TierserveError):
 class BackendSkippedError(BackendUnavailableError):
     """A backend is being skipped after repeated failures (its circuit is open): nothing was
     sent to it, and the same call may succeed once its back-off ends."""
+
+
+class StorageFullError(BackendUnavailableError):
+    """A storage backend has no room for a write: a full disk under RocksDB, a Redis node at
+    ``maxmemory`` that evicts nothing.  Space can be freed, so it is retryable."""
+
+    http_status = 507
+    grpc_status = "RESOURCE_EXHAUSTED"
 
 
 class MissingExtraError(ImportError, TierserveError):

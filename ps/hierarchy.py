@@ -20,7 +20,9 @@ it the version that name-addressed calls (``lookup("m", ...)``, online updates) 
 :class:`ServedModel` looks up exactly that version's tables (:meth:`version_view`), so a model
 version always reads the embeddings it was loaded with, whatever is committed meanwhile.
 Online updates are written to the committed version and to every staged one, so a version
-staged while updates flow misses none.  Shared tiers record the committed storage name under
+staged while updates flow misses none.  A version's storage names stay its own until its drop
+is done: a version staged while an older one is still read (replaced or unloaded, requests in
+flight) or being dropped takes new names.  Shared tiers record the committed storage name under
 ``active/<tag>`` (:meth:`Tier.set_meta`) for processes that attach later.
 """
 
@@ -142,6 +144,10 @@ class HierarchicalParameterServer:
         }
         self._models: dict[str, ServedModel] = {}  # committed versions, by model name
         self._staged: dict[str, list[ServedModel]] = {}  # staged, not yet committed
+        # Every version whose tables exist: staged, committed, replaced or unloaded but still
+        # read by requests in flight, or being dropped.  A new version never takes a storage
+        # name one of them holds, or staging (or that one's drop) would free the other's.
+        self._versions: list[ServedModel] = []
         self._listeners: list = []  # update listeners (embedding caches), see add_update_listener
         self._listener_lock = threading.Lock()
         self._load_lock = threading.Lock()  # guards _models and _staged
@@ -202,6 +208,7 @@ class HierarchicalParameterServer:
             self._generation += 1
             gen = self._generation
             live = config.model in self._models or bool(self._staged.get(config.model))
+            busy = {spec.storage for v in self._versions for spec in v.tables.values()}
         attach = self._attach and not live
         tables = self._read_tables(config) if not attach else None
         specs: dict[str, TableSpec] = {}
@@ -210,9 +217,10 @@ class HierarchicalParameterServer:
             for i, name in enumerate(config.embedding_table_names):
                 tag = table_tag(config.model, name)
                 dim = int(config.embedding_vecsize_per_table[i])
-                storage = (
-                    self._attached_storage(tag) if attach else f"{tag}@{gen}" if live else tag
-                )
+                if attach:
+                    storage = self._attached_storage(tag)
+                else:
+                    storage = f"{tag}@{gen}" if live or tag in busy else tag
                 spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i])
                 if attach:
                     for tier in self.tiers.values():
@@ -227,6 +235,7 @@ class HierarchicalParameterServer:
         served = ServedModel(config, gen, specs, attached=attach)
         with self._load_lock:
             self._staged.setdefault(config.model, []).append(served)
+            self._versions.append(served)
         log.info("model %s staged (generation %d, %d tables)", config.model, gen, len(specs))
         return served
 
@@ -270,9 +279,13 @@ class HierarchicalParameterServer:
             if served.dropped:
                 return
             served.dropped = True
-            versions = [*self._models.values(), *(v for vs in self._staged.values() for v in vs)]
-            live = {spec.storage for v in versions for spec in v.tables.values()}
-        self._retire(served, keep=live)
+            others = [v for v in self._versions if not v.dropped]
+            live = {spec.storage for v in others for spec in v.tables.values()}
+        try:
+            self._retire(served, keep=live)
+        finally:
+            with self._load_lock:
+                self._versions = [v for v in self._versions if v is not served]
 
     def load_model(self, config: ModelConfig | str) -> ServedModel:
         """Stage, commit, and drop the version it replaces (direct use, outside a repository).
@@ -300,6 +313,7 @@ class HierarchicalParameterServer:
                     keys = as_keys(keys, 32, f"{path}")
                 except InvalidInputError as exc:
                     raise ConfigError(f"{exc} (supportlonglong is false)") from None
+            _warn_repeated_keys(keys, path)
             out.append((keys, table.embeddings))
         return out
 
@@ -561,6 +575,21 @@ class HierarchicalParameterServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _warn_repeated_keys(keys: np.ndarray, path) -> None:
+    """Log how many rows of a key file repeat a key of an earlier row.  They are loaded as
+    HugeCTR's backends load them, row after row, so a key's last row is the one served (every
+    tier inserts in file order)."""
+    if keys.size < 2:
+        return
+    ordered = np.sort(keys)
+    repeated = int(np.count_nonzero(ordered[1:] == ordered[:-1]))
+    if repeated:
+        log.warning(
+            "%s: %d rows repeat a key of an earlier row; each key's last row is served",
+            path, repeated,
+        )  # fmt: skip
 
 
 class VersionView:

@@ -18,7 +18,14 @@ an empty message key, and a value of at most ``max_batch_size`` records
   process id and a random part, :func:`replica_id`), so two servers on one host never split
   the updates of their in-process tiers between them.  A process with a new id reads the
   topics from the start (``auto.offset.reset: earliest``); a stable id resumes where the
-  last process with that id stopped;
+  last process with that id stopped, and in a group of its own (an unshared tier, cache
+  invalidation) it is a static member (``group.instance.id``), so a process restarted after
+  a SIGKILL gets its partitions back at once rather than after the dead one's session;
+- at its start an applying consumer reads the end offsets of its topics and reports itself
+  caught up (:meth:`UpdateConsumer.status`, hence the server's readiness) only once it read
+  them up to there (:mod:`tierserve.ps.kafka_catchup`);
+- a topic deleted and created again (a new topic id, :mod:`tierserve.ps.kafka_topics`) is
+  read from its start by a new Kafka client;
 - a malformed message (any value the decoder refuses), or one for a model or table this
   server does not hold, is counted, logged (its first bytes in hex) and skipped, and its
   offset committed; a tier that cannot be reached is retried after ``failure_backoff_ms``
@@ -68,7 +75,9 @@ from .errors import (
     NotFoundError,
     require_extra,
 )
+from .kafka_catchup import CatchUp
 from .kafka_log import KafkaLog
+from .kafka_topics import TopicAdmin
 from .retry import ExponentialBackoff
 from .stats import LatencyHistogram
 from .table_tag import TAG_PREFIX, parse_table_tag, table_tag
@@ -122,7 +131,9 @@ class UpdateProducer:
         self._producer = _kafka().Producer(
             {"bootstrap.servers": _bootstrap(brokers), **self.kafka_log.client_config(), **options}
         )
+        self.brokers = brokers
         self._failed: list[str] = []
+        self.delivered = 0  # messages the brokers acknowledged
 
     def publish(
         self, model: str, table: str, keys, embeddings, *, timestamp_ms: int | None = None
@@ -156,12 +167,19 @@ class UpdateProducer:
     def _delivered(self, error, message) -> None:
         if error is not None:
             self._failed.append(f"{message.topic()}: {error}")
-        elif self.kafka_log.down:
+            return
+        self.delivered += 1
+        if self.kafka_log.down:
             self.kafka_log.recovered()
 
     def poll(self, timeout: float = 0.0) -> None:
         """Serve delivery reports and log lines, waiting at most ``timeout`` seconds."""
         self._producer.poll(timeout)
+
+    @property
+    def failed(self) -> int:
+        """Messages whose delivery failed, reported since the last :meth:`take_failures`."""
+        return len(self._failed)
 
     def take_failures(self) -> list[str]:
         """The delivery failures reported since the last call (``topic: error``)."""
@@ -172,9 +190,16 @@ class UpdateProducer:
         """Wait until every queued update is delivered; raise if any failed or timed out."""
         left = self._producer.flush(timeout)
         failed, self._failed = self._failed, []
-        if left or failed:
+        if failed:
             raise BackendUnavailableError(
-                f"{left} update messages undelivered after {timeout} s; failures: {failed[:5]}"
+                f"{len(failed)} update messages failed ({'; '.join(failed[:3])}"
+                f"{', ...' if len(failed) > 3 else ''})"
+                + (f", {left} more undelivered after {timeout:g} s" if left else "")
+            )
+        if left:
+            raise BackendUnavailableError(
+                f"{left} update messages undelivered after {timeout:g} s: no Kafka broker "
+                f"at {self.brokers} acknowledged them (is it running and reachable?)"
             )
 
     def close(self, timeout: float = 30.0) -> None:
@@ -305,6 +330,10 @@ class ConsumerStatus:
     #: partitions whose model is not loaded yet: paused, read once it is
     waiting: int = 0
     kafka_down: bool = False  # no broker answers (an outage: see tierserve.ps.kafka_log)
+    #: it read what its topics held when it started (tierserve.ps.kafka_catchup): the server
+    #: is not ready until then; ``not_ready`` says why not
+    caught_up: bool = True
+    not_ready: str | None = None
 
 
 class UpdateConsumer:
@@ -333,6 +362,8 @@ class UpdateConsumer:
         self.config = config
         self.level = level
         self.stats = ConsumerStats()
+        #: a replica id given (or $TIERSERVE_REPLICA_ID) names the same server after a restart
+        self._stable_replica = replica is not None or REPLICA_ENV in os.environ
         self.replica = replica or replica_id()
         self.group = self._group(ps.tiers[level])
         self.pattern = subscription(ps.update_filters(level))
@@ -350,6 +381,7 @@ class UpdateConsumer:
             # (metadata, the offset lookups of a new partition or a replay) wait no longer
             # (librdkafka's default: 500 ms); an idle consumer fetches 20 times a second.
             "fetch.wait.max.ms": min(FETCH_WAIT_MAX_MS, config.poll_timeout_ms),
+            **self._membership(ps.tiers[level]),
             **self.kafka_log.client_config(),
             **options,
         }
@@ -372,9 +404,28 @@ class UpdateConsumer:
         self._failures: tuple[tuple[str, int, int] | None, int] = (None, 0)  # in a row
         self._progress = 0  # batches of messages done
         self._poison: set[tuple[str, int, int]] = set()  # messages the loop failed on
+        self.catchup = CatchUp(self.kafka_log.name, needed=self.role == "apply")
+        self._topics: TopicAdmin | None = None  # made on first use
+        self._topics_checked = 0.0
+        self._recreated: set[str] = set()  # topics to read from their start once assigned
 
     def _group(self, tier) -> str:
         return group_id(self.level, tier.shared, self.replica)
+
+    def _membership(self, tier) -> dict:
+        """Static group membership (``group.instance.id``: the replica id) when the group is
+        this replica's alone and its id outlives the process: a server restarted after a
+        SIGKILL takes its partitions back at once, instead of waiting for the dead member's
+        session to time out (45 s).  Not for a group shared by replicas: a member that
+        stops cleanly would hold its partitions from the others for that long."""
+        if not self._stable_replica or tier.shared:
+            return {}
+        return {"group.instance.id": self.replica}
+
+    def _topic_admin(self) -> TopicAdmin:
+        if self._topics is None:
+            self._topics = TopicAdmin(self._settings)
+        return self._topics
 
     def start(self) -> UpdateConsumer:
         self._subscribe()
@@ -391,6 +442,7 @@ class UpdateConsumer:
         try:
             self._commit(asynchronous=False)
         finally:
+            self._topics = None  # its client goes with it (AdminClient has no close)
             self._consumer.close()
 
     def status(self) -> ConsumerStatus:
@@ -401,9 +453,11 @@ class UpdateConsumer:
             and not self._restarting
             and not self._stop.is_set()
         )
+        caught_up, not_ready = self.catchup.status(self._catch_up_state)
         return ConsumerStatus(
             self.level, self.role, self.group, alive, self.restarts, self.last_error,
             lag=self.lag, waiting=len(self._held), kafka_down=self.kafka_log.down,
+            caught_up=caught_up, not_ready=not_ready,
             freshness=None if self.role != "apply" else {
                 "count": self.freshness.count, "sum": self.freshness.total,
                 "buckets": self.freshness.cumulative(),
@@ -479,11 +533,18 @@ class UpdateConsumer:
         self._assigned.clear()
         self._held.clear()
         self._synced_to.clear()
+        self.catchup.handled.clear()
         self._consumer.subscribe(
             [self.pattern], on_assign=self._on_assign, on_revoke=self._on_revoke
         )
 
     def _on_assign(self, consumer, partitions) -> None:
+        recreated = [tp for tp in partitions if tp.topic in self._recreated]
+        if recreated:  # its committed offsets are the old topic's: read it from its start
+            for tp in recreated:
+                tp.offset = _kafka().OFFSET_BEGINNING
+            consumer.assign(partitions)
+            self._recreated -= {tp.topic for tp in recreated}
         self._assigned.update((tp.topic, tp.partition) for tp in partitions)
         self.kafka_log.recovered()
 
@@ -495,6 +556,7 @@ class UpdateConsumer:
             self._assigned.discard(key)
             self._held.pop(key, None)
             self._synced_to.pop(key, None)
+            self.catchup.handled.pop(key, None)
 
     def _run(self) -> None:
         timeout = self.config.poll_timeout_ms / 1000
@@ -542,6 +604,7 @@ class UpdateConsumer:
             if messages:
                 self._progress += 1
             self._commit(asynchronous=True)
+            self.catchup.check(self._catch_up_state)
 
     # --- versions, waiting models, lag ------------------------------------------------------
 
@@ -601,6 +664,8 @@ class UpdateConsumer:
         when = update_replay.version_time_ms(served)
         if not when or update_replay.synced(served, self.level, key):
             self._synced_to[key] = served
+            if at is not None:
+                self.catchup.handled[key] = at
             return False
         kafka = _kafka()
         # The end first: a message written between the two lookups is past it, not skipped.
@@ -612,6 +677,7 @@ class UpdateConsumer:
         seek = offset != at
         if seek:
             self._consumer.seek(kafka.TopicPartition(*key, offset))
+        self.catchup.handled[key] = offset  # the messages before it are older than the files
         self._synced_to[key] = served
         update_replay.mark_synced(served, self.level, key)
         log.info("kafka updates (%s): %s partition %s reads from offset %s, the first update "
@@ -666,6 +732,78 @@ class UpdateConsumer:
             except kafka.KafkaException:
                 pass
         self.lag = self._lag()
+        self._follow_recreated()
+        self._catch_up()
+
+    # --- a restart's catching up, recreated topics ----------------------------------------
+
+    def _catch_up_state(self, key: tuple[str, int]) -> str | None:
+        """How partition ``key`` counts towards catching up (see CatchUp._short)."""
+        try:
+            model, _ = parse_table_tag(key[0])
+        except InvalidInputError:
+            return None
+        served = self._committed(model)
+        if served is None:
+            return None
+        replayed = bool(update_replay.version_time_ms(served))
+        if key in self._assigned:
+            if not replayed:  # its tables were loaded by another process: no replay
+                return "group"
+            if self._synced_to.get(key) is not served or key in self._held or key in self._reread:
+                return "waiting"
+            return "local"
+        shared = bool(self.ps.tiers[self.level].shared)
+        return "group" if shared or not replayed else "waiting"
+
+    def _catch_up(self) -> None:
+        """Read the end offsets seen at start (once), and the group's committed offsets."""
+        catchup = self.catchup
+        if catchup.targets is None:
+            if self.kafka_log.down:  # asked again once a broker answers
+                catchup.unknown(self.kafka_log.last_error or "no broker answers")
+                return
+            try:  # a short wait: the loop's poll serves the client's error callbacks
+                catchup.set_targets(self._topic_admin().end_offsets(self.pattern, timeout=1))
+            except Exception as exc:  # no broker answers: not ready, asked again next time
+                catchup.unknown(exc)
+                return
+        catchup.check(self._catch_up_state, self._group_committed)
+
+    def _group_committed(self, keys) -> dict[tuple[str, int], int]:
+        kafka = _kafka()
+        try:
+            parts = self._consumer.committed([kafka.TopicPartition(*k) for k in keys], timeout=2)
+        except kafka.KafkaException as exc:
+            log.debug("kafka updates (%s): reading committed offsets: %s", self.level, exc)
+            return {}
+        return {(tp.topic, tp.partition): tp.offset for tp in parts}
+
+    def _follow_recreated(self) -> None:
+        """Every ``metadata_refresh_interval_ms`` (at least a second): when an assigned topic
+        was deleted and created again, start a new client that reads it from its start (see
+        :mod:`tierserve.ps.kafka_topics`)."""
+        now = time.monotonic()
+        interval = max(_HOUSEKEEPING_S, self.config.metadata_refresh_interval_ms / 1000)
+        if self.kafka_log.down or now - self._topics_checked < interval or not self._assigned:
+            return
+        self._topics_checked = now
+        try:
+            changed = self._topic_admin().recreated({t for t, _ in self._assigned}, timeout=1)
+        except Exception as exc:  # the broker may be away: next time
+            log.debug("kafka updates (%s): describing topics: %s", self.level, exc)
+            return
+        if not changed:
+            return
+        for topic, (old, new) in sorted(changed.items()):
+            log.warning("kafka updates (%s): topic %s was deleted and created again (id %s, "
+                        "was %s); reading it from its start with a new Kafka client",
+                        self.level, topic, new, old)  # fmt: skip
+        self._recreated |= set(changed)
+        self.catchup.drop_topics(changed)
+        # Offsets of the old topics must not be committed for the new ones.
+        self._positions = {k: v for k, v in self._positions.items() if k[0] not in changed}
+        self._reopen()
 
     def _lag(self) -> tuple[tuple[str, int, int], ...]:
         kafka = _kafka()
@@ -805,7 +943,8 @@ class UpdateConsumer:
         """Mark ``message`` done (applied or skipped): its offset may be committed."""
         if message.error() is not None:
             return
-        self._positions[(message.topic(), message.partition())] = message.offset() + 1
+        key = (message.topic(), message.partition())
+        self._positions[key] = self.catchup.handled[key] = message.offset() + 1
         self._uncommitted += 1
         if self._uncommitted >= self.config.max_commit_interval:
             self._commit(asynchronous=True)
@@ -849,6 +988,11 @@ class InvalidationConsumer(UpdateConsumer):
         if now - self._housekept >= _HOUSEKEEPING_S:
             self._housekept = now
             self.lag = self._lag()
+            self._follow_recreated()
+
+    def _membership(self, tier) -> dict:
+        # Its group is this replica's alone, whatever the tier.
+        return {"group.instance.id": self.replica} if self._stable_replica else {}
 
     def __init__(self, ps, config: KafkaUpdateSourceConfig, level: str,
                  replica: str | None = None, **kwargs) -> None:  # fmt: skip

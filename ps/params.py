@@ -61,8 +61,19 @@ class _TierParams(ParamsModel):
     _target: Any = None  # the discriminated union this object converts into
 
     def to_config(self):
-        """The typed config for ``self.type``; fields that type does not use must be unset."""
-        data = self.model_dump(include=self.model_fields_set | {"type"}, mode="json")
+        """The typed config for ``self.type``; fields that type does not use must be unset,
+        except for a ``disabled`` / ``null`` one, which uses none of them (each given warns
+        once, as HugeCTR ignores them too: its own scripts set a RocksDB ``path`` on the
+        default, disabled, persistent tier)."""
+        fields = self.model_fields_set - {"type"}
+        if self.type.value in ("disabled", "null"):
+            from .compat import warn_once
+
+            for name in sorted(fields):
+                warn_once(f"{type(self).__name__}.{name}",
+                          f"not used: the tier's type is {self.type.value!r}")
+            fields = set()
+        data = self.model_dump(include=fields | {"type"}, mode="json")
         try:
             return TypeAdapter(self._target).validate_python(data)
         except ValidationError as exc:
@@ -103,12 +114,20 @@ class VolatileDatabaseParams(_TierParams):
 
 
 class PersistentDatabaseParams(_TierParams):
-    """The persistent tier: HugeCTR's ``PersistentDatabaseParams`` (disabled by default)."""
+    """The persistent tier: HugeCTR's ``PersistentDatabaseParams`` (disabled by default);
+    ``backend=`` is the binding's keyword for ``type``."""
 
     _target = PersistentDBConfig
 
     type: DatabaseType_t = DatabaseType_t.disabled
     path: str = "/tmp/rocksdb"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if "backend" in kwargs:  # the keyword HugeCTR's binding gives the type
+            if "type" in kwargs or args:
+                raise ConfigError("PersistentDatabaseParams: give backend (or type) once")
+            kwargs["type"] = kwargs.pop("backend")
+        super().__init__(*args, **kwargs)
     num_threads: Annotated[int, Field(gt=0)] = 16
     read_only: bool = False
     max_batch_size: Annotated[int, Field(gt=0)] = 10000

@@ -19,6 +19,12 @@ report its keys as not found (counted as ``skipped``), inserts and evictions rai
 the node cannot be reached.  So a lookup that copies missed vectors up
 (``cache_missed_embeddings``) does not wait on a frozen node either.
 
+A cluster's slot map is read again in the background (:mod:`tierserve.ps.topology`) whenever
+a call to a node fails, is skipped, or is redirected (``MOVED`` / ``ASK``), at most once per
+``topology_refresh_ms``: when a master dies and the cluster promotes its replica, calls go to
+the promoted node within that time of the promotion (its breaker is its own, closed), and it
+serves the rows it replicated.  Until then the dead master's keys read as not found.
+
 As in HugeCTR, reads refresh the ``t`` hash only when ``refresh_time_after_fetch`` is set
 (it costs a write per read); writes always do.
 """
@@ -39,12 +45,14 @@ from .errors import (
     BackendSkippedError,
     BackendUnavailableError,
     InvalidInputError,
+    StorageFullError,
     require_extra,
 )
 from .eviction import make_policy, resolution_size
 from .partition import as_keys, group_by_partition
 from .retry import ExponentialBackoff
 from .tier import Tier
+from .topology import TopologyRefresher
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +128,7 @@ class RedisTier(Tier):
             OSError,
         )
         self._cluster = config.type.value == "redis_cluster"
+        self._topology: TopologyRefresher | None = None
         kwargs = self._connection_kwargs(config)
         try:
             if self._cluster:
@@ -131,6 +140,9 @@ class RedisTier(Tier):
                     nodes.append(ClusterNode(host, int(port)))
                 self._client = RedisCluster(
                     startup_nodes=nodes, require_full_coverage=False, **kwargs
+                )
+                self._topology = TopologyRefresher(
+                    self._refresh_topology, config.topology_refresh_ms / 1000.0, self.kind
                 )
             else:
                 address = config.address
@@ -175,7 +187,13 @@ class RedisTier(Tier):
         routes: dict[str, tuple[object, list[int]]] = {}
         for p in partitions:
             if self._cluster:
-                node = self._client.get_node_from_key(value_hash(tag, p))
+                try:
+                    node = self._client.get_node_from_key(value_hash(tag, p))
+                except self._redis.exceptions.SlotNotCoveredError as exc:
+                    self._topology.request()
+                    raise BackendUnavailableError(
+                        f"{self.kind}: no node serves partition {p} of {tag}: {exc}"
+                    ) from exc
                 name = node.name
                 if name not in routes:
                     routes[name] = (self._client.get_redis_connection(node), [])
@@ -203,11 +221,28 @@ class RedisTier(Tier):
                     raise
                 attempt += 1
                 time.sleep(self._retry_backoff.compute(attempt))
+            except self._redis.exceptions.OutOfMemoryError as exc:
+                # redis-py quotes the refused command, key and vector bytes included: only
+                # the server's reply is kept.
+                reply = str(exc).rpartition("caused error: ")[2].rstrip(". ")
+                raise StorageFullError(
+                    f"{self.kind}: the Redis server is out of memory ({reply}; its "
+                    "maxmemory-policy evicts nothing); retried once memory is freed"
+                ) from None
+
+    def _allow(self, name: str) -> bool:
+        """Whether node ``name`` may be called now; a skipped cluster node may have been
+        replaced (failover): the slot map is read again (in the background)."""
+        if self.breakers[name].allow():
+            return True
+        if self._topology is not None:
+            self._topology.request()
+        return False
 
     def _admit(self, name: str, what: str) -> None:
         """Raise at once when node ``name`` is being skipped, rather than wait on it."""
         breaker = self.breakers[name]
-        if not breaker.allow():
+        if not self._allow(name):
             raise BackendSkippedError(
                 f"{self.kind} node {name} is skipped after repeated failures ({what} not "
                 f"sent); it is tried again in {breaker.retry_in():.1f} s"
@@ -216,16 +251,25 @@ class RedisTier(Tier):
     def _node_failed(self, name: str, exc: Exception, what: str) -> None:
         self.stats.errors += 1
         self.breakers[name].failed()
-        if isinstance(exc, (self._redis.exceptions.MovedError, self._redis.exceptions.AskError)):
-            self._refresh_topology()
+        if self._topology is not None:  # dead, or no longer the slots' master (MOVED)
+            self._topology.request()
         log.warning("%s tier: %s on node %s failed: %s", self.kind, what, name, exc)
 
+    def masters(self) -> list[str]:
+        """The cluster nodes that serve slots, as this client's slot map says now."""
+        if not self._cluster:
+            return ["standalone"]
+        return sorted({n.name for n in self._client.get_primaries()})
+
     def _refresh_topology(self) -> None:
-        if self._cluster:
-            try:
-                self._client.nodes_manager.initialize()
-            except self._network_errors as exc:  # pragma: no cover - best effort
-                log.warning("%s tier: cannot refresh the cluster topology: %s", self.kind, exc)
+        """Read the slot map again (from any node that answers, the failed one last);
+        logs when the masters changed."""
+        before = self.masters()
+        self._client.nodes_manager.initialize()
+        after = self.masters()
+        if after != before:
+            log.warning("%s tier: the cluster's masters are now %s (were %s); calls follow",
+                        self.kind, ", ".join(after), ", ".join(before))  # fmt: skip
 
     def _spans(self, b0: int, b1: int, mb: int | None = None):
         mb = mb or self.max_batch_size
@@ -277,7 +321,7 @@ class RedisTier(Tier):
             values: list = [None] * n
             parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
             for name, (conn, node_parts) in self._routes(tag, parts).items():
-                if not self.breakers[name].allow():
+                if not self._allow(name):
                     self.stats.skipped += sum(int(bounds[p + 1] - bounds[p]) for p in node_parts)
                     continue
                 spans = [
@@ -318,7 +362,7 @@ class RedisTier(Tier):
         parts = [p for p in range(self.num_partitions) if bounds[p + 1] > bounds[p]]
         now = time.time_ns() // 1000
         for name, (conn, node_parts) in self._routes(tag, parts).items():
-            if not self.breakers[name].allow():
+            if not self._allow(name):
                 continue
 
             def queue(pipe, node_parts=node_parts):
@@ -518,5 +562,7 @@ class RedisTier(Tier):
             raise BackendUnavailableError(f"{self.kind}: cannot write {name}: {exc}") from exc
 
     def close(self) -> None:
+        if self._topology is not None:
+            self._topology.close()
         with contextlib.suppress(Exception):  # closing a dead connection may fail
             self._client.close()

@@ -8,28 +8,86 @@ knows its tables.  Reads are multi-gets and writes are write batches, chunked at
 :class:`~tierserve.ps.errors.ReadOnlyError`.  One process at a time may open a path for
 writing (RocksDB's ``LOCK`` file); a second one gets an error naming the lock and, where
 Linux tells, the process that holds it.
+
+A full disk is a fault that can go away: a bulk load that cannot fit in the free space is
+refused before anything is written, and a write that fails with an I/O error (a disk that
+filled meanwhile) raises :class:`~tierserve.ps.errors.StorageFullError` or
+:class:`~tierserve.ps.errors.BackendUnavailableError` (both retryable).  RocksDB refuses every
+write after such an error ("Writer has previous error") while reads go on, so the next write
+first reopens the database (once lookups in flight are done and some space is free again).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import logging
 import os
+import shutil
 import threading
 
 import numpy as np
 
 from .codec import decode_values, key_fields, vector_values
 from .config import RocksDBConfig
-from .errors import BackendUnavailableError, InvalidInputError, ReadOnlyError, require_extra
+from .errors import (
+    BackendUnavailableError,
+    InvalidInputError,
+    ReadOnlyError,
+    StorageFullError,
+    require_extra,
+)
 from .locks import describe_process, lock_holder
 from .partition import as_keys
 from .tier import Tier
 
+log = logging.getLogger(__name__)
+
 _META_PREFIX = b"hps_meta/dim/"
+#: Free bytes below which a database that failed a write is not reopened (reopening writes).
+REOPEN_MIN_FREE = 1 << 20
+#: How long a reopen waits for lookups in flight on the failed database.
+REOPEN_WAIT_S = 30.0
 
 
 def _drain(iterator) -> None:
     collections.deque(iterator, maxlen=0)
+
+
+class _Gate:
+    """Any number of calls use the database at once; a reopen waits until they are done and
+    holds new ones back until it is over."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._users = 0
+        self._closed = False
+
+    @contextlib.contextmanager
+    def using(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._users -= 1
+                if not self._users:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self, timeout: float):
+        """Yields whether every user left within ``timeout`` seconds."""
+        with self._cond:
+            self._closed = True
+            done = self._cond.wait_for(lambda: self._users == 0, timeout)
+        try:
+            yield done
+        finally:
+            with self._cond:
+                self._closed = False
+                self._cond.notify_all()
 
 
 class RocksDBTier(Tier):
@@ -49,10 +107,18 @@ class RocksDBTier(Tier):
         self.max_batch_size = int(config.max_set_batch_size or config.max_batch_size)  # writes
         self.max_get_batch_size = int(config.max_get_batch_size or config.max_batch_size)
         self._lock = threading.Lock()
+        self._gate = _Gate()
+        self._reopen_lock = threading.Lock()  # not _lock: writers hold the gate and take _lock
+        self._failed: str | None = None  # why RocksDB refuses writes until it is reopened
+        self._db = None
+        self._open()
+
+    def _open(self) -> None:
+        rocksdict = self._rd
         options = self._options()
         options.create_if_missing(not self.read_only)
         options.create_missing_column_families(True)
-        options.increase_parallelism(int(config.num_threads))
+        options.increase_parallelism(int(self.config.num_threads))
         existing = ["default"]
         if os.path.exists(os.path.join(self.path, "CURRENT")):
             existing = rocksdict.Rdict.list_cf(self.path, self._options())
@@ -72,17 +138,87 @@ class RocksDBTier(Tier):
             if "lock" in str(exc).lower():
                 raise BackendUnavailableError(self._locked_message(exc)) from exc
             raise BackendUnavailableError(f"cannot open RocksDB at {self.path}: {exc}") from exc
-        self._cfs: dict[str, object] = {}
-        self._handles: dict[str, object] = {}
-        self._dims: dict[str, int] = {}
+        cfs: dict[str, object] = {}
+        handles: dict[str, object] = {}
+        dims: dict[str, int] = {}
         for cf in existing:
             if cf == "default":
                 continue
             raw = self._db.get(_META_PREFIX + cf.encode())
             if raw is not None:
-                self._dims[cf] = int(raw)
-                self._cfs[cf] = self._db.get_column_family(cf)
-                self._handles[cf] = self._db.get_column_family_handle(cf)
+                dims[cf] = int(raw)
+                cfs[cf] = self._db.get_column_family(cf)
+                handles[cf] = self._db.get_column_family_handle(cf)
+        self._cfs, self._handles, self._dims = cfs, handles, dims
+
+    # --- faults ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _writing(self, what: str):
+        """Run a write: reopen a database that failed one first; an I/O error raises a
+        retryable error (see the module docstring)."""
+        if self._failed is not None:
+            self._reopen()
+        with self._gate.using():
+            try:
+                yield
+            except Exception as exc:  # rocksdict raises plain Exception
+                message = " ".join(str(exc).split())
+                if not message.startswith("IO error"):
+                    raise
+                self._failed = message
+                raise self._fault(what, message) from None
+
+    def _fault(self, what: str, message: str) -> BackendUnavailableError:
+        if "No space left" in message:
+            return StorageFullError(
+                f"rocks_db at {self.path}: the disk is full ({what} failed: {message}); "
+                "retried once space is freed"
+            )
+        return BackendUnavailableError(f"rocks_db at {self.path}: {what} failed: {message}")
+
+    def _reopen(self) -> None:
+        """Close and open again a database that refuses writes after an I/O error."""
+        with self._reopen_lock:
+            if self._failed is None:
+                return
+            free = shutil.disk_usage(self.path).free
+            if free < REOPEN_MIN_FREE:
+                raise StorageFullError(
+                    f"rocks_db at {self.path}: the disk is still full ({free} bytes free); it "
+                    f"failed a write ({self._failed}) and is reopened once space is freed"
+                )
+            with self._gate.alone(REOPEN_WAIT_S) as alone:
+                if not alone:
+                    raise BackendUnavailableError(
+                        f"rocks_db at {self.path}: lookups still run on the database that "
+                        "failed a write; it is reopened on a later write"
+                    )
+                with self._lock:
+                    self._close_db()
+                    self._open()
+            log.warning("rocks_db at %s reopened after a failed write (%s)", self.path,
+                        self._failed)  # fmt: skip
+            self._failed = None
+
+    def _close_db(self) -> None:
+        self._cfs, self._handles = {}, {}
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except Exception as exc:  # noqa: BLE001 - a failed writer refuses its last flush
+                log.warning("rocks_db at %s closed with an error: %s", self.path, exc)
+
+    def _check_space(self, tag: str, keys: int, dim: int) -> None:
+        """Refuse a bulk load that cannot fit, before writing any of it."""
+        need = keys * (8 + 4 * dim)
+        free = shutil.disk_usage(self.path).free
+        if need > free:
+            raise StorageFullError(
+                f"rocks_db at {self.path}: the disk is full: table {tag} needs at least "
+                f"{need:,} bytes and {free:,} are free; retried once space is freed"
+            )
 
     def _locked_message(self, exc: Exception) -> str:
         lock = os.path.join(self.path, "LOCK")
@@ -118,6 +254,9 @@ class RocksDBTier(Tier):
                 return
             if self.read_only:
                 raise ReadOnlyError(f"rocks_db at {self.path} is read-only; it has no table {tag}")
+        with self._writing(f"creating table {tag}"), self._lock:
+            if tag in self._dims:  # created meanwhile
+                return
             self._db.create_column_family(tag, self._options())
             self._db.put(_META_PREFIX + tag.encode(), str(int(dim)).encode())
             self._cfs[tag] = self._db.get_column_family(tag)
@@ -131,11 +270,11 @@ class RocksDBTier(Tier):
         return list(self._dims)
 
     def drop_table(self, tag: str) -> None:
-        with self._lock:
+        if self.read_only and tag in self._dims:
+            raise ReadOnlyError(f"rocks_db at {self.path} is read-only")
+        with self._writing(f"dropping table {tag}"), self._lock:
             if tag not in self._dims:
                 return
-            if self.read_only:
-                raise ReadOnlyError(f"rocks_db at {self.path} is read-only")
             self._cfs.pop(tag)
             self._handles.pop(tag)
             self._dims.pop(tag)
@@ -145,8 +284,14 @@ class RocksDBTier(Tier):
     # --- data ------------------------------------------------------------------------------
 
     def lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
+        with self._gate.using():
+            return self._lookup(tag, keys)
+
+    def _lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
         dim = self._require_dim(tag)
-        cf = self._cfs[tag]
+        cf = self._cfs.get(tag)
+        if cf is None:  # a reopen after a failed write did not succeed yet
+            raise BackendUnavailableError(f"rocks_db at {self.path} is not open: {self._failed}")
         keys = as_keys(keys)
         with self.stats.timed("lookup"):
             fields = key_fields(keys)
@@ -179,7 +324,7 @@ class RocksDBTier(Tier):
             raise ReadOnlyError(f"rocks_db at {self.path} is read-only")
         dim = self._require_dim(tag)
         keys, embeddings = self._check_insert(keys, embeddings, dim, tag)
-        with self.stats.timed("insert"):
+        with self.stats.timed("insert"), self._writing(f"writing table {tag}"):
             mb = self.max_batch_size
             for c0 in range(0, keys.size, mb):
                 fields = key_fields(keys[c0 : c0 + mb])
@@ -188,9 +333,12 @@ class RocksDBTier(Tier):
             self.stats.inserts += keys.size
 
     def load_table(self, tag: str, keys, embeddings, chunk: int = 1 << 18) -> None:
-        """Bulk insert, then compact the column family so reads touch few files."""
+        """Bulk insert (refused first when it cannot fit on the disk), then compact the column
+        family so reads touch few files."""
+        self._check_space(tag, int(np.asarray(keys).shape[0]), self._require_dim(tag))
         super().load_table(tag, keys, embeddings, chunk)
-        self._cfs[tag].compact_range(None, None)
+        with self._writing(f"compacting table {tag}"):
+            self._cfs[tag].compact_range(None, None)
 
     def evict(self, tag: str, keys) -> int:
         if self.read_only:
@@ -200,40 +348,46 @@ class RocksDBTier(Tier):
         keys = as_keys(keys)
         present = int(np.count_nonzero(self.lookup(tag, keys)[1]))
         mb = self.max_batch_size
-        for c0 in range(0, keys.size, mb):
-            fields = key_fields(keys[c0 : c0 + mb])
-            self._write(tag, lambda wb, f=fields: _drain(map(wb.delete, f)))
+        with self._writing(f"evicting from table {tag}"):
+            for c0 in range(0, keys.size, mb):
+                fields = key_fields(keys[c0 : c0 + mb])
+                self._write(tag, lambda wb, f=fields: _drain(map(wb.delete, f)))
         return present
 
     def size(self, tag: str) -> int:
         """The exact number of keys (iterates the column family)."""
-        cf = self._cfs.get(tag)
-        return 0 if cf is None else sum(1 for _ in cf.keys())  # noqa: SIM118 - Rdict.keys() iterates lazily
+        with self._gate.using():
+            cf = self._cfs.get(tag)
+            return 0 if cf is None else sum(1 for _ in cf.keys())  # noqa: SIM118 - Rdict.keys() iterates lazily
 
     def list_keys(self, tag: str) -> np.ndarray:
-        cf = self._cfs.get(tag)
-        if cf is None:
-            return np.empty(0, dtype=np.int64)
-        return np.frombuffer(b"".join(cf.keys()), dtype="<i8").astype(np.int64)
+        with self._gate.using():
+            cf = self._cfs.get(tag)
+            if cf is None:
+                return np.empty(0, dtype=np.int64)
+            return np.frombuffer(b"".join(cf.keys()), dtype="<i8").astype(np.int64)
 
     def get_meta(self, name: str) -> str | None:
-        raw = self._db.get(b"hps_meta/" + name.encode())
+        with self._gate.using():
+            if self._db is None:
+                raise BackendUnavailableError(
+                    f"rocks_db at {self.path} is not open: {self._failed}"
+                )
+            raw = self._db.get(b"hps_meta/" + name.encode())
         return None if raw is None else raw.decode()
 
     def set_meta(self, name: str, value: str) -> None:
         if self.read_only:
             raise ReadOnlyError(f"rocks_db at {self.path} is read-only")
-        self._db.put(b"hps_meta/" + name.encode(), value.encode())
+        with self._writing(f"recording {name}"):
+            self._db.put(b"hps_meta/" + name.encode(), value.encode())
 
     def flush(self) -> None:
         """Flush memtables to disk."""
         if not self.read_only:
-            self._db.flush()
+            with self._writing("flushing"):
+                self._db.flush()
 
     def close(self) -> None:
         with self._lock:
-            if self._db is not None:
-                self._cfs.clear()
-                self._handles.clear()
-                self._db.close()
-                self._db = None
+            self._close_db()

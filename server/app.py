@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import gc
 import logging
 import socket
 import sys
@@ -27,7 +28,9 @@ from tierserve.ps.errors import ConfigError
 from tierserve.ps.table_tag import is_valid_name
 
 from . import heap, openapi
+from .admission import Admission, BurstTrim, make_budget
 from .dataplane import DataPlane
+from .drain import Server
 from .grpc_native import NativeGrpcServer, check_native_transport, native_available
 from .grpc_server import create_grpc_server
 from .metrics import ServerMetrics
@@ -64,8 +67,9 @@ def create_app(
 
         loader = RepositoryLoader()
     check_sources(settings)
-    if settings.grpc_port is not None:
-        uses_native_grpc(settings)  # refuse a transport that is not there before loading
+    native = settings.grpc_port is not None and uses_native_grpc(settings)  # refused if absent
+    budget = make_budget(settings, native)
+    admission = Admission(budget, settings)
     executor = ThreadPoolExecutor(settings.threads, thread_name_prefix="tierserve-infer")
     loads = ThreadPoolExecutor(1, thread_name_prefix="tierserve-load")
     repository = ModelRepository(
@@ -101,22 +105,29 @@ def create_app(
 
         plane.load = plane.unload = one_worker_only  # type: ignore[method-assign]
         # Readiness is the pool's: this worker reports its own, and answers for all of them.
-        own_ready = plane.ready
+        own_ready, own_reason = plane.ready, plane.not_ready_reason
         plane.ready = lambda: own_ready() and pool.all_ready()  # type: ignore[method-assign]
+        plane.not_ready_reason = lambda: (  # type: ignore[method-assign]
+            own_reason() if not own_ready() else "another worker process is not ready"
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
         plane.loop = loop
-        await loop.run_in_executor(loads, repository.load_all)
+        await loop.run_in_executor(loads, repository.load_all)  # each version warmed up
+        # An inference thread has run each version's warm-up too (what a thread's first run
+        # costs), and what loading left is collected, before the first request.
+        await loop.run_in_executor(executor, _warm_inference_thread, repository)
         plane.started = True
         grpc_server = None
         if settings.grpc_port is not None:
-            grpc_server, port = grpc_front_end(plane, settings, reuse_port=pool is not None)
+            grpc_server, port = grpc_front_end(plane, settings, pool is not None, admission)
             await grpc_server.start()
             app.state.grpc_port = port
             app.state.grpc_server = grpc_server
-            log.info("gRPC listening on %s:%d", settings.host, port)
+            log.info("gRPC listening on %s:%d (%s)", settings.host, port,
+                     "native transport" if uses_native_grpc(settings) else "grpc.aio")  # fmt: skip
 
         async def poll():
             while True:
@@ -138,9 +149,11 @@ def create_app(
         # Polls new versions (repository mode) and retries failed loads (both modes).
         poller = loop.create_task(poll()) if settings.poll_interval_s > 0 else None
         reporter = loop.create_task(report()) if pool is not None else None
+        trim = loop.create_task(BurstTrim(budget).run())
         try:
             yield
         finally:
+            trim.cancel()
             if poller is not None:
                 poller.cancel()
             if reporter is not None:
@@ -161,11 +174,14 @@ def create_app(
         title="tierserve",
         summary="KServe v2 inference for CTR models with tiered embedding storage",
         lifespan=lifespan,
+        redirect_slashes=False,  # a route is answered as written or 404, never redirected
     )
     app.state.plane = plane
     app.state.settings = settings
     app.state.grpc_port = None
     app.state.freeze_heap = False  # serve() sets it: its process is the server's own
+    app.state.budget = budget
+    app.state.admission = admission
     install_error_handler(app)
     router, app.state.infer_endpoint = build_router(
         plane, settings.admin_token, settings.max_request_bytes
@@ -175,12 +191,24 @@ def create_app(
     return app
 
 
-def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool):
-    """The unstarted gRPC server ``settings.grpc_transport`` asks for, and its port."""
+def _warm_inference_thread(repository: ModelRepository) -> None:
+    for entry in list(repository.entries.values()):
+        if entry.handle is not None:
+            try:
+                entry.handle.servable.warm_up()
+            except Exception:  # it warmed up at load already; a request will say what fails
+                log.exception("model %s: warm-up on an inference thread failed", entry.name)
+    gc.collect()
+
+
+def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool, admission: Admission):
+    """The unstarted gRPC server ``settings.grpc_transport`` asks for, and its port; calls
+    take their room from ``admission``'s budget."""
     if uses_native_grpc(settings):
         server = NativeGrpcServer(
             plane, settings.host, settings.grpc_port or 0, settings.admin_token,
-            settings.max_request_bytes, reuse_port=reuse_port,
+            settings.max_request_bytes, reuse_port=reuse_port, budget=admission.budget,
+            settings=settings,
         )  # fmt: skip
         return server, server.port
     return create_grpc_server(
@@ -189,6 +217,8 @@ def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool):
         settings.admin_token,
         settings.max_request_bytes,
         reuse_port=reuse_port,
+        settings=settings,
+        admission=admission,
     )
 
 
@@ -220,23 +250,25 @@ def check_sources(settings: Settings) -> None:
             )
 
 
-def http_protocol(settings: Settings | None = None, infer: Any = None) -> Any:
-    """uvicorn's ``http`` setting: httptools writing each response in one send and closing
-    connections after the settings' header and body read timeouts (see :mod:`.http_protocol`;
-    default settings when none are given); given the app's infer endpoint, it answers infer
-    requests itself."""
+def http_protocol(
+    settings: Settings | None = None, infer: Any = None, admission: Admission | None = None
+) -> Any:
+    """uvicorn's ``http`` setting: httptools writing each response in one send, within the
+    settings' header limits, read timeouts and connection limits, requests taking their room
+    through ``admission`` (see :mod:`.http_protocol`; default settings and a budget of their
+    own when none are given); given the app's infer endpoint, it answers infer requests
+    itself."""
     settings = settings or Settings()
     try:
-        from .http_protocol import GatheringHttpToolsProtocol
+        from .http_protocol import GatheringHttpToolsProtocol, Limits
     except ImportError:  # httptools is a dependency; without it the timeouts cannot hold
         raise ConfigError(
             "header_timeout_s and body_timeout_s need httptools: pip install httptools"
         ) from None
+    if admission is None:
+        admission = Admission(make_budget(settings, native=False), settings)
     return functools.partial(
-        GatheringHttpToolsProtocol,
-        header_timeout=settings.header_timeout_s,
-        body_timeout=settings.body_timeout_s,
-        infer=infer,
+        GatheringHttpToolsProtocol, limits=Limits.of(settings, admission), infer=infer
     )
 
 
@@ -256,7 +288,7 @@ def serve(settings: Settings, loader: Loader | None = None, pool: PoolState | No
         check_ports(settings)
     app = create_app(settings, loader, pool)
     app.state.freeze_heap = True
-    server = uvicorn.Server(uvicorn_config(app, settings, settings.log_level))
+    server = Server(uvicorn_config(app, settings, settings.log_level))
     if pool is None:
         server.run()
     else:
@@ -310,13 +342,14 @@ def uvicorn_config(app: FastAPI, settings: Settings, log_level: str, **extra) ->
         host=settings.host,
         port=settings.http_port,
         log_level=log_level,
+        log_config=None,  # uvicorn's lines in the server's one format (server/logs.py)
         lifespan="on",
         access_log=False,
         proxy_headers=False,  # nothing reads the client address: no X-Forwarded-For parsing
         timeout_graceful_shutdown=settings.shutdown_grace_s,
         timeout_keep_alive=settings.keep_alive_timeout_s,
         loop=event_loop(settings),
-        http=http_protocol(settings, app.state.infer_endpoint),
+        http=http_protocol(settings, app.state.infer_endpoint, app.state.admission),
         **extra,
     )
 
@@ -349,7 +382,7 @@ class BackgroundServer:
         self.settings = with_free_ports(settings)
         self.app = create_app(self.settings, loader)
         self.plane: DataPlane = self.app.state.plane
-        self._server = uvicorn.Server(uvicorn_config(self.app, self.settings, "warning"))
+        self._server = Server(uvicorn_config(self.app, self.settings, "warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="tierserve")
 
     @property

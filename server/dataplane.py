@@ -25,7 +25,7 @@ from .heap import Refreezer
 from .metrics import ServerMetrics
 from .repository import Handle, ModelEntry, ModelRepository
 from .servables import NO_LIMITS, RequestLimits, Servable
-from .tensors import DecodedRequest
+from .tensors import DecodedRequest, TensorSpec
 from .version import version
 
 SERVER_NAME = "tierserve"
@@ -66,14 +66,25 @@ class _Duration:
 
 @dataclass
 class ModelStats:
-    """Triton-style statistics of one model version."""
+    """Triton-style statistics of one model version.
+
+    As Triton's, every successful request counts once in ``queue``, ``compute_input``,
+    ``compute_infer`` and ``compute_output`` (``perf_analyzer`` finds the version it measured
+    by the ``queue`` count).  Their times: ``compute_input`` checking the request and
+    building its batch unit; ``compute_infer`` the rest until its outputs are there, its wait
+    for a dynamic batch included (the batcher does not time the wait apart, so ``queue``
+    holds no time), and the split of merged outputs (``compute_output`` holds no time).
+    """
 
     last_inference: int = 0
     inference_count: int = 0
     execution_count: int = 0
     success: _Duration = field(default_factory=_Duration)
     fail: _Duration = field(default_factory=_Duration)
+    queue: _Duration = field(default_factory=_Duration)
+    compute_input: _Duration = field(default_factory=_Duration)
     compute_infer: _Duration = field(default_factory=_Duration)
+    compute_output: _Duration = field(default_factory=_Duration)
     batches: dict[int, _Duration] = field(default_factory=dict)
 
 
@@ -124,6 +135,19 @@ class DataPlane:
             and all(e.state == "READY" or e.unloaded for e in self.repository.entries.values())
         )
 
+    def not_ready_reason(self) -> str:
+        """Why :meth:`ready` is false, for the body of a 503 (a hint: read after ready())."""
+        if not self.started:
+            return "starting: loading the models"
+        reason = getattr(self.repository.loader, "not_ready_reason", None)
+        text = reason() if reason is not None else None
+        if text:
+            return text
+        for name, e in self.repository.entries.items():
+            if e.state != "READY" and not e.unloaded:
+                return f"model {name!r} is {e.state}"
+        return "not ready"
+
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": version(), "extensions": EXTENSIONS}
 
@@ -151,22 +175,31 @@ class DataPlane:
             handle.release()
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """The model's metadata: the tensors its :meth:`~Servable.interface` presents."""
+
         def meta(s: Servable) -> dict[str, Any]:
+            face = s.interface()
             return {
                 "name": s.name,
                 "versions": [s.version],
                 "platform": s.platform,
-                "inputs": [t.metadata() for t in s.inputs],
-                "outputs": [t.metadata() for t in s.outputs],
+                "inputs": [t.metadata() for t in face.inputs],
+                "outputs": [t.metadata() for t in face.outputs],
             }
 
         return self._with_servable(name, version, meta)
 
+    def input_specs(self, name: str, version: str = "") -> dict[str, TensorSpec]:
+        """Every input the model takes (presented or not), by name."""
+        return self._with_servable(name, version, lambda s: {t.name: t for t in s.inputs})
+
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        """The model's configuration in Triton's JSON form (dims without the batch dim)."""
+        """The model's configuration in Triton's JSON form (dims without the batch dim) for
+        the tensors its :meth:`~Servable.interface` presents."""
 
         def config(s: Servable) -> dict[str, Any]:
-            batched = s.max_batch_size > 0
+            face = s.interface()
+            batched = face.max_batch_size > 0
 
             def dims(shape):
                 return list(shape[1:]) if batched else list(shape)
@@ -176,7 +209,7 @@ class DataPlane:
                 "platform": s.platform,
                 "backend": "tierserve",
                 "version_policy": {"latest": {"num_versions": 1}},
-                "max_batch_size": s.max_batch_size,
+                "max_batch_size": face.max_batch_size,
                 "input": [
                     {
                         "name": t.name,
@@ -184,11 +217,11 @@ class DataPlane:
                         "dims": dims(t.shape),
                         **({"optional": True} if t.optional else {}),
                     }
-                    for t in s.inputs
+                    for t in face.inputs
                 ],  # fmt: skip
                 "output": [
                     {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": dims(t.shape)}
-                    for t in s.outputs
+                    for t in face.outputs
                 ],
                 "parameters": {k: {"string_value": str(v)} for k, v in s.config().items()},
             }
@@ -223,10 +256,10 @@ class DataPlane:
                         "inference_stats": {
                             "success": st.success.to_dict(),
                             "fail": st.fail.to_dict(),
-                            "queue": zero,
-                            "compute_input": zero,
+                            "queue": st.queue.to_dict(),
+                            "compute_input": st.compute_input.to_dict(),
                             "compute_infer": st.compute_infer.to_dict(),
-                            "compute_output": zero,
+                            "compute_output": st.compute_output.to_dict(),
                             "cache_hit": zero,
                             "cache_miss": zero,
                         },
@@ -265,6 +298,8 @@ class DataPlane:
             # Queued requests of the old version still run; then its worker stops.
             self.loop.call_soon_threadsafe(lambda: self.loop.create_task(stale.close()))
         new = entry.handle
+        if new is not None:  # its series exist (at 0) before its first request needs them
+            self.metrics.prepare_model(self.metrics_label(new.servable.name))
         if new is not None and self.dynamic_batching and new.servable.max_batch_size > 0:
             name = new.servable.name
             new.extras["batcher"] = DynamicBatcher(
@@ -300,9 +335,9 @@ class DataPlane:
         started = time.perf_counter_ns()
         handle, servable, wanted, unit = self._begin(name, version, request, started)
         ok = False
+        t0 = time.perf_counter_ns()
         try:
             batcher: DynamicBatcher | None = handle.extras.get("batcher")
-            t0 = time.perf_counter_ns()
             if batcher is not None:
                 outputs = await batcher.submit(unit)
             else:  # never on the event loop: a lookup may wait on a network tier
@@ -314,7 +349,7 @@ class DataPlane:
             ok = True
         finally:
             handle.release()
-            self._record(servable, request, ok, started, compute if ok else 0)
+            self._record(servable, request, ok, started, compute if ok else 0, t0 - started)
         return self._result(servable, request, outputs, wanted)
 
     def start_infer(
@@ -337,7 +372,8 @@ class DataPlane:
         def finish(outputs: dict[str, np.ndarray] | None, exc: BaseException | None) -> None:
             handle.release()
             ok = exc is None
-            self._record(servable, request, ok, started, time.perf_counter_ns() - t0 if ok else 0)
+            compute = time.perf_counter_ns() - t0 if ok else 0
+            self._record(servable, request, ok, started, compute, t0 - started)
             if ok:
                 done(self._result(servable, request, outputs, wanted), None)
             else:
@@ -401,7 +437,9 @@ class DataPlane:
             st = self.stats[(name, version)] = ModelStats()
         return st
 
-    def _record(self, servable: Servable, request, ok: bool, started: int, compute: int) -> None:
+    def _record(
+        self, servable: Servable, request, ok: bool, started: int, compute: int, prepare: int = 0
+    ) -> None:
         now = time.perf_counter_ns()
         first = next(iter(request.inputs.values()), None)
         rows = first.shape[0] if first is not None and first.ndim else 1
@@ -411,7 +449,10 @@ class DataPlane:
             if ok:
                 st.inference_count += rows if servable.max_batch_size > 0 else 1
                 st.success.add(now - started)
+                st.queue.add(0)
+                st.compute_input.add(prepare)
                 st.compute_infer.add(compute)
+                st.compute_output.add(0)
                 size = rows if servable.max_batch_size > 0 else 1
                 per_size = st.batches.get(size)
                 if per_size is None:

@@ -35,18 +35,7 @@ def reader_for(
     data = graph.data_layer
     _, label_dims = label_layout(data)
     dense = data.get("dense") or {}
-    sparse = [
-        DataReaderSparseParam(
-            sparse_name=s["top"],
-            nnz_per_slot=s.get("nnz_per_slot")
-            or max(
-                1, int(s.get("max_feature_num_per_sample", s["slot_num"])) // int(s["slot_num"])
-            ),
-            is_fixed_length=bool(s.get("is_fixed_length", False)),
-            slot_num=int(s["slot_num"]),
-        )
-        for s in data.get("sparse", []) or []
-    ]
+    sparse = [DataReaderSparseParam.from_graph(s) for s in data.get("sparse", []) or []]
     if slot_size_array is None or len(slot_size_array) == 0:
         slot_size_array = data.get("slot_size_array") or ()
     return DataReader(

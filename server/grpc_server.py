@@ -24,10 +24,19 @@ from google.protobuf import json_format
 
 from tierserve.ps.errors import InvalidInputError, TierserveError
 
+from .admission import Admission, max_descriptor, open_descriptors
 from .allocator import trimmer
 from .dataplane import DataPlane
 from .grpc_gen import grpc_predict_v2_pb2 as pb
-from .policy import AdminToken, load_name, model_name, public_index, public_message
+from .policy import (
+    AdminToken,
+    load_name,
+    model_name,
+    public_index,
+    public_message,
+    repository_parameters,
+)
+from .settings import Settings
 from .tensors import (
     DATATYPES,
     DecodedRequest,
@@ -220,9 +229,13 @@ def _mapping_errors(method):
 class InferenceServicer:
     """The RPCs of ``inference.GRPCInferenceService`` over a :class:`DataPlane`."""
 
-    def __init__(self, plane: DataPlane, admin_token: str | None = None) -> None:
+    def __init__(
+        self, plane: DataPlane, admin_token: str | None = None, admission: Admission | None = None
+    ) -> None:
         self.plane = plane
         self.token = AdminToken(admin_token)
+        #: grpc.aio's ModelInfer takes its room here (the native transport takes it itself)
+        self.admission = admission
 
     def _authorize(self, context) -> None:
         given = dict(context.invocation_metadata() or ()).get("authorization")
@@ -263,18 +276,24 @@ class InferenceServicer:
 
     async def RepositoryModelLoad(self, request, context):
         self._authorize(context)
+        repository_parameters("load", dict(request.parameters))
         await self.plane.load(load_name(request.model_name))
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
         self._authorize(context)
+        repository_parameters("unload", dict(request.parameters))
         await self.plane.unload(load_name(request.model_name))
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request, context):
         started = time.perf_counter()
         status = None
+        size, held = request.ByteSize(), False
         try:
+            if self.admission is not None:
+                await self.admission.take(1, size)
+                held = True
             decoded = decode_infer_request(request)
             try:
                 result = await self.plane.infer(
@@ -282,7 +301,7 @@ class InferenceServicer:
                 )
                 return encode_infer_response_bytes(result)
             finally:
-                trimmer.after_request(decoded.inputs, request.ByteSize())
+                trimmer.after_request(decoded.inputs, size)
         except Exception as exc:
             status = status_of(exc)[0].name
             raise
@@ -290,6 +309,8 @@ class InferenceServicer:
             status = grpc.StatusCode.CANCELLED.name
             raise
         finally:
+            if held:
+                self.admission.give(1, size)
             label = self.plane.metrics_label(request.model_name)
             self.plane.metrics.observe_request(label, "grpc", time.perf_counter() - started, status)
 
@@ -329,15 +350,33 @@ def create_grpc_server(
     admin_token: str | None = None,
     max_message_bytes: int = 64 * 1024 * 1024,
     reuse_port: bool = False,
+    settings: Settings | None = None,
+    admission: Admission | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """An unstarted ``grpc.aio`` server bound to ``address`` (``host:port``), and its port;
-    ``reuse_port``: other processes may bind the port too (worker processes)."""
+    ``reuse_port``: other processes may bind the port too (worker processes).
+
+    grpc's core holds it to ``settings``' limits where it has them: calls in flight
+    (``max_inflight_calls``; more are refused with RESOURCE_EXHAUSTED at once), connections
+    (``max_connections``, less those the descriptor reserve keeps), the handshake within
+    ``header_timeout_s`` and idle connections closed after ``grpc_idle_timeout_s``.  Given
+    ``admission``, a ModelInfer call takes its room in the worker's budget once received.
+    """
+    settings = settings or Settings(max_request_bytes=max_message_bytes)
+    # grpc's core counts connections, not descriptors: those open now are left out
+    free = max_descriptor(settings.descriptor_reserve) - open_descriptors()
+    connections = min(settings.max_connections, free)
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ("grpc.max_metadata_size", settings.max_header_bytes),
+        ("grpc.max_allowed_incoming_connections", max(1, connections)),
+        ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(settings.grpc_idle_timeout_s * 1000)),
     ]
-    server = grpc.aio.server(options=options)
-    server.add_generic_rpc_handlers((service_handler(InferenceServicer(plane, admin_token)),))
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=settings.max_inflight_calls)
+    servicer = InferenceServicer(plane, admin_token, admission)
+    server.add_generic_rpc_handlers((service_handler(servicer),))
     port = server.add_insecure_port(address)
     return server, port

@@ -14,21 +14,42 @@ uvicorn does, one idle for ``timeout_keep_alive`` between requests.  These deadl
 timestamps that one sweep per event loop checks a few times a second, not a timer armed and
 cancelled per request (uvicorn's keep-alive timer and two read timers cost about 5% of a
 batch-1 request's CPU).
+
+It holds every connection and request to :class:`Limits`: a request line and headers over
+``max_header_bytes`` or ``max_header_count`` are refused (414 for the URL, else 431) as soon
+as they pass it, before more is read; a connection beyond ``max_connections``, or whose
+descriptor reaches into the reserve, gets a 503 and is closed; an infer request takes its
+room in the worker's budget (:mod:`.admission`) before its body is read, and waits for it,
+reading nothing, until ``admission_timeout_s`` (then 503).  On shutdown (:meth:`shutdown`) a
+connection is closed at once only when no byte of a next request has arrived; a request
+that has is answered first, with ``Connection: close``.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
+import logging
 import re
+import termios
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from tierserve.ps.errors import PayloadTooLargeError
 
+from .admission import Admission, max_descriptor
+from .tensors import dump_json
+
 if TYPE_CHECKING:
     from .rest import InferEndpoint
+    from .settings import Settings
+
+log = logging.getLogger("tierserve.server")
 
 #: Writes at least this large go out at once (after what is pending).
 LARGE = 1 << 16
@@ -73,6 +94,47 @@ class GatheringTransport:
         return getattr(self._transport, name)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What :class:`GatheringHttpToolsProtocol` holds connections and requests to (the
+    settings of the same names; ``None`` timeouts: none)."""
+
+    admission: Admission
+    header_timeout: float | None = None
+    body_timeout: float | None = None
+    max_header_bytes: int = 64 * 1024
+    max_header_count: int = 100
+    max_connections: int = 4096
+    #: accepted sockets numbered this or higher are refused (the descriptor reserve)
+    max_descriptor: int = 2**31 - 1
+
+    @classmethod
+    def of(cls, settings: Settings, admission: Admission) -> Limits:
+        return cls(
+            admission, settings.header_timeout_s, settings.body_timeout_s,
+            settings.max_header_bytes, settings.max_header_count, settings.max_connections,
+            # HTTP keeps half of the reserve: gRPC refuses first, health still gets in
+            max_descriptor(settings.descriptor_reserve // 2),
+        )  # fmt: skip
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request that is refused."""
+
+
+def _unread(transport: asyncio.Transport) -> int:
+    """Bytes waiting in the kernel to be read from ``transport``'s socket (0 when unknown)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    except (OSError, ValueError):
+        return 0
+    return count[0]
+
+
 class _Sweep:
     """Closes the connections of one event loop whose deadline passed, checking every
     ``interval`` seconds while there are connections."""
@@ -81,10 +143,12 @@ class _Sweep:
         self.loop = loop
         self.connections: set[GatheringHttpToolsProtocol] = set()
         self.interval = 0.25
+        self.admissions: set[Admission] = set()
         self._timer: asyncio.TimerHandle | None = None
 
     def add(self, connection: GatheringHttpToolsProtocol, shortest: float) -> None:
         self.connections.add(connection)
+        self.admissions.add(connection.limits.admission)
         # a deadline is kept within a quarter of the shortest timeout (and 0.25 s)
         self.interval = max(0.005, min(self.interval, shortest / 4))
         if self._timer is None:
@@ -97,6 +161,8 @@ class _Sweep:
             deadline = connection.deadline
             if deadline is not None and now >= deadline:
                 connection.timed_out()
+        for admission in self.admissions:  # room the gRPC transport gave back; expiries
+            admission.waiters.admit()
         if self.connections:
             self._timer = self.loop.call_later(self.interval, self._tick)
         elif _sweeps.get(self.loop) is self:
@@ -130,7 +196,7 @@ class _InferCycle:
     __slots__ = (
         "model", "version", "length", "header_length", "encoding", "keep_alive", "expect_100",
         "chunks", "size", "started", "active", "body_done", "response_complete", "disconnected",
-        "error",
+        "error", "held", "waiter",
     )  # fmt: skip
     message_event = _NoEvent
 
@@ -155,11 +221,13 @@ class _InferCycle:
         self.response_complete = False
         self.disconnected = False
         self.error: Exception | None = None  # known before its turn: answered when it comes
+        self.held: int | None = None  # the bytes of the budget it holds (with one call)
+        self.waiter = None  # waiting for room in the budget
 
 
 class GatheringHttpToolsProtocol(HttpToolsProtocol):
-    """``HttpToolsProtocol`` over a :class:`GatheringTransport`, with read timeouts (see the
-    module docstring; ``None``: no timeout).
+    """``HttpToolsProtocol`` over a :class:`GatheringTransport`, within ``limits`` (see the
+    module docstring).
 
     Given ``infer`` (the app's :class:`~tierserve.server.rest.InferEndpoint`), it answers
     ``POST /v2/models/{m}[/versions/{v}]/infer`` itself, from the parser's callbacks into
@@ -169,12 +237,23 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
     """
 
     def __init__(
-        self, *args: Any, header_timeout: float | None = None, body_timeout: float | None = None,
-        infer: InferEndpoint | None = None, **kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        *args: Any,
+        limits: Limits | None = None,
+        infer: InferEndpoint | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.header_timeout = header_timeout
-        self.body_timeout = body_timeout
+        if limits is None:  # the default settings, with a budget of its own
+            from .admission import LocalBudget
+            from .settings import Settings
+
+            settings = Settings()
+            budget = LocalBudget(settings.max_inflight_bytes, settings.max_inflight_calls)
+            limits = Limits.of(settings, Admission(budget, settings))
+        self.limits = limits
+        self.header_timeout = limits.header_timeout
+        self.body_timeout = limits.body_timeout
         self.infer = infer
         #: loop time at which this connection is closed (None: never)
         self.deadline: float | None = None
@@ -182,10 +261,23 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         # "idle": kept alive between requests
         self._phase = "open"
         self._sweep: _Sweep | None = None
+        # bytes of the current request's head received so far (while it is not all in)
+        self._in_head = True
+        self._head = 0
+        self._fields = 0  # bytes of the current request's header fields parsed so far
+        self._refusal: tuple[int, str] | None = None
+        self._draining = False
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         loop = asyncio.get_running_loop()
         super().connection_made(GatheringTransport(transport, loop))
+        sock = transport.get_extra_info("socket")
+        limits = self.limits
+        if (sock is not None and sock.fileno() >= limits.max_descriptor) or len(
+            self.connections
+        ) > limits.max_connections:
+            self._refuse(503, "the server has too many connections open; retry later")
+            return
         sweep = _sweeps.get(loop)
         if sweep is None:
             sweep = _sweeps[loop] = _Sweep(loop)
@@ -199,28 +291,96 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         if self._sweep is not None:
             self._sweep.connections.discard(self)
         cycle = self._infer_active
-        if cycle is not None and not cycle.response_complete and not cycle.body_done:
-            # gone before its body was in: nginx's 499, as the app's route counts it
+        if (
+            cycle is not None
+            and not cycle.response_complete
+            and (not cycle.body_done or cycle.waiter is not None)
+        ):
+            # gone before its body was in (or it had room to run): nginx's 499, as the app's
+            # route counts it
             cycle.response_complete = True
+            self._infer_release(cycle)
             self.infer.observe(cycle.model, cycle.started, "499")
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        # uvicorn's, with the head's size bounded and the refusals answered as such
         if self._phase == "idle":  # bytes after an idle spell: the keep-alive deadline is off
             self.deadline = None
-        super().data_received(data)
+        if self._in_head:
+            self._head += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            if self._refusal is not None:
+                self._refuse(*self._refusal)
+            else:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            return
+        if self._in_head and self._head > self.limits.max_header_bytes:
+            self._refuse(431, self._too_large("request line and headers", "max_header_bytes"))
+
+    def _too_large(self, what: str, setting: str) -> str:
+        return f"the {what} exceed {setting} ({getattr(self.limits, setting)})"
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with ``{"error": message}`` and close the connection."""
+        self._in_head = False
+        self.deadline = None
+        transport = self.transport
+        if transport.is_closing():
+            return
+        body = dump_json({"error": message})
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+        head.append(b"connection: close\r\n\r\n")
+        transport.write(b"".join(head) + body)
+        transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._fields = 0
         if self._phase == "idle":  # the first byte of a request on a kept-alive connection
             self._arm(self.header_timeout)
         self._phase = "reading"
 
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.limits.max_header_bytes:
+            self._refusal = (414, self._too_large("request URL", "max_header_bytes"))
+            raise _Refused
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # the head as parsed (one read may hold all of it): URL, fields and their separators
+        self._fields += len(name) + len(value) + 4
+        if self._fields + len(self.url) > self.limits.max_header_bytes:
+            self._refusal = (431, self._too_large("request line and headers", "max_header_bytes"))
+            raise _Refused
+        if len(self.headers) >= self.limits.max_header_count:
+            self._refusal = (431, self._too_large("header lines", "max_header_count"))
+            raise _Refused
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        self._in_head = False
         cycle = self._infer_cycle() if self.infer is not None else None
         if cycle is None:
             super().on_headers_complete()
+            if self._draining and self.cycle is not None:
+                self.cycle.keep_alive = False
         else:
+            if self._draining:
+                cycle.keep_alive = False
             existing, self.cycle = self.cycle, cycle  # type: ignore[assignment]
             if existing is None or existing.response_complete:
                 self._infer_start(cycle)
@@ -242,20 +402,22 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
             cycle.error = PayloadTooLargeError(
                 f"the request body exceeds the limit of {self.infer.limit} bytes"
             )
-            if cycle.active:
+            if cycle.active and cycle.waiter is None:
                 self._infer_fail(cycle)
             return
         cycle.chunks.append(body)
 
     def on_message_complete(self) -> None:
         self._phase = "idle"
+        self._in_head = True  # the next request's head
+        self._head = 0
         self.deadline = None
         cycle = self.cycle
         if type(cycle) is not _InferCycle:
             super().on_message_complete()
             return
         cycle.body_done = True
-        if cycle.active and not cycle.response_complete:
+        if cycle.active and not cycle.response_complete and cycle.waiter is None:
             self._infer_run(cycle)
 
     def on_response_complete(self) -> None:
@@ -273,6 +435,17 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
                 self._start_asgi_task(cycle, app)
         elif self._phase == "idle":
             self._arm(self.timeout_keep_alive)
+
+    def shutdown(self) -> None:
+        """Begin a graceful shutdown: a connection between requests closes at once unless a
+        next request has begun to arrive (bytes read or waiting in the kernel); a request in
+        progress, or that arrives, is answered with ``Connection: close``."""
+        self._draining = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False
+        elif not (self._phase == "reading" or self._head or _unread(self.transport)):
+            self.transport.close()
 
     # -- infer requests answered here (see the class docstring) -----------------------------
 
@@ -305,17 +478,63 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
 
     def _infer_start(self, cycle: _InferCycle) -> None:
         """``cycle``'s turn: refuse it early as the app's route does (unknown model, declared
-        size over the limit), else ask for its body (100-continue) or answer it."""
+        size over the limit), else take its room in the budget, waiting for it with nothing
+        read (see :meth:`_infer_admitted`)."""
         cycle.active = True
         self._infer_active = cycle
         if cycle.error is None:
             cycle.error = self.infer.refuse(cycle.model, cycle.version, cycle.length)
         if cycle.error is not None:
             self._infer_fail(cycle)
+            return
+        admission = self.limits.admission
+        need = int(cycle.length) if cycle.length is not None else admission.undeclared
+        if not admission.waiters and admission.budget.try_take(1, need):
+            cycle.held = need
+            self._infer_admitted(cycle)
+            return
+        self.flow.pause_reading()
+        cycle.waiter = True  # waiting: wait() may admit it at once, which clears this
+        waiter = admission.waiters.wait(
+            1, need, lambda: self._infer_admitted(cycle, need), lambda: self._infer_busy(cycle)
+        )  # fmt: skip
+        if cycle.waiter is True:
+            cycle.waiter = waiter
+
+    def _infer_admitted(self, cycle: _InferCycle, taken: int | None = None) -> None:
+        """``cycle`` has its room: ask for its body (100-continue) or answer it."""
+        if taken is not None:  # after a wait
+            cycle.held, cycle.waiter = taken, None
+            if cycle.response_complete or cycle.disconnected:
+                self._infer_release(cycle)
+                return
+            self.flow.resume_reading()
+        if cycle.error is not None:  # its body passed the limit while it waited
+            self._infer_fail(cycle)
         elif cycle.body_done:
             self._infer_run(cycle)
         elif cycle.expect_100 and not self.transport.is_closing():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _infer_busy(self, cycle: _InferCycle) -> None:
+        """No room for ``cycle`` within the admission timeout: 503, and the connection closes
+        (its body is unread)."""
+        cycle.waiter = None
+        if cycle.response_complete:
+            return
+        cycle.keep_alive = False
+        cycle.chunks = []
+        cycle.error = self.limits.admission.busy
+        self._infer_fail(cycle)
+
+    def _infer_release(self, cycle: _InferCycle) -> None:
+        """Give back the room ``cycle`` holds (or stop its wait)."""
+        if cycle.held is not None:
+            held, cycle.held = cycle.held, None
+            self.limits.admission.give(1, held)
+        elif cycle.waiter is not None and cycle.waiter is not True:
+            cycle.waiter.cancelled = True
+            cycle.waiter = None
 
     def _infer_run(self, cycle: _InferCycle) -> None:
         chunks = cycle.chunks
@@ -345,6 +564,7 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         if cycle.response_complete:
             return
         cycle.response_complete = True
+        self._infer_release(cycle)
         if self._infer_active is cycle:
             self._infer_active = None
         transport = self.transport

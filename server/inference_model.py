@@ -58,6 +58,10 @@ def _tier_config(value: Any, adapter) -> Any:
 class InferenceParams(BaseModel):
     """HugeCTR's ``InferenceParams``: the first eight arguments may be given by position.
 
+    ``device_id`` (HugeCTR's 6th argument, here keyword only) is the device of
+    ``CreateInferenceSession``'s session and embedding cache, as in HugeCTR;
+    ``InferenceModel`` uses ``deployed_devices``, unless only ``device_id`` is given.
+
     Beyond HugeCTR's fields, ``volatile_db``, ``persistent_db`` and ``update_source`` take the
     parameter objects of :mod:`tierserve.ps.params` (or their typed configs or dicts), and
     ``network_file`` / ``non_trainable_params_file`` override where the graph's files are.
@@ -72,6 +76,7 @@ class InferenceParams(BaseModel):
     hit_rate_threshold: Annotated[float, Field(ge=0.0, le=1.0)]
     dense_model_file: str
     sparse_model_files: list[str]
+    device_id: Annotated[int, Field(ge=0)] = 0
     use_gpu_embedding_cache: bool
     cache_size_percentage: Annotated[float, Field(ge=0.0, le=1.0)]
     i64_input_key: bool
@@ -88,8 +93,8 @@ class InferenceParams(BaseModel):
     persistent_db: Any = None
     update_source: Any = None
     maxnum_des_feature_per_sample: Annotated[int, Field(ge=0)] = 26
-    refresh_delay: float = 0.0
-    refresh_interval: float = 0.0
+    refresh_delay: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
+    refresh_interval: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
     maxnum_catfeature_query_per_table_per_sample: list[int] = Field(default_factory=list)
     embedding_vecsize_per_table: list[int] = Field(default_factory=list)
     embedding_table_names: list[str] = Field(default_factory=list)
@@ -193,6 +198,44 @@ def check_params_against_graph(
             warn_once(f"InferenceParams.{name}", instead, stacklevel=4)
 
 
+def serving_devices(p: InferenceParams) -> list[int]:
+    """``deployed_devices``, or ``[device_id]`` when only ``device_id`` was given."""
+    if "device_id" in p.model_fields_set and "deployed_devices" not in p.model_fields_set:
+        return [p.device_id]
+    return list(p.deployed_devices)
+
+
+def model_config_fields(p: InferenceParams) -> dict[str, Any]:
+    """The ``ps.json`` model entry fields that ``InferenceParams`` give by themselves (files,
+    batch size, devices, defaults, cache settings); the per-table shape of the model (names,
+    vector sizes, keys per sample) comes from the graph or the HPS config."""
+    return dict(
+        model=p.model_name,
+        sparse_files=[os.fspath(f) for f in p.sparse_model_files],
+        dense_file=os.fspath(p.dense_model_file),
+        max_batch_size=p.max_batchsize,
+        deployed_device_list=serving_devices(p),
+        hit_rate_threshold=p.hit_rate_threshold,
+        gpucache=p.use_gpu_embedding_cache,
+        gpucacheper=p.cache_size_percentage,
+        cache_refresh_percentage_per_iteration=p.cache_refresh_percentage_per_iteration,
+        refresh_interval=p.refresh_interval,
+        refresh_delay=p.refresh_delay,
+        # given only when the script set them (the defaults differ; they warn, see ModelConfig)
+        **{name: getattr(p, field) for field, name in (
+            ("number_of_worker_buffers_in_pool", "num_of_worker_buffer_in_pool"),
+            ("number_of_refresh_buffers_in_pool", "num_of_refresher_buffer_in_pool"),
+        ) if field in p.model_fields_set},
+        use_mixed_precision=p.use_mixed_precision,
+    )
+
+
+def table_defaults(p: InferenceParams, num_tables: int) -> list[float]:
+    """``default_value_for_each_table``, one value repeated for every table."""
+    defaults = list(p.default_value_for_each_table)
+    return defaults * num_tables if len(defaults) == 1 and num_tables > 1 else defaults
+
+
 def model_config_from_params(
     params: InferenceParams, network: InferenceGraph, graph_path: str | os.PathLike
 ) -> ModelConfig:
@@ -208,35 +251,16 @@ def model_config_from_params(
             f"model {p.model_name!r}: {len(p.sparse_model_files)} sparse model files for "
             f"{len(tables)} embedding tables in {graph_path}"
         )
-    defaults = list(p.default_value_for_each_table)
-    if len(defaults) == 1 and len(tables) > 1:
-        defaults = defaults * len(tables)
     slots = [int(s["slot_num"]) for s in load_graph_json(graph_path).data_layer.get("sparse", [])]
     check_params_against_graph(p, network, slots, graph_path)
     return ModelConfig(
-        model=p.model_name,
-        sparse_files=[os.fspath(f) for f in p.sparse_model_files],
-        dense_file=os.fspath(p.dense_model_file),
+        **model_config_fields(p),
         network_file=os.fspath(graph_path),
-        max_batch_size=p.max_batchsize,
-        deployed_device_list=p.deployed_devices,
-        default_value_for_each_table=defaults,
+        default_value_for_each_table=table_defaults(p, len(tables)),
         maxnum_des_feature_per_sample=network.dense_dim,
         maxnum_catfeature_query_per_table_per_sample=[max(t.max_nnz, t.slot_num) for t in tables],
         embedding_vecsize_per_table=[t.embedding_vec_size for t in tables],
         embedding_table_names=[t.name for t in tables],
-        hit_rate_threshold=p.hit_rate_threshold,
-        gpucache=p.use_gpu_embedding_cache,
-        gpucacheper=p.cache_size_percentage,
-        cache_refresh_percentage_per_iteration=p.cache_refresh_percentage_per_iteration,
-        refresh_interval=int(p.refresh_interval),
-        refresh_delay=int(p.refresh_delay),
-        # given only when the script set them (the defaults differ; they warn, see ModelConfig)
-        **{name: getattr(p, field) for field, name in (
-            ("number_of_worker_buffers_in_pool", "num_of_worker_buffer_in_pool"),
-            ("number_of_refresh_buffers_in_pool", "num_of_refresher_buffer_in_pool"),
-        ) if field in p.model_fields_set},
-        use_mixed_precision=p.use_mixed_precision,
         label_dim=sum(network.label_dims),
         slot_num=max(1, sum(slots)),
     )
@@ -419,10 +443,12 @@ class InferenceModel:
         return self.parameter_server.commit_model(self.version)
 
     def discard(self) -> None:
-        """Drop this version's tables (staged or replaced) once nothing reads them."""
+        """Drop this version's tables (staged or replaced) once nothing reads them, and its
+        worker pool's shared copy of the dense weights."""
         if self.cache is not None and hasattr(self.cache, "close"):
             self.cache.close()
             self.cache = None
+        self.network.release()
         if self.version is not None:
             self.parameter_server.drop_model(self.version)
 
@@ -530,6 +556,17 @@ class InferenceModel:
 
         return auc(np.concatenate(labels), np.concatenate(preds))
 
+    def check_out_tensor(self, tensor_name: str) -> np.ndarray:
+        """HugeCTR's ``InferenceModel.check_out_tensor``: a host copy of tensor
+        ``tensor_name`` (an embedding's output or a layer's top) of the last predicted batch."""
+        tensors = getattr(self.network, "last_tensors", None)
+        if tensors is None:
+            raise ConfigError("check_out_tensor: nothing has been predicted yet")
+        if tensor_name not in tensors:
+            raise ConfigError(f"check_out_tensor: no tensor {tensor_name!r}; the network has "
+                              f"{sorted(tensors)}")
+        return np.asarray(to_numpy(tensors[tensor_name]), dtype=np.float32)
+
     # -- housekeeping -----------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -622,7 +659,41 @@ class InferenceSession:
         self.model = model
         return self
 
-    def predict(
+    def refresh_embedding_cache(self) -> int:
+        """HugeCTR's ``refresh_embedding_cache``: re-read every row the embedding cache holds
+        from the parameter server's tiers (rows changed there since they were cached); the
+        number of rows refreshed, 0 without an embedding cache."""
+        cache = self.model.cache
+        return 0 if cache is None else int(cache.refresh())
+
+    def evaluate(self, num_batches: int, source: str | Sequence[str], data_reader_type: Any,
+                 check_type: Any, slot_size_array: Sequence[int] | None = None,
+                 num_samples: int = 0) -> float:
+        """HugeCTR's ``InferenceSession.evaluate``: :meth:`InferenceModel.evaluate` (AUC).
+        ``num_samples`` (v4.1's binding) is accepted; the batches are what they count."""
+        return self.model.evaluate(num_batches, source, data_reader_type, check_type,
+                                   slot_size_array)
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        """Both of HugeCTR's overloads: ``predict(dense_feature, embeddingcolumns, row_ptrs)``
+        (flat lists in, a flat list out; see :meth:`predict_samples`) and ``predict(num_batches,
+        source, data_reader_type, check_type, slot_size_array=[], num_samples=0)`` (a dataset:
+        :meth:`InferenceModel.predict`, ``[num_batches * max_batchsize, label_dim]``, flat
+        ``[num_batches * max_batchsize]`` for one label, as HugeCTR's session returns it)."""
+        first = args[0] if args else kwargs.get("num_batches", kwargs.get("dense_feature"))
+        if "num_batches" in kwargs or "source" in kwargs or (
+                isinstance(first, (int, np.integer)) and not isinstance(first, bool)):
+            kwargs.pop("num_samples", None)
+            if len(args) > 5:
+                args = args[:5]  # num_samples: the batches are what they count
+            preds = self.model.predict(*args, **kwargs)
+            # HugeCTR's session returns [N] for one label (its InferenceModel: [N, 1])
+            return preds.reshape(-1) if preds.shape[1] == 1 else preds
+        if "dense_feature" in kwargs:
+            kwargs["dense_features"] = kwargs.pop("dense_feature")
+        return self.predict_samples(*args, **kwargs)
+
+    def predict_samples(
         self,
         dense_features: Sequence[float],
         embeddingcolumns: Sequence[int],

@@ -13,6 +13,11 @@ entry may point into any version) or, failing that, the files found by their pat
 ``*.json`` (graph), ``<prefix>_dense_<iter>.model`` and ``<prefix><i>_sparse_<iter>.model/``.
 With a graph it serves as a ranking model (``DES``, ``CATCOLUMN``, ``ROWINDEX``); without one
 as an embedding-lookup model (``KEYS``, ``NUMKEYS``).
+
+A version is *complete* when every file its manifest lists is there with its recorded size
+and every file its ``ps.json`` entry names (graph, dense file, sparse folders) is found; an
+incomplete one is refused (:class:`~tierserve.ps.errors.IncompleteModelError`) before anything
+is loaded, so a version whose graph is still being copied never serves as an embedding store.
 """
 
 from __future__ import annotations
@@ -24,12 +29,12 @@ import threading
 from pathlib import Path
 
 from tierserve.ps.config import ModelConfig, PSConfig
-from tierserve.ps.errors import CorruptModelFileError
+from tierserve.ps.errors import CorruptModelFileError, IncompleteModelError
 from tierserve.trainer import manifest
 from tierserve.trainer.dense_file import NONTRAINABLE_SUFFIX
 
 from .inference_model import InferenceModel
-from .servables import EmbeddingLookupServable, RankingServable, Servable
+from .servables import EmbeddingLookupServable, RankingServable, Servable, warm_up
 
 log = logging.getLogger("tierserve.server.loader")
 
@@ -54,13 +59,19 @@ def version_files(entry: ModelConfig, folder: Path) -> ModelConfig:
     """``entry`` with its files taken from version ``folder``."""
     if not folder.is_dir():
         raise CorruptModelFileError(f"version folder {folder} does not exist")
+    manifest.check_complete(folder)
     sparse = [folder / Path(f).name for f in entry.sparse_files]
     if not all(p.is_dir() for p in sparse):
         found = [p for p in folder.iterdir() if p.is_dir() and _SPARSE.match(p.name)]
         found.sort(key=lambda p: int(_SPARSE.match(p.name).group(2)))
         if len(found) != len(entry.sparse_files):
-            raise CorruptModelFileError(
-                f"{folder}: ps.json lists {len(entry.sparse_files)} sparse model folders "
+            error = IncompleteModelError if len(found) < len(entry.sparse_files) else (
+                CorruptModelFileError
+            )
+            raise error(
+                f"version folder {folder} is "
+                f"{'incomplete' if error is IncompleteModelError else 'inconsistent'}: ps.json "
+                f"lists {len(entry.sparse_files)} sparse model folders "
                 f"({', '.join(Path(f).name for f in entry.sparse_files)}); the folder has "
                 f"{len(found)}"
             )
@@ -72,6 +83,13 @@ def version_files(entry: ModelConfig, folder: Path) -> ModelConfig:
         if (entry.network_file or graphs)
         else None
     )
+    for named, found, what in ((entry.network_file, network, "graph JSON"),
+                               (entry.dense_file, dense, "dense model file")):  # fmt: skip
+        if named and found is None:
+            raise IncompleteModelError(
+                f"version folder {folder} is incomplete: ps.json names the {what} "
+                f"{Path(named).name} and the folder has none"
+            )
     used = [p.name for p in (*sparse, dense, network) if p is not None]
     if dense is not None:
         used.append(dense.name + NONTRAINABLE_SUFFIX)
@@ -129,6 +147,16 @@ class RepositoryLoader:
         entry = ps_config.model(name)
         config = version_files(entry, folder) if folder is not None else entry
         ps = self._ps(ps_config)
+        servable = self._servable(name, version, config, ps, ps_config)
+        try:
+            servable.warm_up()  # before it serves: its first request is as fast as the rest
+        except BaseException:
+            servable.discard()
+            servable.close()
+            raise
+        return servable
+
+    def _servable(self, name: str, version: str, config, ps, ps_config: PSConfig) -> Servable:
         if not config.network_file:
             staged = ps.stage_model(config)
             return StoreServable(name, version, ps, staged)
@@ -166,8 +194,20 @@ class RepositoryLoader:
 
     def healthy(self) -> bool:
         """False while a Kafka consumer does not run (it failed and waits to restart, or
-        stopped): the server then reports not ready, as its embeddings may be going stale."""
-        return all(status.alive for status in self.consumer_status())
+        stopped), or has not yet read its topics up to where they ended when it started
+        (the replay after a restart): the server then reports not ready, as its embeddings
+        may be stale."""
+        return self.not_ready_reason() is None
+
+    def not_ready_reason(self) -> str | None:
+        """Why :meth:`healthy` is false (None when it is true)."""
+        for status in self.consumer_status():
+            consumer = f"the Kafka {status.role} consumer of the {status.level} tier"
+            if not status.alive:
+                return f"{consumer} does not run (last error: {status.last_error})"
+            if not status.caught_up:
+                return f"{consumer} is not caught up: {status.not_ready}"
+        return None
 
     def close(self) -> None:
         for consumer in self.update_consumers:
@@ -183,6 +223,9 @@ class ModelServable(RankingServable):
 
     def __init__(self, name: str, version: str, model: InferenceModel) -> None:
         super().__init__(name, version, model, closer=model.close)
+
+    def warm_up(self) -> None:
+        warm_up(self)
 
     def commit(self) -> None:
         self.model.commit()
@@ -211,6 +254,9 @@ class StoreServable(EmbeddingLookupServable):
             i64_keys=ps.config.supportlonglong,
         )
         self.ps, self.staged = ps, staged
+
+    def warm_up(self) -> None:
+        warm_up(self)
 
     def commit(self) -> None:
         self.ps.commit_model(self.staged)

@@ -82,6 +82,12 @@ class _TierCollector(Collector):
             "the tier; invalidate: tells this replica's caches of another replica's writes)",
             labels=["tier", "role"],
         )
+        caught_up = GaugeMetricFamily(
+            "tierserve_update_consumers_caught_up",
+            "Kafka update consumers that read their topics up to the end offsets seen when "
+            "they started (the replay after a restart); the server is ready only when all are",
+            labels=["tier", "role"],
+        )
         restarts = CounterMetricFamily(
             "tierserve_update_consumer_restarts",
             "Times a Kafka update consumer's loop failed and was restarted",
@@ -116,12 +122,14 @@ class _TierCollector(Collector):
                     updates.add_metric([tier, outcome], count)
                 by_role: dict[str, list[int]] = {}
                 for consumer in snap.get("consumers", ()):
-                    counts = by_role.setdefault(consumer["role"], [0, 0])
+                    counts = by_role.setdefault(consumer["role"], [0, 0, 0])
                     counts[0] += bool(consumer["alive"])
                     counts[1] += consumer["restarts"]
-                for role, (n_alive, n_restarts) in by_role.items():
+                    counts[2] += bool(consumer.get("caught_up", True))
+                for role, (n_alive, n_restarts, n_caught_up) in by_role.items():
                     alive.add_metric([tier, role], n_alive)
                     restarts.add_metric([tier, role], n_restarts)
+                    caught_up.add_metric([tier, role], n_caught_up)
                 self._consumer_metrics(snap, tier, lag, waiting, kafka_down, freshness)
                 errors.add_metric([tier], snap.get("errors", 0))
                 hits.add_metric([tier], snap.get("hits", 0))
@@ -135,6 +143,7 @@ class _TierCollector(Collector):
                     latency.add_metric([tier, op], buckets=buckets, sum_value=h["sum"])
         yield updates
         yield alive
+        yield caught_up
         yield restarts
         yield lag
         yield waiting
@@ -213,6 +222,17 @@ class ServerMetrics:
     def add_tier_source(self, source: TierSource) -> None:
         """Read per-tier counters and latency histograms from ``source`` at every scrape."""
         self._tiers.tier_sources.append(source)
+
+    def prepare_model(self, model: str, protocols: tuple[str, ...] = ("http", "grpc")) -> None:
+        """Create ``model``'s request and batch series (at 0) now, not at its first request:
+        scrapes see them from the start, and the first request does not build them."""
+        if model not in self._batch_children:
+            self._batch_children[model] = (self.batch_size.labels(model),
+                                           self.batch_requests.labels(model))  # fmt: skip
+        for protocol in protocols:
+            if (model, protocol) not in self._children:
+                self._children[(model, protocol)] = (self.requests.labels(model, protocol),
+                                                     self.latency.labels(model, protocol))  # fmt: skip
 
     def observe_batch(self, model: str, rows: int, requests: int) -> None:
         children = self._batch_children.get(model)

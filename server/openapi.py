@@ -164,7 +164,8 @@ INFER_ERRORS: dict[int | str, dict[str, Any]] = {
     507: _error("a storage tier is full"),
 }
 ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: _error("the model name is not valid"),
+    400: _error("the model name is not valid, or the body carries a parameter that is not "
+                "supported (load: none; unload: unload_dependents)"),
     401: _error("an admin token is set and the request does not carry it"),
     404: _error("no such model"),
     503: _error("the model failed to load"),

@@ -3,6 +3,7 @@
 - :func:`model_name`: a name that cannot exist is an unknown model (404 / NOT_FOUND), as
   Triton answers; repository load and unload use :func:`load_name` (400 for a bad name).
 - :class:`AdminToken`: repository load and unload need ``Bearer <token>`` when one is set.
+- :func:`repository_parameters`: what a load or unload request may carry besides the name.
 - :func:`public_message`, :func:`public_index`: an error's message and the repository index
   as a client sees them, without the server's file paths (the log keeps the whole message).
 """
@@ -30,6 +31,26 @@ def model_name(name: str) -> str:
 def load_name(name: str) -> str:
     """``name`` if it can name a model; else :class:`InvalidInputError` (load, unload)."""
     return check_name(name, "model name")
+
+
+#: Repository request parameters taken, by action: unload's ``unload_dependents`` (a model
+#: here has no dependents, so either value unloads just the model).  Load overrides
+#: (``config``, ``file:<path>``) are not supported and are refused rather than ignored.
+REPOSITORY_PARAMETERS = {"load": frozenset(), "unload": frozenset({"unload_dependents"})}
+
+
+def repository_parameters(action: str, parameters: object) -> None:
+    """Refuse (:class:`InvalidInputError`, naming it) a ``parameters`` entry that repository
+    ``action`` (``load``, ``unload``) does not support."""
+    if not isinstance(parameters, dict):
+        raise InvalidInputError(f"repository {action}: 'parameters' must be a JSON object")
+    unsupported = sorted(set(parameters) - REPOSITORY_PARAMETERS[action])
+    if unsupported:
+        supported = ", ".join(sorted(REPOSITORY_PARAMETERS[action])) or "none"
+        raise InvalidInputError(
+            f"repository {action}: parameter {', '.join(map(repr, unsupported))} is not "
+            f"supported (supported: {supported}); the model's files and ps.json define it"
+        )
 
 
 class AdminToken:

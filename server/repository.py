@@ -1,9 +1,16 @@
 """The model repository: which version of which model serves, loading, polling and swapping.
 
-Layout ``DIR/<model>/<version>/`` (a version is a folder named by a positive integer holding
-the graph JSON, the dense file and the sparse folders) plus ``DIR/ps.json`` for the tiers and
-each model's settings.  The highest version serves.  :meth:`ModelRepository.poll` picks up a
-new version once its files have stopped changing between two polls and swaps it in.
+Layout ``DIR/<model>/<version>/`` (a version is a folder named by a positive integer in ASCII
+digits holding the graph JSON, the dense file and the sparse folders) plus ``DIR/ps.json`` for
+the tiers and each model's settings.  The highest version serves.  :meth:`ModelRepository.poll`
+picks up a new version once its files have stopped changing between two polls and swaps it
+in.  Other folders in a model folder are skipped (with a log line, once; hidden ones, such as
+a version being written, silently).  A model or version folder that resolves outside the
+repository (a symlink) is refused.
+
+A model keeps its kind (:attr:`Servable.kind`: ranking model or embedding store) from one
+version to the next: a version of another kind is refused with the reason in the index, and
+the old one serves on.  Unloading the model and loading it again is the explicit switch.
 
 The repository owns each version's lifecycle: the loader *stages* a version (its tables are
 loaded beside the serving ones and change nothing served); the repository then *commits* it
@@ -13,7 +20,7 @@ Requests in flight finish on the version they started with; once the last of the
 replaced version is *discarded* (its tables dropped) and closed, on a thread of its own.
 
 A version that fails to load is logged and remembered as failed with the reason (shown in the
-index).  A failure of a backend (an unreachable tier, a held lock) is retried with exponential
+index, also while an older version serves on).  A failure of a backend (an unreachable tier, a held lock) is retried with exponential
 backoff on each poll; any other failure waits until the version's files or ``ps.json`` change.
 
 Model names must match the table-tag pattern, so a name never escapes the repository folder.
@@ -39,6 +46,7 @@ from tierserve.ps.errors import (
     TierserveError,
 )
 from tierserve.ps.table_tag import check_name, is_valid_name
+from tierserve.trainer.version_folder import version_number
 
 from .servables import Servable
 
@@ -149,7 +157,7 @@ def _signature(path: Path) -> tuple:
 def _has_versions(folder: Path) -> bool:
     """Whether ``folder`` looks like a model: it holds a version folder (a positive integer).
     Anything else in the repository (a RocksDB folder, a backup) is not listed as a model."""
-    return any(p.name.isdigit() and p.is_dir() for p in folder.iterdir())
+    return any(version_number(p.name) is not None and p.is_dir() for p in folder.iterdir())
 
 
 def _file_signature(path: Path) -> tuple:
@@ -160,8 +168,26 @@ def _file_signature(path: Path) -> tuple:
     return (st.st_size, st.st_mtime_ns)
 
 
+#: Longest reason kept for the index (the log has the whole message).
+REASON_CHARS = 500
+
+
 def _reason(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, TierserveError) else f"{type(exc).__name__}: {exc}"
+    """Why ``exc`` refused a version, as one readable line: whitespace runs become one space,
+    other unprintable characters are escaped, and it is cut at :data:`REASON_CHARS`."""
+    text = str(exc) if isinstance(exc, TierserveError) else f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[:1] in "aeiou" else "a"
+
+
+class KindChangeError(InvalidInputError):
+    """A version would serve as another kind of model than the version serving."""
 
 
 class ModelRepository:
@@ -183,6 +209,7 @@ class ModelRepository:
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load at a time: tiers are shared
         self._seen: dict[tuple[str, str], tuple] = {}
+        self._skipped: set[Path] = set()  # folders logged as not being versions
         #: Called with (model, version) once a version is staged, before it is committed
         #: (worker processes wait there until every worker has staged it).
         self.before_commit: Callable[[str, str], None] | None = None
@@ -225,8 +252,19 @@ class ModelRepository:
         folder = self.root / name
         if not folder.is_dir():
             return []
-        nums = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
-        return [str(n) for n in nums if n > 0]
+        nums = []
+        for p in folder.iterdir():
+            number = version_number(p.name)
+            if number is not None:
+                if p.is_dir():
+                    nums.append(number)
+            elif p.is_dir() and not p.name.startswith(".") and p not in self._skipped:
+                self._skipped.add(p)
+                log.warning(
+                    "model %s: folder %r is not a version (versions are positive integers in "
+                    "ASCII digits); skipped", name, p.name,
+                )  # fmt: skip
+        return [str(n) for n in sorted(nums)]
 
     # -- serving --------------------------------------------------------------------------
 
@@ -296,6 +334,32 @@ class ModelRepository:
     def _version_dir(self, name: str, version: str) -> Path | None:
         return None if self.root is None else self.root / name / version
 
+    def _check_inside(self, name: str, version: str) -> None:
+        """Refuse a model or version folder that resolves outside the repository."""
+        folder = self._version_dir(name, version)
+        if folder is None:
+            return
+        for path, what in ((folder.parent, "model"), (folder, "version")):
+            real = path.resolve()
+            if not real.is_relative_to(self.root):
+                raise InvalidInputError(
+                    f"model {name!r}: {what} folder {path} is a link to {real}, outside the "
+                    "model repository; refused (copy the files into the repository)"
+                )
+
+    @staticmethod
+    def _check_kind(entry: ModelEntry, version: str, servable: Servable) -> None:
+        """Refuse a version of another kind than the one serving (see the module docstring)."""
+        old = entry.handle.servable if entry.handle is not None else None
+        before, after = getattr(old, "kind", ""), getattr(servable, "kind", "")
+        if before and after and before != after:
+            raise KindChangeError(
+                f"version {version} would serve as {_article(after)} {after} but version "
+                f"{old.version} serves as {_article(before)} {before}; a model keeps its kind between versions (a version whose "
+                "graph JSON is missing serves as an embedding store): unload the model and load "
+                "it to change its kind"
+            )
+
     def _signature(self, name: str, version: str) -> tuple:
         """What a version's load depends on: its files and ``ps.json``."""
         folder = self._version_dir(name, version)
@@ -308,9 +372,11 @@ class ModelRepository:
         with self._load_lock:
             started = time.perf_counter()
             try:
+                self._check_inside(entry.name, version)
                 servable = self.loader(entry.name, version, self._version_dir(entry.name, version),
                                        self.ps_config())  # fmt: skip
                 try:
+                    self._check_kind(entry, version, servable)
                     if self.before_commit is not None:
                         self.before_commit(entry.name, version)
                     servable.commit()
@@ -353,8 +419,11 @@ class ModelRepository:
             )
             retry = f"; retry {attempts + 1} in {delay:.0f} s" if retryable else ""
             serving = f"; version {entry.version} keeps serving" if entry.handle else ""
+            entry.reason = f"version {version}: {reason}{retry}"
             if entry.handle is None:
-                entry.state, entry.reason = "UNAVAILABLE", f"version {version}: {reason}{retry}"
+                entry.state = "UNAVAILABLE"
+            else:
+                entry.reason += f"; version {entry.version} serves on"
         log.error(
             "model %s version %s failed to load and is refused: %s%s%s",
             entry.name, version, reason, serving, retry,
@@ -396,6 +465,9 @@ class ModelRepository:
                 continue
             latest = versions[-1]
             if entry is not None and entry.handle is not None and int(latest) <= int(entry.version):
+                if entry.reason:  # the refused newer version is gone
+                    with self._lock:
+                        entry.reason = ""
                 continue
             signature = self._signature(name, latest)
             key = (name, latest)

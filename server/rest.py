@@ -38,11 +38,20 @@ from starlette.routing import Route
 from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, TierserveError
 
 from . import openapi as docs
+from .admission import Admission, ServerBusyError
 from .allocator import LARGE_ROWS, trimmer
 from .dataplane import DataPlane
-from .policy import AdminToken, error_body, load_name, model_name, public_index
+from .policy import (
+    AdminToken,
+    error_body,
+    load_name,
+    model_name,
+    public_index,
+    repository_parameters,
+)
 from .tensors import (
     DecodedRequest,
+    TensorSpec,
     array_from_json,
     decode_rest_request,
     dump_json,
@@ -299,14 +308,42 @@ async def _send(send, status: int, payload: bytes, media: bytes, json_length=Non
 
 class InferFastPath:
     """An ASGI app in front of the FastAPI app that hands ``POST .../infer`` straight to the
-    app's :class:`InferEndpoint`; everything else, lifespan included, goes to ``app``."""
+    app's :class:`InferEndpoint`; everything else, lifespan included, goes to ``app``.
+
+    A request with a body first takes its room in the worker's budget (the app's
+    :class:`~.admission.Admission`), waiting for it with the body unread; one that finds none
+    within ``admission_timeout_s`` is answered 503.  Requests without a body (health,
+    metadata, metrics) never wait."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self.state = app.state
         self.endpoint: InferEndpoint = app.state.infer_endpoint
+        self.admission: Admission | None = getattr(app.state, "admission", None)
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or self.admission is None:
+            await self._serve(scope, receive, send)
+            return
+        need = _body_room(scope["headers"], self.endpoint.limit, self.admission.undeclared)
+        if need is None:
+            await self._serve(scope, receive, send)
+            return
+        started = time.perf_counter()
+        try:
+            await self.admission.take(1, need)
+        except ServerBusyError as exc:
+            match = _INFER_PATH.match(scope["path"])
+            if match is not None:
+                self.endpoint.observe(match.group(1), started, str(exc.http_status))
+            await _send(send, exc.http_status, _error_bytes(error_body(exc)), _JSON)
+            return
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self.admission.give(1, need)
+
+    async def _serve(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             match = _INFER_PATH.match(scope["path"])
             if match is not None:
@@ -314,6 +351,22 @@ class InferFastPath:
                 await self.endpoint.handle(model, version, scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _body_room(headers, limit: int, undeclared: int) -> int | None:
+    """The budget bytes a request's body takes: its declared length (0 when over ``limit``:
+    it is refused unread), ``undeclared`` for a chunked body; None without a body."""
+    for key, value in headers:
+        if key == b"content-length":
+            if not value.isdigit() or len(value) > 19:
+                return 0  # refused by the route, unread
+            declared = int(value)
+            if declared == 0:
+                return None
+            return declared if declared <= limit else 0
+        if key == b"transfer-encoding":
+            return undeclared
+    return None
 
 
 # --- the other routes ------------------------------------------------------------------------
@@ -352,12 +405,17 @@ def build_router(
         response_class=Response,
         responses={
             200: {"description": "every model serves", **empty},
-            503: {"description": "starting, or a model does not serve", **empty},
+            503: {"description": "starting, a model does not serve, or the Kafka updates are "
+                   "not read up to where they were at start; the body says which "
+                   '(`{"error": "..."}`)'},
         },
     )
     async def ready() -> Response:
-        """Whether the server and all its models serve (KServe v2 readiness); no body."""
-        return Response(status_code=200 if plane.ready() else 503)
+        """Whether the server and all its models serve (KServe v2 readiness); no body when
+        ready, the reason when not."""
+        if plane.ready():
+            return Response(status_code=200)
+        return JSONResponse({"error": plane.not_ready_reason()}, status_code=503)
 
     @router.get("/v2", response_model=docs.ServerMetadata)
     async def server_metadata() -> dict[str, Any]:
@@ -430,6 +488,24 @@ def build_router(
                 raise InvalidInputError("'ready' must be true or false")
         return JSONResponse(public_index(plane.repository_index(ready)))
 
+    async def _repository_body(request: Request, action: str) -> None:
+        """Refuse what a load or unload body carries that is not supported (policy)."""
+        body = await _read_body(request, max_request_bytes)
+        if not body.strip():
+            return
+        data = parse_json(body)
+        if not isinstance(data, dict):
+            raise InvalidInputError(
+                f'the repository {action} body must be a JSON object: {{"parameters": {{}}}}'
+            )
+        extra = sorted(set(data) - {"parameters"})
+        if extra:
+            raise InvalidInputError(
+                f"repository {action}: unknown field {', '.join(map(repr, extra))} (the body "
+                "takes 'parameters' only)"
+            )
+        repository_parameters(action, data.get("parameters", {}))
+
     admin_responses = {
         200: {"description": "done", **empty},
         **docs.ADMIN_ERRORS,
@@ -440,6 +516,7 @@ def build_router(
     )
     async def repository_load(model: str, request: Request) -> Response:
         token.check(request.headers.get("authorization"))
+        await _repository_body(request, "load")
         await plane.load(load_name(model))
         return Response(status_code=200)
 
@@ -448,6 +525,7 @@ def build_router(
     )
     async def repository_unload(model: str, request: Request) -> Response:
         token.check(request.headers.get("authorization"))
+        await _repository_body(request, "unload")
         await plane.unload(load_name(model))
         return Response(status_code=200)
 
@@ -465,8 +543,7 @@ def build_router(
             body = await _read_body(request, max_request_bytes)
             data, name, version = _plain_json(body)
             label = name
-            meta = plane.model_metadata(name, version)
-            decoded = _plain_request(data, {t["name"]: t for t in meta["inputs"]})
+            decoded = _plain_request(data, plane.input_specs(name, version))
             result = await plane.infer(name, version, decoded)
             # encoded here (orjson), not by FastAPI's encoder; the response model documents it
             answer = {
@@ -515,7 +592,7 @@ def _plain_json(body: bytes) -> tuple[dict[str, Any], str, str]:
     return data, model_name(data["model"]), str(version)
 
 
-def _plain_request(data: dict[str, Any], specs: dict[str, dict[str, Any]]) -> DecodedRequest:
+def _plain_request(data: dict[str, Any], specs: dict[str, TensorSpec]) -> DecodedRequest:
     """Nested lists as arrays of the datatypes the model declares for them; an empty list is
     an empty batch of the declared row shape."""
     inputs, declared = {}, {}
@@ -524,7 +601,7 @@ def _plain_request(data: dict[str, Any], specs: dict[str, dict[str, Any]]) -> De
             raise InvalidInputError(
                 f"unexpected input {key[:120]!r}; the model's inputs are {sorted(specs)}"
             )
-        datatype, shape = specs[key]["datatype"], specs[key]["shape"]
+        datatype, shape = specs[key].datatype, specs[key].shape
         array = array_from_json(key, datatype, value)
         if array.shape == (0,) and len(shape) > 1 and all(d >= 0 for d in shape[1:]):
             array = array.reshape(0, *shape[1:])

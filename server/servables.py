@@ -15,6 +15,15 @@ Two kinds exist:
   ``[n]`` (the keys of table 0, then table 1, ...) and ``NUMKEYS`` INT32 ``[num_tables]`` (how
   many keys each table gets) -> ``OUTPUT0`` FP32 ``[sum(n_t * dim_t)]``, the embeddings
   row-major, table after table.  Unknown keys get the table's default vector.
+
+What a servable *takes* (its specs, checked on every request) may be wider than what it
+*presents* in model metadata and model config (:meth:`Servable.interface`): the presented
+signature is the one a Triton client builds requests from without help (``perf_analyzer``,
+``model_analyzer``), the same as ``tierserve triton-repo`` writes for tritonserver.  A
+one-hot ranking model presents ``DES`` and ``CATCOLUMN`` with a batch dimension (the
+``ROWINDEX`` it also takes, as HugeCTR's clients send it, has no per-row shape); a multi-hot
+one presents no batch dimension (CSR inputs do not split by row): ``DES`` [-1, dense_dim],
+``CATCOLUMN`` [-1], ``ROWINDEX`` [-1].
 """
 
 from __future__ import annotations
@@ -51,12 +60,28 @@ class RequestLimits:
 NO_LIMITS = RequestLimits()
 
 
+@dataclass(frozen=True)
+class Interface:
+    """What model metadata and model config present (Triton's view of a model).
+
+    ``max_batch_size`` > 0: every tensor's first dimension is the batch, which a client
+    may fill with up to that many rows; 0: requests carry shapes as the specs say, whole.
+    """
+
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
 class Servable(ABC):
     """One loaded model version; see the module docstring."""
 
     name: str
     version: str
     platform: str = "tierserve"
+    #: What the model is to its clients (its inputs and outputs); a version of another kind
+    #: never replaces it unasked (see :mod:`.repository`).  Empty: not compared.
+    kind: str = ""
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     #: Largest batch one request (and one merged execution) may carry; 0: no batch dimension.
@@ -89,9 +114,18 @@ class Servable(ABC):
     def execute(self, unit: Any) -> dict[str, np.ndarray]:
         """Run one unit; outputs are batch-first when ``max_batch_size > 0``."""
 
+    def interface(self) -> Interface:
+        """What metadata and config present (see the module docstring): by default every
+        spec and ``max_batch_size``."""
+        return Interface(self.max_batch_size, tuple(self.inputs), tuple(self.outputs))
+
     def config(self) -> dict[str, Any]:
         """Extra model-config fields (``parameters``) for the config endpoint."""
         return {}
+
+    def warm_up(self) -> None:  # noqa: B027 - optional hook
+        """Run what a first request would (see :func:`warm_up`), on the calling thread; the
+        server calls it once more on an inference thread before it reports ready."""
 
     def commit(self) -> None:  # noqa: B027 - optional hook
         """Called by the repository as this version starts serving (tables go live)."""
@@ -188,6 +222,8 @@ class RankingServable(Servable):
     zero rows without running the model, alone or merged.
     """
 
+    kind = "ranking model"
+
     def __init__(
         self,
         name: str,
@@ -215,6 +251,23 @@ class RankingServable(Servable):
             TensorSpec("ROWINDEX", "INT32", (-1,), optional=True, alternatives=((1, -1),)),
         ]  # fmt: skip
         self.outputs = [TensorSpec("OUTPUT0", "FP32", (-1, model.label_dim))]
+        self.multi_hot = self.hotness != self.slot_nums
+
+    def interface(self) -> Interface:
+        """One-hot: ``DES``, ``CATCOLUMN`` batched; multi-hot: CSR inputs, no batch dimension
+        (the module docstring says why)."""
+        if not self.multi_hot:
+            return Interface(self.max_batch_size, tuple(self.inputs[:2]), tuple(self.outputs))
+        des, catcolumn, _ = self.inputs
+        return Interface(
+            0,
+            (
+                des,
+                TensorSpec("CATCOLUMN", catcolumn.datatype, (-1,)),
+                TensorSpec("ROWINDEX", "INT32", (-1,)),
+            ),
+            tuple(self.outputs),
+        )
 
     def _check_batch_size(self, batch_size: int) -> None:
         if batch_size > self.max_batch_size:
@@ -353,6 +406,7 @@ class EmbeddingLookupServable(Servable):
     """
 
     max_batch_size = 0
+    kind = "embedding store"
 
     def __init__(
         self,
@@ -427,3 +481,27 @@ class EmbeddingLookupServable(Servable):
     def close(self) -> None:
         if self._closer is not None:
             self._closer()
+
+
+def warm_up(servable: Servable) -> None:
+    """Run one row of zeros (dense values 0, every key 0) through ``servable`` before it
+    serves, so what a first request would compile or load (numba kernels of the tiers and
+    caches, first-call paths of the network) is ready, and the first real request is as fast
+    as the rest.  The answer is dropped; a lookup of key 0 is what any request may do."""
+    if isinstance(servable, RankingServable):
+        keys = np.int64 if servable.i64_keys else np.int32
+        dense = np.zeros((1, servable.model.dense_dim), np.float32)
+        requests = [{"DES": dense, "CATCOLUMN": np.zeros((1, servable.total_slots), keys)}]
+        if servable.hotness != servable.slot_nums:  # multi-hot: the ROWINDEX path as well
+            offsets = [np.arange(s + 1, dtype=np.int32) for s in servable.slot_nums]
+            rowindex = np.concatenate(offsets)
+            requests.append({"DES": dense, "CATCOLUMN": np.zeros(servable.total_slots, keys),
+                             "ROWINDEX": rowindex})  # fmt: skip
+    elif isinstance(servable, EmbeddingLookupServable):
+        keys = np.int64 if servable.i64_keys else np.int32
+        n = len(servable.dims)
+        requests = [{"KEYS": np.zeros(n, keys), "NUMKEYS": np.ones(n, np.int32)}]
+    else:
+        return
+    for inputs in requests:
+        servable.execute(servable.prepare(inputs))

@@ -71,6 +71,51 @@ class Settings(BaseModel):
     keep_alive_timeout_s: Annotated[float, Field(gt=0)] = Field(
         5.0, description="an HTTP connection idle this many seconds between requests is closed"
     )
+    max_header_bytes: Annotated[int, Field(ge=1024)] = Field(
+        64 * 1024,
+        description="most bytes an HTTP request's request line and headers may take (and "
+        "gRPC's header list); over it: 414 when the URL alone is too long, else 431",
+    )
+    max_header_count: Annotated[int, Field(gt=0)] = Field(
+        100, description="most header lines one HTTP request may have; over it: 431"
+    )
+    max_inflight_bytes: Annotated[int, Field(gt=0)] = Field(
+        512 * 1024 * 1024,
+        description="most request bytes one worker process holds at once, over HTTP and gRPC "
+        "together (bodies being read and requests not yet answered); a request that does not "
+        "fit waits up to admission_timeout_s, then gets 503 / RESOURCE_EXHAUSTED",
+    )
+    max_inflight_calls: Annotated[int, Field(gt=0)] = Field(
+        1024,
+        description="most requests one worker process holds at once, over HTTP and gRPC "
+        "together; more wait up to admission_timeout_s, then get 503 / RESOURCE_EXHAUSTED",
+    )
+    max_connection_bytes: Annotated[int, Field(gt=0)] = Field(
+        128 * 1024 * 1024,
+        description="most request bytes one gRPC connection holds at once, over all its "
+        "streams (an HTTP/1.1 connection holds one request: max_request_bytes)",
+    )
+    admission_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        5.0,
+        description="how long a request waits for room under max_inflight_bytes, "
+        "max_inflight_calls or max_connection_bytes before it is refused",
+    )
+    grpc_idle_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        60.0,
+        description="a gRPC connection without a call for this many seconds is closed (GOAWAY); "
+        "one that has not sent the HTTP/2 preface within header_timeout_s is dropped",
+    )
+    max_connections: Annotated[int, Field(gt=0)] = Field(
+        4096,
+        description="most open connections of each transport (HTTP, gRPC) in one worker "
+        "process; more are closed at once (HTTP answers 503 first)",
+    )
+    descriptor_reserve: Annotated[int, Field(ge=0)] = Field(
+        64,
+        description="file descriptors kept free for health, model loads and the repository "
+        "poller: gRPC refuses new connections once fewer than this many are free, HTTP once "
+        "fewer than half of them are",
+    )
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
         "auto",
         description="the event loop HTTP and gRPC share; auto: uvloop when installed (about "
@@ -135,6 +180,17 @@ class Settings(BaseModel):
     def _one_source(self) -> Settings:
         if self.model_repository is not None and self.config is not None:
             raise ValueError("give either model_repository or config, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _room_for_a_request(self) -> Settings:
+        for name in ("max_inflight_bytes", "max_connection_bytes"):
+            if getattr(self, name) < self.max_request_bytes:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) is below max_request_bytes "
+                    f"({self.max_request_bytes}): a request of the largest size allowed would "
+                    f"never find room; raise {name} or lower max_request_bytes"
+                )
         return self
 
     @field_validator("admin_token")

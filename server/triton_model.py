@@ -93,6 +93,13 @@ class TritonRuntime:
         self.servable: Servable = servable
         self.input_names = [spec.name for spec in servable.inputs]
 
+    def rows(self, inputs: dict[str, np.ndarray]) -> int | None:
+        """The rows a request's outputs must have (None: the model has no batch dimension)."""
+        if self.servable.max_batch_size <= 0 or not inputs:
+            return None
+        first = inputs.get(self.input_names[0])
+        return None if first is None or first.ndim == 0 else int(first.shape[0])
+
     def infer(
         self, requests: Sequence[dict[str, np.ndarray]]
     ) -> list[dict[str, np.ndarray] | RequestError]:
@@ -162,6 +169,67 @@ class TritonRuntime:
             self.loader.close()
 
 
+class OutputError(TierserveError):
+    """An output whose bytes would not fill its declared shape: answered as an error, never
+    handed to Triton."""
+
+
+def output_tensor(pb_utils, name: str, array: np.ndarray, rows: int | None):
+    """``pb_utils.Tensor`` of output ``name``: C-contiguous float32 (OUTPUT0 is FP32) with
+    ``rows`` rows when the request has a batch dimension; anything else is an
+    :class:`OutputError` (a 500 for that request)."""
+    array = np.asarray(array)
+    if array.dtype != np.float32:
+        raise OutputError(f"output {name!r} is {array.dtype}, not the FP32 config.pbtxt declares")
+    if rows is not None and (array.ndim < 1 or array.shape[0] != rows):
+        raise OutputError(
+            f"output {name!r} has shape {list(array.shape)} for a request of {rows} rows"
+        )
+    return pb_utils.Tensor(name, np.ascontiguousarray(array))
+
+
+def stub_reads_this_numpy(pb_utils) -> bool:
+    """Whether the stub's tensors read and write arrays of the numpy imported here.
+
+    The stubs of Triton 24.10 (2.51) and older are built with pybind11 2.10, which reads
+    numpy's dtype descriptors with numpy 1's struct layout.  Where the numpy the stub
+    imports is numpy 2 (its ``sys.path`` starts with tritonserver's working directory and
+    the system's site-packages, ahead of the backend's folder), an element size reads as 0:
+    ``pb_utils.Tensor(name, array)`` then hands Triton an output of 0 bytes (binary: 200
+    with ``binary_data_size`` 0; JSON: 500 "output tensor shape does not match size of
+    output") and ``as_numpy()`` of an input reads zeros.  The probe: a tensor rebuilt by the
+    stub from its own DLPack capsule (the path its inputs take) must read back as written.
+    """
+    probe = np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+    written = pb_utils.Tensor("probe", probe)
+    try:
+        read = pb_utils.Tensor.from_dlpack("probe", written.to_dlpack()).as_numpy()
+    except Exception:  # noqa: BLE001 - a stub that cannot rebuild it cannot be trusted either
+        return False
+    return read is not None and read.shape == probe.shape and np.array_equal(read, probe)
+
+
+def numpy_mismatch_reason() -> str:
+    import sys
+
+    where = Path(np.__file__).parent.parent
+    venv = ""
+    if sys.prefix != sys.base_prefix:  # the stub's Python took a virtual environment's prefix
+        venv = (f" The stub's Python runs in the virtual environment {sys.prefix}: its embedded "
+                "interpreter finds its prefix through the python3 on tritonserver's PATH, so "
+                "tritonserver was started with that environment activated. Start it without "
+                "(deactivate), or with `tierserve triton-install`'s bin/tritonserver, which "
+                "leaves virtual environments off PATH.")  # fmt: skip
+    return (
+        f"the Python backend's stub misreads the arrays of numpy {np.__version__} (from "
+        f"{where}), which it imported instead of the numpy it was built for (numpy 1 for "
+        f"Triton 24.10 and older: pybind11 2.10); its outputs would carry no data.{venv} "
+        "Otherwise: the stub's sys.path starts with tritonserver's working directory and the "
+        f"system's site-packages; remove numpy {np.__version__} from {where}, so that the "
+        "numpy<2 beside the backend's stub is imported"
+    )
+
+
 def _configure_logging() -> None:
     root = logging.getLogger()
     if not root.handlers:  # the stub's stderr goes to tritonserver's log
@@ -208,6 +276,12 @@ class TritonPythonModel:
             )
         folder = Path(args["model_repository"]) / version
         kind = args.get("model_instance_kind", "CPU")
+        if not stub_reads_this_numpy(pb_utils):
+            reason = numpy_mismatch_reason()
+            log.error("model %s version %s failed to load: %s", name, version, reason)
+            raise pb_utils.TritonModelException(
+                f"tierserve: model {name!r} version {version} failed to load: {reason}"
+            )
         try:
             use_gpu = _select_device(kind, args.get("model_instance_device_id", "0"))
             self.runtime = TritonRuntime(name, version, folder, ps_config, use_gpu)
@@ -217,7 +291,10 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"tierserve: model {name!r} version {version} failed to load: {reason}"
             ) from None
-        log.info("model %s version %s is serving (%s instance)", name, version, kind)
+        log.info(
+            "model %s version %s is serving (%s instance; numpy %s from %s)", name, version,
+            kind, np.__version__, Path(np.__file__).parent.parent,
+        )  # fmt: skip
         self._codes = {
             400: pb_utils.TritonError.INVALID_ARG,
             404: pb_utils.TritonError.NOT_FOUND,
@@ -225,7 +302,8 @@ class TritonPythonModel:
         }
 
     def execute(self, requests: list) -> list:
-        """One response per request, in order; a failing request gets its own error."""
+        """One response per request, in order; a failing request gets its own error, and so
+        does one whose output would not fill its shape (:func:`output_tensor`)."""
         names = self.runtime.input_names
         arrays = []
         for request in requests:
@@ -236,14 +314,20 @@ class TritonPythonModel:
                     inputs[name] = tensor.as_numpy()
             arrays.append(inputs)
         responses = []
-        for result in self.runtime.infer(arrays):
+        for inputs, result in zip(arrays, self.runtime.infer(arrays)):
+            if not isinstance(result, RequestError):
+                try:
+                    tensors = [output_tensor(pb_utils, n, a, self.runtime.rows(inputs))
+                               for n, a in result.items()]  # fmt: skip
+                except OutputError as exc:
+                    log.error("%s", exc)
+                    result = RequestError(str(exc), 500)
             if isinstance(result, RequestError):
                 code = self._codes.get(result.http_status, pb_utils.TritonError.INTERNAL)
                 responses.append(
                     pb_utils.InferenceResponse(error=pb_utils.TritonError(result.message, code))
                 )
             else:
-                tensors = [pb_utils.Tensor(n, np.ascontiguousarray(a)) for n, a in result.items()]
                 responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
 

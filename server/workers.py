@@ -28,8 +28,10 @@ Tables: with an in-process tier (``hash_map``, ``parallel_hash_map``) each worke
 own copy; with ``multi_process_hash_map`` (:mod:`tierserve.ps.shm_hash_map`) the workers share
 one copy in ``/dev/shm`` (the first to load a version's table fills it, the others attach;
 one worker applies each Kafka update to it and every worker's cache hears of it; a table
-stays while any worker uses it).  Each worker polls the repository on its own and stages a
-new version when it sees it; a staged version then waits (:meth:`PoolState.wait_for_peers`)
+stays while any worker uses it).  Dense weights are read into a file of ``/dev/shm`` per
+version that every worker maps (:mod:`tierserve.trainer.served_weights`; the parent removes
+what is left when it stops), never mapped from the model's own files.  Each worker polls the
+repository on its own and stages a new version when it sees it; a staged version then waits (:meth:`PoolState.wait_for_peers`)
 until every running worker has staged it too, and the workers commit it together, within
 milliseconds of each other (after :data:`COMMIT_BARRIER_S` a worker commits alone, with a
 warning naming the workers it waited for).  Every answer is wholly one version's.  A
@@ -38,6 +40,13 @@ served by several workers yet: a writable RocksDB opens in one process only, and
 would be loaded, and its replaced tables dropped, by each worker on its own under the same
 names.  With such a ``ps.json`` the default is one worker, and ``--workers`` above one is
 refused with a message naming the tier.
+
+Startup: the parent reads ``ps.json`` once, before any worker starts (:func:`check_config`),
+so a configuration error is one line naming the file and the field, and exit status 2, never
+a worker that fails and is started again.  A worker that dies later is started again at once
+when it had run a while (:data:`QUICK_EXIT_S`), else after a jittered backoff
+(:data:`RESTART_BACKOFF`); after :data:`RESTART_LIMIT` such quick exits in a row the pool
+stops every worker and exits with status 1.
 """
 
 from __future__ import annotations
@@ -57,7 +66,9 @@ import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
+from tierserve.ps.config import PSConfig, load_ps_config
 from tierserve.ps.errors import ConfigError
+from tierserve.ps.retry import ExponentialBackoff
 
 from .settings import Settings
 
@@ -65,7 +76,10 @@ log = logging.getLogger("tierserve.server.workers")
 
 #: A worker that exits within this many seconds of starting is restarted after a backoff.
 QUICK_EXIT_S = 10.0
-RESTART_CAP_S = 30.0
+#: How long the n-th quick exit in a row waits: 1, 2, 4, 8 s ..., each less up to half.
+RESTART_BACKOFF = ExponentialBackoff(base=1.0, cap=30.0, jitter=0.5)
+#: Quick exits in a row of one worker after which the pool gives up.
+RESTART_LIMIT = 5
 
 
 def cores() -> int:
@@ -76,19 +90,47 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def unshareable(settings: Settings) -> str | None:
-    """Why the tiers of ``settings``' ``ps.json`` cannot be served by several workers (None:
-    they can)."""
-    from tierserve.ps.config import load_ps_config
+def ps_json_path(settings: Settings) -> Path | None:
+    """The ``ps.json`` the server reads: ``--config``, or the repository's."""
+    if settings.config is not None:
+        return Path(settings.config)
+    return Path(settings.model_repository) / "ps.json" if settings.model_repository else None
 
-    path = settings.config or (
-        settings.model_repository / "ps.json" if settings.model_repository else None
-    )
-    if path is None or not Path(path).is_file():
+
+def check_config(settings: Settings) -> PSConfig | None:
+    """Read ``settings``' ``ps.json`` once, here, before any worker starts.
+
+    Refused (:class:`ConfigError`, one line naming the file and what is wrong), because the
+    server could not become ready without the file being changed: a ``ps.json`` that is
+    missing, not JSON or not valid, and a repository model folder that has no entry in it.
+    """
+    path = ps_json_path(settings)
+    if path is None:
         return None
-    try:
-        config = load_ps_config(path)
-    except Exception:  # the workers report a broken ps.json as they do today
+    if not path.is_file():
+        raise ConfigError(
+            f"{path}: no such file; a model repository needs a ps.json beside its model "
+            "folders (the tiers and each model's entry; see docs/serving.md)"
+        )
+    config = load_ps_config(path)
+    if settings.model_repository is not None:
+        from .repository import ModelRepository
+
+        on_disk = ModelRepository(loader=None, root=settings.model_repository).model_names()
+        listed = {m.model for m in config.models}
+        missing = [name for name in on_disk if name not in listed]
+        if missing:
+            raise ConfigError(
+                f"{path}: no entry for model folder{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(missing)} (it lists {', '.join(sorted(listed)) or 'no model'}); "
+                "add an entry to \"models\" or move the folder out of the repository"
+            )
+    return config
+
+
+def unshareable(config: PSConfig | None) -> str | None:
+    """Why the tiers of ``config`` cannot be served by several workers (None: they can)."""
+    if config is None:
         return None
     volatile = _type_name(config.volatile_db)
     if volatile in ("redis", "redis_cluster"):
@@ -110,10 +152,15 @@ def _type_name(tier_config) -> str | None:
     return getattr(kind, "name", kind)  # DatabaseType_t members, or plain strings
 
 
-def worker_count(settings: Settings) -> int:
-    """How many workers ``settings`` asks for; :class:`ConfigError` when its tiers cannot be
-    shared by that many (see the module docstring)."""
-    why = unshareable(settings)
+def worker_count(settings: Settings, config: PSConfig | None = None) -> int:
+    """How many workers ``settings`` asks for; :class:`ConfigError` when the tiers of its
+    ``ps.json`` (``config``; None: read it here) cannot be shared by that many (see the module
+    docstring)."""
+    if config is None:
+        path = ps_json_path(settings)
+        with contextlib.suppress(ConfigError):
+            config = load_ps_config(path) if path is not None and path.is_file() else None
+    why = unshareable(config)
     if settings.workers is not None:
         if settings.workers > 1 and why is not None:
             raise ConfigError(f"--workers {settings.workers}: {why}; use --workers 1")
@@ -125,18 +172,19 @@ def worker_count(settings: Settings) -> int:
     return wanted
 
 
-def run_server(settings: Settings) -> None:
+def run_server(settings: Settings) -> int:
     """Serve ``settings`` in the foreground: in this process for one worker, else with a
-    pool of worker processes (see the module docstring)."""
+    pool of worker processes (see the module docstring); the exit status."""
     from .app import check_ports, check_sources, serve
 
     check_sources(settings)
+    config = check_config(settings)
     check_ports(settings)
-    count = worker_count(settings)
+    count = worker_count(settings, config)
     if count == 1:
         serve(settings)
-        return
-    WorkerPool(settings, count).run()
+        return 0
+    return WorkerPool(settings, count).run()
 
 
 def allowed_cores() -> list[int]:
@@ -261,7 +309,9 @@ class WorkerPool:
         self.quick_exits = [0] * count
         self.due = [0.0] * count  # when a worker that exited is started again
         self._stopping = False
+        self.gave_up: str | None = None  # why the pool stopped on its own
         self.metrics_dir = Path(tempfile.mkdtemp(prefix="tierserve-metrics-"))
+        self.shared_dense = f"tierserve-dense-{os.getpid()}"  # see trainer/served_weights.py
         self.shares: list[set[int] | None] = (
             list(core_shares(count, allowed_cores()))
             if settings.pin_workers and hasattr(os, "sched_setaffinity")  # Linux
@@ -297,9 +347,13 @@ class WorkerPool:
     def _on_signal(self, signum, frame) -> None:
         self._stopping = True
 
-    def run(self) -> None:
-        """Start the workers and keep them running until SIGTERM or SIGINT."""
+    def run(self) -> int:
+        """Start the workers and keep them running until SIGTERM or SIGINT (exit status 0),
+        or until one keeps failing to start (1)."""
+        from tierserve.trainer.served_weights import SHARED_ENV, remove_shared
+
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
+        os.environ[SHARED_ENV] = self.shared_dense  # workers share their dense weights
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
         }
@@ -318,7 +372,13 @@ class WorkerPool:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            os.environ.pop(SHARED_ENV, None)
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            remove_shared(self.shared_dense)
+        if self.gave_up is not None:
+            log.error("%s", self.gave_up)
+            return 1
+        return 0
 
     def _watch(self) -> None:
         live = {p.sentinel: i for i, p in enumerate(self.procs) if p is not None}
@@ -332,11 +392,19 @@ class WorkerPool:
                 continue
             quick = time.monotonic() - self.started_at[i] < QUICK_EXIT_S
             self.quick_exits[i] = self.quick_exits[i] + 1 if quick else 0
-            delay = min(RESTART_CAP_S, 2 ** (self.quick_exits[i] - 1)) if quick else 0.0
+            if self.quick_exits[i] >= RESTART_LIMIT:
+                self.gave_up = (
+                    f"worker {i} exited {self.quick_exits[i]} times in a row within "
+                    f"{QUICK_EXIT_S:.0f} s of starting (last exit code {proc.exitcode}); "
+                    "stopping the server: see the worker's log above"
+                )
+                self._stopping = True
+                continue
+            delay = RESTART_BACKOFF.compute(self.quick_exits[i]) if quick else 0.0
             self.due[i] = time.monotonic() + delay
             log.warning(
                 "worker %d (pid %d) exited with code %s; starting another%s", i, proc.pid,
-                proc.exitcode, f" in {delay:.0f} s" if delay else "",
+                proc.exitcode, f" in {delay:.1f} s" if delay else "",
             )  # fmt: skip
         now = time.monotonic()
         for i, proc in enumerate(self.procs):
@@ -392,11 +460,10 @@ def _worker_main(
         # (worker 0 keeps the name given, so its groups are the ones a single process had)
         os.environ[REPLICA_ENV] = f"{os.environ[REPLICA_ENV][:190]}-w{index}"
     settings = Settings.model_validate_json(settings_json)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s %(name)s [worker {index}]: %(message)s",
-    )
     from .app import serve
+    from .logs import configure_logging
+
+    configure_logging(settings.log_level, worker=index)
 
     with contextlib.suppress(KeyboardInterrupt):
         serve(settings, pool=PoolState(index, ready, alive, staged))

@@ -9,8 +9,13 @@ it stops at the end of the session. Fixtures:
   tests that restart it or need persistence; stopped at the end of the session.
 - ``redis_cluster``: three Redis Cluster masters (``.nodes``, ``.addresses``, ``.client()``,
   ``.kill_node(i)``, ``.restart_node(i)``, ``.heal()``, ``.node_index_for_key(key)``).
+- ``redis_cluster_factory(masters=3, replicas=1, node_timeout_ms=1000)``: starts a Redis
+  Cluster of the test's own (``.role(i)``, ``.replicas_of(i)``, ``.wait_replicated()`` for
+  failover tests); stopped at the end of the session.
 - ``kafka_broker``: Apache Kafka 4.x, broker and controller in one process (``.bootstrap``,
   ``.stop()``, ``.start()``, ``.kill()``).
+- ``kafka_broker_factory()``: starts a broker of the test's own, for tests that restart it
+  or delete its topics; stopped at the end of the session.
 - ``triton_server_factory(model_repository, model_control_mode="none", load_models=())``:
   starts a tritonserver (``.http_url``, ``.grpc_url``, ``.stop()``); see tests/services/triton.py
   for how a Python-backend model finds the virtual environment.
@@ -47,7 +52,9 @@ FIXTURE_MARKERS = {
     "redis_server": "redis",
     "redis_server_factory": "redis",
     "redis_cluster": "redis_cluster",
+    "redis_cluster_factory": "redis_cluster",
     "kafka_broker": "kafka",
+    "kafka_broker_factory": "kafka",
     "triton_server_factory": "triton",
 }
 
@@ -173,6 +180,28 @@ def redis_cluster(service_workspace: Workspace) -> Iterator[RedisCluster]:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster_factory(service_workspace: Workspace) -> Iterator[Callable[..., RedisCluster]]:
+    """``start(masters=3, replicas=1, node_timeout_ms=1000)`` starts a new Redis Cluster (for
+    tests that kill its nodes: a master's replica is promoted about two seconds after)."""
+    _timed(service_workspace, "redis install", ensure_redis)
+    with contextlib.ExitStack() as cleanup:
+
+        def start(*, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000):
+            size = masters * (1 + replicas)
+            cluster = RedisCluster(
+                [service_workspace.data_dir(f"redis-cluster-r{i}") for i in range(size)],
+                [service_workspace.log_path(f"redis-cluster-r{i}") for i in range(size)],
+                node_timeout_ms=node_timeout_ms,
+                replicas=replicas,
+            )
+            cleanup.callback(cluster.stop)
+            _timed(service_workspace, "redis cluster start", cluster.start)
+            return cluster
+
+        yield start
+
+
+@pytest.fixture(scope="session")
 def kafka_broker(service_workspace: Workspace) -> Iterator[KafkaBroker]:
     """An Apache Kafka 4.x broker (KRaft, combined mode) shared by the session."""
     kafka = _timed(service_workspace, "kafka install", ensure_kafka)
@@ -185,8 +214,26 @@ def kafka_broker(service_workspace: Workspace) -> Iterator[KafkaBroker]:
 
 
 @pytest.fixture(scope="session")
+def kafka_broker_factory(service_workspace: Workspace) -> Iterator[Callable[[], KafkaBroker]]:
+    """``start()`` starts another Kafka broker (its own ports and log directory)."""
+    kafka = _timed(service_workspace, "kafka install", ensure_kafka)
+    with contextlib.ExitStack() as cleanup:
+
+        def start() -> KafkaBroker:
+            broker = KafkaBroker(
+                kafka, service_workspace.data_dir("kafka"), service_workspace.log_path("kafka")
+            )
+            cleanup.callback(broker.stop)
+            _timed(service_workspace, "kafka start", broker.start)
+            return broker
+
+        yield start
+
+
+@pytest.fixture(scope="session")
 def triton_server_factory(service_workspace: Workspace) -> Iterator[Callable[..., TritonServer]]:
-    """``start(model_repository, model_control_mode="none", load_models=(), extra_args=())``.
+    """``start(model_repository, model_control_mode="none", load_models=(), extra_args=(),
+    cwd=None, env=None)``.
 
     Starts a tritonserver on the given model repository, waits until it is ready and returns
     it; ``stop()`` it when done, or it stops at the end of the session.
@@ -200,6 +247,8 @@ def triton_server_factory(service_workspace: Workspace) -> Iterator[Callable[...
             model_control_mode: str = "none",
             load_models: Sequence[str] = (),
             extra_args: Sequence[str] = (),
+            cwd: Path | None = None,
+            env: dict[str, str] | None = None,
         ) -> TritonServer:
             server = TritonServer(
                 triton,
@@ -208,6 +257,8 @@ def triton_server_factory(service_workspace: Workspace) -> Iterator[Callable[...
                 model_control_mode=model_control_mode,
                 load_models=load_models,
                 extra_args=extra_args,
+                cwd=cwd,
+                env=env,
             )
             cleanup.callback(server.stop)
             _timed(service_workspace, "tritonserver start", server.start)

@@ -42,6 +42,7 @@ from .layer_specs import (
     Layer_t,
     Regularizer_t,
     SparseEmbedding,
+    Tensor_t,
 )
 from .lr_scheduler import LearningRateScheduler
 from .metrics import MetricsType
@@ -121,6 +122,7 @@ __all__ = [
     "Regularizer_t",
     "Session",
     "Solver",
+    "Tensor_t",
     "TrainPSType_t",
     "SolverParser",
     "SparseEmbedding",

@@ -45,14 +45,7 @@ def input_from_data_layer(data: dict[str, Any]) -> Input:
     """The ``Input`` a graph JSON's Data layer describes."""
     label = data.get("label") or {}
     dense = data.get("dense") or {}
-    sparse = []
-    for s in data.get("sparse", []) or []:
-        nnz = s.get("nnz_per_slot")
-        if nnz is None:
-            nnz = max(1, int(s.get("max_feature_num_per_sample", s["slot_num"])) //
-                      int(s["slot_num"]))
-        sparse.append(DataReaderSparseParam(s["top"], nnz, bool(s.get("is_fixed_length", False)),
-                                            int(s["slot_num"])))
+    sparse = [DataReaderSparseParam.from_graph(s) for s in data.get("sparse", []) or []]
     if "top" not in dense:
         raise ConfigError("the graph's Data layer has no dense input")
     return Input(label_dim=label.get("label_dim", 1), label_name=label.get("top", "label"),

@@ -9,6 +9,7 @@ variance) goes in ``<same name>.nontrainable``; dense optimizer state in
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,47 +40,51 @@ def write_dense_file(path: str | os.PathLike, arrays: Sequence[np.ndarray]) -> P
     return Path(path)
 
 
-def read_dense_file(
-    path: str | os.PathLike,
-    shapes: Sequence[tuple[int, ...]],
-    what: str = "dense model file",
-    mmap: bool = False,
-) -> list[np.ndarray]:
-    """Split the file at ``path`` into arrays of ``shapes`` (in order).
+def read_dense_flat(
+    path: str | os.PathLike, shapes: Sequence[tuple[int, ...]], what: str = "dense model file"
+) -> np.ndarray:
+    """Every float of the file at ``path`` (read, never mapped), checked against ``shapes``.
 
-    ``mmap``: the arrays are read-only views of the file mapped into memory, so processes
-    serving the same version share its pages (serving); else writable copies (training).
-
-    The file must hold exactly the number of floats the shapes need, else
-    :class:`CorruptModelFileError` gives the file, what it holds and what was expected.
+    The file must hold exactly the number of floats the shapes need, all finite, else
+    :class:`CorruptModelFileError` gives the file, what it holds and what was expected (a
+    file that changes while it is read is caught the same way).
     """
     path = Path(path)
     if not path.is_file():
         raise CorruptModelFileError(f"{what} {path} does not exist")
-    size = path.stat().st_size
-    if size % DENSE_DTYPE.itemsize:
+    expected = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+    # An anonymous mapping, not the heap: unmapped as soon as it is dropped (a served copy
+    # that moves to shared memory must not stay in a heap that malloc never trims), and one
+    # float more than needed, so that a longer file shows.
+    buffer = np.frombuffer(mmap.mmap(-1, (expected + 1) * DENSE_DTYPE.itemsize), DENSE_DTYPE)
+    with open(path, "rb") as f:
+        read = f.readinto(memoryview(buffer).cast("B"))
+    if read != expected * DENSE_DTYPE.itemsize:
+        size = max(path.stat().st_size, read)
+        if size % DENSE_DTYPE.itemsize:
+            raise CorruptModelFileError(
+                f"{what} {path} has {size} bytes, not a whole number of float32 values"
+            )
         raise CorruptModelFileError(
-            f"{what} {path} has {size} bytes, not a whole number of float32 values"
+            f"{what} {path} holds {size // DENSE_DTYPE.itemsize} float32 values; the graph "
+            f"needs {expected}"
         )
-    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-    expected = sum(sizes)
-    found = size // DENSE_DTYPE.itemsize
-    if found != expected:
-        raise CorruptModelFileError(
-            f"{what} {path} holds {found} float32 values; the graph needs {expected}"
-        )
-    flat = (
-        np.memmap(path, dtype=DENSE_DTYPE, mode="r")
-        if mmap
-        else np.fromfile(path, dtype=DENSE_DTYPE)
-    )
+    flat = buffer[:expected]
     if not np.isfinite(flat).all():
         raise CorruptModelFileError(f"{what} {path} holds NaN or infinite values")
-    out, offset = [], 0
-    for shape, n in zip(shapes, sizes):
-        out.append(flat[offset : offset + n].reshape(shape).astype(np.float32, copy=False))
-        offset += n
-    return out
+    return flat
+
+
+def read_dense_file(
+    path: str | os.PathLike,
+    shapes: Sequence[tuple[int, ...]],
+    what: str = "dense model file",
+) -> list[np.ndarray]:
+    """Split the file at ``path`` into writable arrays of ``shapes`` (in order); see
+    :func:`read_dense_flat` for what is checked.  Serving reads through
+    :mod:`tierserve.trainer.served_weights`."""
+    flat = read_dense_flat(path, shapes, what)
+    return [a.astype(np.float32, copy=False) for a in split_flat(flat, shapes)]
 
 
 def split_flat(values: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:

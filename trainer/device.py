@@ -7,6 +7,7 @@ model which one it is, from the solver's ``vvgpu``.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from types import ModuleType
 from typing import Any
@@ -47,7 +48,8 @@ def flatten_vvgpu(vvgpu: Any) -> list[int]:
 def select_xp(vvgpu: Any = None, warn: bool = True) -> ModuleType:
     """cupy on the first GPU of ``vvgpu`` when cupy imports and that device is visible, else numpy.
 
-    Falling back to numpy warns once (set ``TIERSERVE_FORCE_CPU=1`` to choose the CPU quietly).
+    Falling back to numpy says so in one line on stderr, once a process (set
+    ``TIERSERVE_FORCE_CPU=1`` to choose the CPU quietly).
     Only one device is used: the rest of ``vvgpu`` is accepted and ignored.
     """
     devices = flatten_vvgpu(vvgpu)
@@ -60,13 +62,18 @@ def select_xp(vvgpu: Any = None, warn: bool = True) -> ModuleType:
                 stacklevel=2,
             )
         return cupy
-    if warn and not os.environ.get("TIERSERVE_FORCE_CPU"):
-        warnings.warn(
-            f"no usable GPU for vvgpu={vvgpu!r} (cupy missing or no CUDA device visible): "
-            "training on the CPU with numpy",
-            stacklevel=2,
+    if warn and not os.environ.get("TIERSERVE_FORCE_CPU") and not _told_cpu:
+        _told_cpu.append(True)  # once a process: a note, not a warning with a source line
+        print(
+            f"[tierserve] training on the CPU with numpy: no usable GPU for vvgpu={vvgpu!r} "
+            "(cupy missing or no CUDA device visible; TIERSERVE_FORCE_CPU=1 says it quietly)",
+            file=sys.stderr,
+            flush=True,
         )
     return np
+
+
+_told_cpu: list[bool] = []
 
 
 def is_gpu(xp: ModuleType) -> bool:

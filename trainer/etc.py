@@ -85,12 +85,25 @@ def CreateHMemCache(num_blocks: int = 1, target_hit_rate: float | None = None,  
                     block_size_mb: float = 64.0) -> HMemCacheConfig:
     """HugeCTR's ``CreateHMemCache``: a host cache of ``num_blocks`` x ``block_size_mb`` MB.
 
-    ``target_hit_rate`` and ``max_num_evict`` (HugeCTR's block-eviction tuning) are refused:
-    this cache evicts the least used rows whenever it is full."""
-    for name, value in (("target_hit_rate", target_hit_rate), ("max_num_evict", max_num_evict)):
-        if value is not None:
-            raise ConfigError(f"CreateHMemCache: {name} is not supported (the host cache evicts "
-                              "its least used rows when full); leave it out")
+    ``target_hit_rate`` (0 .. 1) and ``max_num_evict`` (>= 0), HugeCTR's tuning of when its
+    pass-sized blocks are evicted and when the cache freezes, are checked and then warn: this
+    cache evicts its least used rows whenever it is full and never freezes.  Either way every
+    row is read from and written back to the RocksDB table, so the trained values are the
+    same; only the disk traffic differs."""
+    from .compat import warn_once
+
+    if target_hit_rate is not None:
+        if not 0.0 <= float(target_hit_rate) <= 1.0:
+            raise ConfigError(f"CreateHMemCache: target_hit_rate must be in [0, 1], "
+                              f"got {target_hit_rate}")
+        warn_once("CreateHMemCache.target_hit_rate", "the host cache evicts its least used "
+                  "rows whenever it is full, whatever its hit rate (the trained values are "
+                  "the same)")
+    if max_num_evict is not None:
+        if int(max_num_evict) < 0:
+            raise ConfigError(f"CreateHMemCache: max_num_evict must be >= 0, got {max_num_evict}")
+        warn_once("CreateHMemCache.max_num_evict", "the host cache is never frozen: it evicts "
+                  "its least used rows whenever it is full (the trained values are the same)")
     if int(num_blocks) < 1 or float(block_size_mb) <= 0:
         raise ConfigError(f"CreateHMemCache: num_blocks must be >= 1 and block_size_mb > 0, "
                           f"got {num_blocks}, {block_size_mb}")
@@ -695,16 +708,21 @@ def _keyset_chunks(path: Any, i64_input_key: bool, rows: int = CHUNK_ROWS
 class KeysetReader:
     """A reader handle that trains the (file list, keyset) pairs of ``set_source`` one after
     the other, calling ``update(keyset)`` before each file list; the end of the last is the
-    end of the epoch, and ``set_source()`` starts again from the first."""
+    end of the epoch, and ``set_source()`` starts again from the first.
+
+    ``set_source(file_list)`` (HugeCTR's low-level loop: the script calls
+    ``EmbeddingTrainingCache.update(keyset)`` itself) reads that file list alone, with no
+    keyset of its own, until ``Model.set_source(source, keyset)`` gives pairs again."""
 
     def __init__(self, inner: Any, cache: EmbeddingTrainingCache) -> None:
         self.inner, self.cache = inner, cache
         self._next = 0
+        self._manual = False
         self._start_pair()
 
     def _start_pair(self) -> bool:
         pairs = self.cache._sources
-        if self._next >= len(pairs):
+        if self._manual or self._next >= len(pairs):
             return False
         source, keyset = pairs[self._next]
         self._next += 1
@@ -725,9 +743,13 @@ class KeysetReader:
         return False
 
     def set_source(self, file_name: Any = "") -> None:
-        if file_name not in ("", None):
-            raise ConfigError("with keysets, set the sources with Model.set_source(source, "
-                              "keyset)")
+        if file_name not in ("", None):  # the script's own file list; it updates the keysets
+            self._manual = True
+            self.inner.set_source(file_name)
+            return
+        if self._manual:
+            self.inner.set_source(file_name)
+            return
         self._next = 0
         self._start_pair()
 

@@ -19,6 +19,7 @@ from .dense_file import NONTRAINABLE_SUFFIX, read_dense_file
 from .device import to_xp
 from .graph_json import Graph, load_graph_json
 from .network import DenseNetwork
+from .served_weights import ServedWeights, read_served_weights
 
 EMBEDDING_TYPES = (
     "DistributedSlotSparseEmbeddingHash",
@@ -135,6 +136,8 @@ class InferenceGraph:
         xp: Any = np,
     ) -> None:
         self.graph = graph if isinstance(graph, Graph) else load_graph_json(graph)
+        #: The dense file's weights as served (:mod:`.served_weights`); None for arrays given.
+        self.served: ServedWeights | None = None
         self.xp = xp
         data, self.embeddings = graph_inputs(self.graph)
         self.dense_name = (data.get("dense") or {}).get("top")
@@ -148,7 +151,8 @@ class InferenceGraph:
         if isinstance(weights, (str, os.PathLike)):
             if nontrainable is None and sshapes:
                 nontrainable = os.fspath(weights) + NONTRAINABLE_SUFFIX
-            weights = read_dense_file(weights, pshapes, mmap=True)  # shared by worker processes
+            self.served = read_served_weights(weights, pshapes)
+            weights = self.served.arrays
         if isinstance(nontrainable, (str, os.PathLike)):
             nontrainable = read_dense_file(nontrainable, sshapes, "non-trainable dense file")
         if len(weights) != len(pshapes):
@@ -159,6 +163,11 @@ class InferenceGraph:
         self.params = self.network.unflatten(list(weights), self.network.param_shapes())
         self.states = self.network.unflatten(state, self.network.state_shapes())
         self.to_device(xp)
+
+    def release(self) -> None:
+        """Give up the pool's shared copy of the weights (the version is discarded)."""
+        if self.served is not None:
+            self.served.release()
 
     def to_device(self, xp: Any) -> None:
         """Move the weights to ``xp`` (cupy: its current device; numpy: the host) and predict
@@ -210,6 +219,7 @@ class InferenceGraph:
                 )
             tensors[self.dense_name] = d
         self.network.forward(xp, tensors, self.params, self.states, False, with_loss=False)
+        self.last_tensors = tensors  # the last batch's, for check_out_tensor
         outs = [layer.predict(xp, tensors[logits]) for layer, logits in
                 self.network.prediction_inputs()]
         outs = [o.reshape(o.shape[0], -1) for o in outs]

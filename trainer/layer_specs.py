@@ -41,10 +41,19 @@ class Layer_t(enum.Enum):  # noqa: N801 - HugeCTR's name
     PReLU_Dice = "PReLU_Dice"
     ReduceMean = "ReduceMean"
     Sub = "Sub"
+    MatrixMultiply = "MatrixMultiply"
     Gather = "Gather"
     BinaryCrossEntropyLoss = "BinaryCrossEntropyLoss"
     CrossEntropyLoss = "CrossEntropyLoss"
     MultiCrossEntropyLoss = "MultiCrossEntropyLoss"
+
+
+class Tensor_t(enum.Enum):  # noqa: N801 - HugeCTR's name
+    """Which step's tensors ``Model.check_out_tensor`` returns: the last training or the last
+    evaluation batch's."""
+
+    Train = "Train"
+    Evaluate = "Evaluate"
 
 
 #: ``hugectr.ElementWiseMultiply``, as HugeCTR's document spells the layer type.
@@ -146,7 +155,7 @@ class Input:
                 "top": p.sparse_name,
                 "type": "DistributedSlot",
                 "max_feature_num_per_sample": p.max_nnz,
-                "nnz_per_slot": p.nnz_per_slot,
+                "nnz_per_slot": p.nnz_list(),  # a list, as HugeCTR writes it
                 "is_fixed_length": p.is_fixed_length,
                 "slot_num": p.slot_num,
             }

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from tierserve.ps.errors import CorruptModelFileError
+from tierserve.ps.errors import CorruptModelFileError, IncompleteModelError
 
 #: Not a .json name: tools find a version's graph as its only *.json file.
 MANIFEST = "tierserve.manifest"
@@ -78,6 +78,49 @@ def copy_entries(sources: Iterable[str | os.PathLike], target: str | os.PathLike
             entries[src.name] = entry
     if entries:
         _write(target, entries)
+
+
+def _size_problems(folder: Path, name: str, entry: dict) -> list[str]:
+    """What differs between file (or sparse folder) ``name`` and its entry, by size alone."""
+    path = folder / name
+    if not path.exists():
+        return [f"{name} is missing"]
+    if "size" in entry:
+        size = path.stat().st_size if path.is_file() else None
+        if size != entry["size"]:
+            return [f"{name} has {size} bytes, {MANIFEST} says {entry['size']}"]
+    sizes = entry.get("sizes")
+    if isinstance(sizes, dict):
+        if not path.is_dir():
+            return [f"{name} is not a folder"]
+        problems = []
+        for file, want in sorted(sizes.items()):
+            inner = path / file
+            got = inner.stat().st_size if inner.is_file() else None
+            if got is None:
+                problems.append(f"{name}/{file} is missing")
+            elif got != want:
+                problems.append(f"{name}/{file} has {got} bytes, {MANIFEST} says {want}")
+        return problems
+    return []
+
+
+def check_complete(folder: str | os.PathLike) -> None:
+    """Every file ``folder``'s manifest lists is there with its recorded size (a sparse
+    folder: each of its files); no manifest, nothing to check.  Raises
+    :class:`IncompleteModelError` naming what is missing or of another size (a copy still
+    under way, or a damaged one), without hashing anything."""
+    folder = Path(folder)
+    problems = [
+        problem
+        for name, entry in sorted(read_manifest(folder).items())
+        for problem in _size_problems(folder, name, entry)
+    ]
+    if problems:
+        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
+        raise IncompleteModelError(
+            f"version folder {folder} is incomplete: {'; '.join(problems[:4])}{more}"
+        )
 
 
 def verify(folder: str | os.PathLike, names: Iterable[str]) -> None:

@@ -59,6 +59,12 @@ class Model:
                                   f"{type(etc).__name__}")
         self._etc_params = etc
         self._etc = None
+        if etc is None and getattr(reader_params, "keyset", None):
+            from .compat import warn_once
+
+            warn_once("DataReaderParams.keyset", "keyset files are read only by the embedding "
+                      "training cache: build the Model with etc=CreateETC(...) to train each "
+                      "file list with its keyset; without etc they are not read")
         self.solver = solver
         self.reader_params = reader_params
         self.opt_params = opt_params
@@ -76,6 +82,7 @@ class Model:
         self._eval_reader = None
         self._metrics = Metrics(solver.metrics_spec)
         self._last_eval: tuple[np.ndarray, np.ndarray] | None = None
+        self._last_tensors: dict[str, dict[str, Any]] = {}  # check_out_tensor, by Tensor_t
         self._dist = None  # the distributed hooks under mpiexec (tierserve.trainer.distributed)
 
     # -- building ------------------------------------------------------------------------------
@@ -104,9 +111,28 @@ class Model:
         return {
             "solver": self.solver.to_dict(),
             "optimizer": self.opt_params.to_dict(),
-            "layers": [self._input.to_json(self.reader_params), *self._embedding_dicts,
+            "layers": [self._input.to_json(self.reader_params),
+                       *(self._with_vocabulary(d) for d in self._embedding_dicts),
                        *self._dense_dicts],
         }
+
+    def _with_vocabulary(self, layer: dict[str, Any]) -> dict[str, Any]:
+        """The embedding layer as HugeCTR's graph_to_json writes it: with
+        ``max_vocabulary_size_global``, the rows the workspace holds on each device times
+        the devices (tools such as hugectr2onnx size their tables by it)."""
+        from .embedding.table import max_rows_for_workspace
+
+        hparam = dict(layer["sparse_embedding_hparam"])
+        if "workspace_size_per_gpu_in_mb" not in hparam:
+            return layer
+        opt = (OptParamsPy.from_dict(layer["optimizer"]) if "optimizer" in layer
+               else self.opt_params)
+        rows = max_rows_for_workspace(hparam["workspace_size_per_gpu_in_mb"],
+                                      hparam["embedding_vec_size"],
+                                      make_optimizer(opt).num_state_copies)
+        devices = self._dist.size if self._dist is not None else 1
+        hparam["max_vocabulary_size_global"] = rows * devices
+        return {**layer, "sparse_embedding_hparam": hparam}
 
     def compile(self, loss_names: list[str] | None = None,
                 loss_weights: list[float] | None = None) -> None:
@@ -147,6 +173,8 @@ class Model:
         self.optimizer = make_optimizer(self.opt_params)
         self.opt_states = [[self.optimizer.init_state(tuple(p.shape), xp) for p in ps]
                            for ps in self.params]
+        if xp is np:
+            self._column_major_params()
         self.tables = [adapters.make_table(spec, self._table_optimizer(spec), self.solver, xp)
                        for spec in self.embedding_specs]
         self._graph = graph
@@ -242,8 +270,9 @@ class Model:
         elif keyset:
             from .compat import warn_once
 
-            warn_once("Model.set_source.keyset", "keyset files are read only by HugeCTR's "
-                      "embedding training cache, which tierserve does not have; not read")
+            warn_once("Model.set_source.keyset", "keyset files are read only by the embedding "
+                      "training cache (Model(..., etc=CreateETC(...))); this Model has none, so "
+                      "they are not read")
         if source is not None:
             src = source[0] if isinstance(source, (list, tuple)) and len(source) == 1 else source
             self._train_reader.set_source(src)
@@ -262,6 +291,17 @@ class Model:
             start += dim
         tensors[self.dense_name] = to_xp(xp, batch.dense, self.compute_dtype)
         return tensors
+
+    def _column_major_params(self) -> None:
+        """Store the parameters layers name in ``column_major_params`` (and their optimizer
+        state, so updates run over matching memory) in Fortran order.  Values and shapes
+        are unchanged; loading replaces values in place, so the layout stays."""
+        for i, layer in enumerate(self.network.layers):
+            for j in layer.column_major_params:
+                self.params[i][j] = np.asfortranarray(self.params[i][j])
+                state = self.opt_states[i][j]
+                for name in state:
+                    state[name] = np.asfortranarray(state[name])
 
     def _lookup(self, batch, tensors, training: bool = False) -> None:
         for spec, table in zip(self.embedding_specs, self.tables):
@@ -284,9 +324,11 @@ class Model:
         return [(layer.regularizer, layer.reg_lambda) for layer in self.network.loss_layers
                 if layer.regularizer and layer.reg_lambda]
 
-    def train(self) -> bool:
+    def train(self, is_first_batch: bool = True) -> bool:
         """One iteration on the next training batch; False when an epoch-mode source is
-        exhausted (nothing is trained then)."""
+        exhausted (nothing is trained then).  ``is_first_batch`` is HugeCTR's hint for its
+        overlapped pipeline's prefetch; each batch is read when it is trained here, so it
+        changes nothing (in HugeCTR neither does it change what is trained)."""
         self._require_compiled("train")
         batch = self._train_reader.next_batch()
         if batch is None:
@@ -309,6 +351,7 @@ class Model:
         params = self._params_for_compute()
         ctxs = self.network.forward(xp, tensors, params, self.states, True,
                                     loss_dtype=np.float32 if self.mixed else None)
+        self._last_tensors["Train"] = tensors
         loss = self._loss_value(tensors)
         scales = {k: v * self.loss_scale for k, v in self._loss_scales.items()}
         param_grads, input_grads = self.network.backward(
@@ -395,9 +438,23 @@ class Model:
         outs = self._predict_tensors(tensors)
         return to_numpy(outs[0] if len(outs) == 1 else self.xp.concatenate(outs, axis=1))
 
-    def eval(self) -> bool:
+    def check_out_tensor(self, tensor_name: str, tensor_type: Any = "Train") -> np.ndarray:
+        """HugeCTR's ``check_out_tensor``: a host copy of tensor ``tensor_name`` (an input, an
+        embedding's output or a layer's top) of the last training step (``Tensor_t.Train``)
+        or the last evaluated batch (``Tensor_t.Evaluate``), ``[batch, ...]``."""
+        kind = getattr(tensor_type, "value", tensor_type)
+        tensors = self._last_tensors.get(str(kind))
+        if tensors is None:
+            raise ConfigError(f"check_out_tensor: no {kind} step has run yet "
+                              "(Tensor_t.Train after train/fit, Tensor_t.Evaluate after eval)")
+        if tensor_name not in tensors:
+            raise ConfigError(f"check_out_tensor: no tensor {tensor_name!r}; the {kind} step "
+                              f"has {sorted(tensors)}")
+        return np.asarray(to_numpy(tensors[tensor_name]), dtype=np.float32)
+
+    def eval(self, is_first_batch: bool = True) -> bool:
         """Evaluate one batch of the evaluation source into the running metrics; False at the
-        end of an epoch-mode source."""
+        end of an epoch-mode source.  ``is_first_batch``: as in :meth:`train`."""
         self._require_compiled("eval")
         if self._eval_reader is None:
             raise ConfigError("no eval_source was given in DataReaderParams")
@@ -409,6 +466,7 @@ class Model:
         self._lookup(batch, tensors)
         self.network.forward(xp, tensors, self._params_for_compute(), self.states, False,
                              loss_dtype=np.float32 if self.mixed else None)
+        self._last_tensors["Evaluate"] = tensors
         preds = [to_numpy(p) for p in self._predict_tensors(tensors)]
         pred = preds[0] if len(preds) == 1 else np.concatenate(preds, axis=1)
         label = to_numpy(batch.label).reshape(len(pred), -1)
@@ -467,9 +525,8 @@ class Model:
         at the end.  ``model_name`` is the served model's (default: the solver's)."""
         self._require_compiled("fit")
         check_data_source(data_source_params, "fit")
-        from tqdm.auto import tqdm
-
         from .online import OnlineLoop
+        from .progress import PlainProgress, progress_bar
 
         online = None
         if update_source is not None or repository is not None or publish_interval \
@@ -485,8 +542,9 @@ class Model:
             raise ConfigError("fit: non-epoch mode (repeat_dataset=True) needs max_iter >= 1")
         threshold = adapters.auc_threshold(self.solver.metrics_spec)
         quiet = self._dist is not None and self._dist.rank != 0  # rank 0 speaks for all
-        bar = tqdm(total=None if epoch_mode else max_iter, unit="it", mininterval=1.0,
-                   disable=quiet or os.environ.get("TIERSERVE_NO_PROGRESS") == "1")
+        bar = progress_bar(total=None if epoch_mode else max_iter, unit="it", desc="fit",
+                           disable=quiet)
+        lines = bar.disable or isinstance(bar, PlainProgress)  # no bar shows the loss
         it, start, samples = 0, time.perf_counter(), 0
         try:
             epoch = 0
@@ -511,7 +569,7 @@ class Model:
                     rate = samples / max(time.perf_counter() - start, 1e-9)
                     bar.set_postfix(loss=f"{self._loss:.5f}", lr=f"{self._lr:.3g}",
                                     samples_s=f"{rate:,.0f}")
-                    if bar.disable and not quiet and it % max(display, 1) == 0:
+                    if lines and not quiet and it % max(display, 1) == 0:
                         print(f"[tierserve] iter {it}: loss {self._loss:.6f}, lr {self._lr:.6g}, "
                               f"{rate:,.0f} samples/s", flush=True)
                 if eval_interval > 0 and it % eval_interval == 0 and self._eval_reader is not None:

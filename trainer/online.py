@@ -35,7 +35,7 @@ import numpy as np
 from tierserve.ps.errors import BackendUnavailableError, ConfigError
 from tierserve.ps.update_replay import STAMP
 
-from .version_folder import new_version
+from .version_folder import new_version, write_ps_entry
 
 log = logging.getLogger("tierserve.trainer.online")
 
@@ -212,7 +212,53 @@ def export_version(model, repository: str | Path, model_name: str, iteration: in
         (staging / STAMP).write_text(f"{int(time.time() * 1000)}\n")
         model.graph_to_json(str(staging / f"{model_name}.json"))
         model.save_params_to_files(str(staging / model_name), iteration)
+        # ps.json before the folder appears: a server that sees the version has its entry
+        write_ps_entry(Path(repository), ps_entry(model_name, version, staging),
+                       supportlonglong=bool(model.solver.i64_input_key), keep=TUNED_FIELDS)
     return home / str(version)
+
+
+#: ps.json model fields a user tunes for serving: kept as the file has them when a later
+#: export replaces the model's entry.
+TUNED_FIELDS = ("max_batch_size", "default_value_for_each_table", "gpucache", "gpucacheper",
+                "hit_rate_threshold", "deployed_device_list", "cache_refresh_percentage_per_iteration",
+                "refresh_interval", "refresh_delay")  # fmt: skip
+#: max_batch_size of a new entry: the most rows one request may carry.
+SERVING_MAX_BATCH_SIZE = 1024
+
+
+def ps_entry(model_name: str, version: int, folder: Path) -> dict:
+    """The ``ps.json`` entry of the HugeCTR-style model version in ``folder`` (its graph
+    JSON, dense file and sparse folders), paths relative to the repository."""
+    from tierserve.ps.errors import ConfigError
+    from tierserve.trainer.graph_json import load_graph_json
+    from tierserve.trainer.inference_graph import graph_inputs, label_layout
+
+    graph = load_graph_json(folder / f"{model_name}.json")
+    data, tables = graph_inputs(graph)
+    if not tables:
+        raise ConfigError(f"model {model_name!r}: the graph has no embedding table; tierserve "
+                          "serves models with at least one")  # fmt: skip
+    dense = sorted(p.name for p in folder.glob(f"{model_name}_dense_*.model"))
+    sparse = sorted((p.name for p in folder.glob(f"{model_name}*_sparse_*.model")
+                     if "_opt_" not in p.name), key=lambda n: int(n[len(model_name):].split("_")[0]))  # fmt: skip
+    prefix = f"{model_name}/{version}"
+    return {
+        "model": model_name,
+        "sparse_files": [f"{prefix}/{n}" for n in sparse],
+        "dense_file": f"{prefix}/{dense[0]}" if dense else "",
+        "network_file": f"{prefix}/{model_name}.json",
+        "max_batch_size": SERVING_MAX_BATCH_SIZE,
+        "default_value_for_each_table": [0.0] * len(tables),
+        "maxnum_des_feature_per_sample": int((data.get("dense") or {}).get("dense_dim", 0)),
+        "maxnum_catfeature_query_per_table_per_sample": [max(t.max_nnz, t.slot_num)
+                                                         for t in tables],
+        "embedding_vecsize_per_table": [t.embedding_vec_size for t in tables],
+        "embedding_table_names": [t.name for t in tables],
+        "gpucache": False,
+        "label_dim": sum(label_layout(data)[1]),
+        "slot_num": sum(t.slot_num for t in tables),
+    }
 
 
 class OnlineLoop:
@@ -239,6 +285,11 @@ class OnlineLoop:
                               f"{export_interval}")  # fmt: skip
         if export_interval and repository is None:
             raise ConfigError("fit: export_interval needs a repository folder")
+        if repository is not None and not getattr(model, "embedding_specs", True):
+            raise ConfigError(  # before training, not at the first export
+                "fit: repository: the model has no embedding table, and tierserve serves "
+                "models with at least one; add a SparseEmbedding or train without repository="
+            )
         self.publish_interval = int(publish_interval)
         self.export_interval = int(export_interval)
         self.repository = None if repository is None else Path(repository)

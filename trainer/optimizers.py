@@ -45,6 +45,8 @@ import numpy as np
 
 from tierserve.ps.errors import InvalidInputError
 
+from .cpu_kernels import adagrad_flat, adagrad_rows, flat_views, use_kernels
+
 
 class Optimizer_t(enum.Enum):  # noqa: N801 - HugeCTR's name
     """The optimizer types of ``hugectr.Optimizer_t``."""
@@ -374,9 +376,23 @@ class AdaGrad(Optimizer):
     def _initial(self, name):
         return self.params.initial_accu_value
 
+    def update_sparse(self, values, rows, grads, state, lr, step, num_rows=None):
+        a = state["accum"]
+        if use_kernels(_xp_of(values), values, grads, a) and isinstance(rows, np.ndarray) \
+                and values.flags.c_contiguous and a.flags.c_contiguous:
+            eps, lr = values.dtype.type(self.params.epsilon), values.dtype.type(lr)
+            adagrad_rows(values, rows, grads, a, lr, eps)  # in place, no gathered copies
+            return
+        super().update_sparse(values, rows, grads, state, lr, step, num_rows)
+
     def _apply(self, p, g, st, lr, t):
         xp = _xp_of(p)
         a = st["accum"]
+        flat = flat_views(p, g, a) if use_kernels(xp, p, g, a) else None
+        if flat is not None:
+            eps, lr = p.dtype.type(self.params.epsilon), p.dtype.type(lr)
+            adagrad_flat(*flat, lr, eps)
+            return
         tmp = xp.multiply(g, g, out=xp.empty_like(a))
         a += tmp
         xp.sqrt(a, out=tmp)

@@ -2,13 +2,16 @@
 
     python -m bench.server.memory                      # 10M rows x dim 16, --workers 1 and 2
     python -m bench.server.memory --rows 2000000 --workers 1,2,4
+    python -m bench.server.memory --dense-mb 256       # a ranking model, 256 MiB dense file
 
 Serves one embedding-lookup model (a version folder with one sparse table of ``--rows`` random
 rows, a ``hash_map`` tier) and, once the server is ready and has answered a lookup, sums the
 proportional set size (``Pss`` of ``/proc/PID/smaps_rollup``: shared pages divided among the
 processes that map them, so the total counts every page once; RSS would count shared pages
 once per process) over the server process and every process below it.  Prints the total per
-worker count and its ratio to one worker's.
+worker count and its ratio to one worker's.  ``--dense-mb`` serves a ranking model instead:
+the demo DLRM with a hidden layer widened until its dense file is about that size (random
+weights), to measure what the dense weights cost per worker.
 """
 
 from __future__ import annotations
@@ -65,7 +68,62 @@ def make_repository(root: Path, rows: int, dim: int, volatile: str = "hash_map")
     return root
 
 
-def measure(repo: Path, workers: int) -> float:
+def make_ranking_repository(root: Path, dense_mb: int) -> Path:
+    """The demo DLRM (a few training steps) with one more hidden layer, wide enough that the
+    dense file is about ``dense_mb`` MiB, filled with random weights; a hash map tier."""
+    import warnings
+
+    from tierserve.clients.demo_model import train_demo_model, write_repository
+    from tierserve.trainer.dense_file import write_dense_file
+    from tierserve.trainer.graph_json import load_graph_json
+    from tierserve.trainer.inference_graph import dense_layers, input_shapes
+    from tierserve.trainer.network import DenseNetwork
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no GPU: the trainer says so
+        demo = train_demo_model(root.parent / "train", iterations=2, batch_size=64,
+                                num_samples=1024)  # fmt: skip
+    write_repository(demo, root)
+    version = root / "dlrm" / "1"
+    (version / "tierserve.manifest").unlink()  # the graph and weights are rewritten below
+    graph_path = version / demo.graph.name
+    data = json.loads(graph_path.read_text())
+    width = max(64, int((dense_mb * 2**20 / 4) ** 0.5))
+    layers = data["layers"]
+    at = next(i for i, layer in enumerate(layers) if layer["name"] == "relu3")
+    layers[at - 1]["fc_param"]["num_output"] = width
+    layers[at + 1: at + 1] = [
+        {"name": "fc_wide", "type": "InnerProduct", "bottom": "relu3", "top": "fc_wide",
+         "fc_param": {"num_output": width}},
+        {"name": "relu_wide", "type": "ReLU", "bottom": "fc_wide", "top": "relu_wide"},
+    ]  # fmt: skip
+    layers[at + 3]["bottom"] = "relu_wide"
+    graph_path.write_text(json.dumps(data))
+    graph = load_graph_json(graph_path)
+    shapes = DenseNetwork(dense_layers(graph), input_shapes(graph)).flat_param_shapes()
+    rng = np.random.default_rng(0)
+    dense = version / demo.dense_file.name
+    write_dense_file(dense, [rng.standard_normal(s, dtype=np.float32) * 0.01 for s in shapes])
+    config = json.loads((root / "ps.json").read_text())
+    config.pop("persistent_db", None)
+    config["volatile_db"] = {"type": "hash_map"}
+    (root / "ps.json").write_text(json.dumps(config))
+    print(f"ranking model: hidden width {width}, dense file {dense.stat().st_size / 2**20:,.0f} "
+          "MiB")  # fmt: skip
+    return root
+
+
+RANKING_BODY = {"inputs": [
+    {"name": "DES", "datatype": "FP32", "shape": [1, 13], "data": [0.5] * 13},
+    {"name": "CATCOLUMN", "datatype": "INT64", "shape": [1, 8], "data": list(range(1, 9))},
+]}  # fmt: skip
+STORE_BODY = {"inputs": [
+    {"name": "KEYS", "datatype": "INT64", "shape": [4], "data": [1, 2, 3, 4]},
+    {"name": "NUMKEYS", "datatype": "INT32", "shape": [1], "data": [4]},
+]}  # fmt: skip
+
+
+def measure(repo: Path, workers: int, model: str = "emb", body: dict = STORE_BODY) -> float:
     import httpx
 
     from tierserve.server.app import free_port
@@ -78,8 +136,6 @@ def measure(repo: Path, workers: int) -> float:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        body = {"inputs": [{"name": "KEYS", "datatype": "INT64", "shape": [4], "data": [1, 2, 3, 4]},
-                           {"name": "NUMKEYS", "datatype": "INT32", "shape": [1], "data": [4]}]}  # fmt: skip
         deadline = time.monotonic() + 600
         while True:
             try:
@@ -94,7 +150,8 @@ def measure(repo: Path, workers: int) -> float:
                 raise RuntimeError(f"--workers {workers}: the server did not become ready")
             time.sleep(0.5)
         for _ in range(8):  # several connections: every worker answers once
-            r = httpx.post(f"http://127.0.0.1:{http}/v2/models/emb/infer", json=body, timeout=30)
+            r = httpx.post(f"http://127.0.0.1:{http}/v2/models/{model}/infer", json=body,
+                           timeout=30)  # fmt: skip
             r.raise_for_status()
         time.sleep(1.0)
         return pss_mib(proc.pid)
@@ -112,8 +169,20 @@ def main() -> int:
         "--volatile", default="hash_map,multi_process_hash_map",
         help="volatile tiers to measure (comma-separated)",
     )  # fmt: skip
+    parser.add_argument("--dense-mb", type=int, default=0,
+                        help="serve a ranking model with a dense file of about this size")  # fmt: skip
     args = parser.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
+    if args.dense_mb:
+        with tempfile.TemporaryDirectory() as tmp:
+            repo = make_ranking_repository(Path(tmp) / "repo", args.dense_mb)
+            first = None
+            for workers in counts:
+                total = measure(repo, workers, "dlrm", RANKING_BODY)
+                first = first or total
+                print(f"ranking, --workers {workers}: total PSS {total:,.0f} MiB "
+                      f"({total / first:.2f}x)", flush=True)  # fmt: skip
+        return 0
     raw = args.rows * (8 + 4 * args.dim) / 2**20
     print(f"{args.rows:,} rows x dim {args.dim} ({raw:,.0f} MiB of keys and vectors)")
     for volatile in args.volatile.split(","):

@@ -66,6 +66,20 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
+def prepare_dlrm(train_dir: str | None, iterations: int, tmp: Path):
+    """The trainer's DLRM in a model repository under ``tmp``: ``(repo, version folder,
+    test batches)``; trained into ``train_dir`` (``tmp`` when None) unless it is there."""
+    work = Path(train_dir) if train_dir else tmp
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "out"
+    if not (out / f"dlrm_dense_{iterations}.model").exists():
+        print("training the trainer's DLRM ...", flush=True)
+        out = server_bench.train(work, iterations)
+    repo = tmp / "repo"
+    version = server_bench.make_repository(out, iterations, repo)
+    return repo, version, server_bench.batches_from(version, work / "data")
+
+
 def start_triton(repo: Path, work: Path):
     """tritonserver (test setup's install) over the Triton repository generated for ``repo``."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -142,15 +156,7 @@ def main() -> int:
         "loadgen": generator,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.train_dir) if args.train_dir else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        out = work / "out"
-        if not (out / f"dlrm_dense_{args.iterations}.model").exists():
-            print("training the trainer's DLRM ...", flush=True)
-            out = server_bench.train(work, args.iterations)
-        repo = Path(tmp) / "repo"
-        version = server_bench.make_repository(out, args.iterations, repo)
-        data = server_bench.batches_from(version, work / "data")
+        repo, version, data = prepare_dlrm(args.train_dir, args.iterations, Path(tmp))
         results["malloc_tuning"] = tune_malloc()  # the peer's allocator as tierserve serve's
         model, predict = server_bench.predictor(version)
         http, grpc = free_port(), free_port()

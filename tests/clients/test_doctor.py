@@ -44,6 +44,21 @@ def test_without_a_gpu_it_says_so_and_exits_0(capsys):
     assert "[ok] redis: redis " in out  # the dev environment installs the redis extra
 
 
+def test_every_extra_of_pyproject_and_the_native_transport_are_reported():
+    """The report covers every extra the installed package offers (bar "all"), and says
+    whether gRPC goes over the native transport."""
+    import importlib.metadata
+
+    from tierserve.server.grpc_native import native_available
+
+    offered = set(importlib.metadata.metadata("tierserve").get_all("Provides-Extra"))
+    checks = {c.name: c for c in diagnose(compile_kernels=False) if c.section == "extras"}
+    assert offered - {"all"} <= set(checks), offered - set(checks)
+    native = checks["native gRPC transport"]
+    assert native.status == ("ok" if native_available() else "missing")
+    assert ("Rust" if native_available() else "grpc.aio") in native.detail
+
+
 def test_a_real_redis_answers_and_a_closed_port_does_not(tmp_path, redis_server, capsys):
     config = write_ps(tmp_path, {"type": "redis", "address": f"{redis_server.host}:{redis_server.port}"})
     assert main(["doctor", "--no-compile", "--config", str(config)]) == 0

@@ -49,3 +49,34 @@ def test_publish_names_a_bad_table_name(tmp_path, capsys):
                  "--brokers", "127.0.0.1:1", "--quiet"])  # fmt: skip
     assert code == 2
     assert "table name 'bad name'" in capsys.readouterr().err
+
+
+def test_progress_counts_what_the_broker_acknowledged(tmp_path, kafka_broker, capsys):
+    """The bar's last line counts messages delivered (not queued): 3 of 3."""
+    write_sparse_model(tmp_path / "s", np.arange(2500, dtype=np.int64),
+                       np.zeros((2500, 4), np.float32))  # fmt: skip
+    code = main(["publish", str(tmp_path / "s"), "--model", f"m{uuid.uuid4().hex[:8]}",
+                 "--table", "t", "--brokers", kafka_broker.bootstrap])  # fmt: skip
+    assert code == 0
+    err = capsys.readouterr().err  # not a terminal: plain lines
+    assert "\r" not in err
+    assert "delivered: 3/3 messages" in err.strip().splitlines()[-1], err
+
+
+def test_a_publish_no_broker_acknowledges_fails_naming_the_brokers(tmp_path, capsys):
+    """Nothing listens at the brokers' address: exit 1 with what was delivered and where it
+    went, never a bar at 100% or an empty list of failures."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    write_sparse_model(tmp_path / "s", np.arange(2500, dtype=np.int64),
+                       np.zeros((2500, 4), np.float32))  # fmt: skip
+    code = main(["publish", str(tmp_path / "s"), "--model", "m", "--table", "t",
+                 "--brokers", closed, "--timeout", "3"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "0 of 3 messages delivered" in captured.err and closed in captured.err, captured.err
+    assert "failures: []" not in captured.err and "3/3" not in captured.err
+    assert "published" not in captured.out

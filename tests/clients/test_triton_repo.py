@@ -74,7 +74,7 @@ def test_configs_follow_graph_and_ps_json(repo, tmp_path):
     assert 'key: "site_packages" value: { string_value: "/opt/site" }' in dlrm
     store = (out / "store" / "config.pbtxt").read_text()
     assert _tensors(store, "input") == {"KEYS": ("TYPE_INT64", "-1"),
-                                        "NUMKEYS": ("TYPE_INT32", "-1")}  # fmt: skip
+                                        "NUMKEYS": ("TYPE_INT32", "1")}  # one table  # fmt: skip
     assert _tensors(store, "output") == {"OUTPUT0": ("TYPE_FP32", "-1")}
     assert "max_batch_size: 0\n" in store and "dynamic_batching" not in store
     version = out / "dlrm" / "1"
@@ -133,11 +133,35 @@ def test_refusals_name_what_is_wrong(repo, tmp_path):
     config = json.loads((repo / "ps.json").read_text())
     config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rdb")}
     (repo / "ps.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match="persistent_db is a writable rocks_db"):
-        generate(repo, tmp_path / "t")
+    with pytest.raises(ConfigError, match="--ps-json .* is a writable rocks_db"):
+        generate(repo, tmp_path / "t", ps_json=repo / "ps.json")  # named: refused
     config["persistent_db"]["read_only"] = True
     (repo / "ps.json").write_text(json.dumps(config))
     generate(repo, tmp_path / "t")  # a read-only RocksDB can be opened by every process
+    pbtxt = (tmp_path / "t" / "dlrm" / "config.pbtxt").read_text()
+    assert f'string_value: "{repo.resolve() / "ps.json"}"' in pbtxt
+
+
+def test_a_writable_rocksdb_gives_the_triton_models_a_ps_json_without_it(repo, tmp_path):
+    """As the demo writes it (hash map in front of a writable RocksDB): served out of the
+    box, every model process with the whole tables in its hash map."""
+    from tierserve.ps.config import load_ps_config
+
+    config = json.loads((repo / "ps.json").read_text())
+    config["volatile_db"] = {"type": "hash_map", "initial_cache_rate": 0.25}
+    config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rdb")}
+    (repo / "ps.json").write_text(json.dumps(config))
+    out = tmp_path / "t"
+    [first, _] = generate(repo, out)
+    assert first.ps_json_note and "writable rocks_db" in first.ps_json_note
+    derived = load_ps_config(out / "ps.json")
+    assert derived.persistent_db.type.value == "disabled"
+    assert derived.volatile_db.type.value == "hash_map"
+    assert derived.volatile_db.initial_cache_rate == 1.0
+    assert [m.model for m in derived.models] == ["dlrm", "store"]
+    assert Path(derived.model("dlrm").dense_file).is_file()  # absolute: the file moved
+    pbtxt = (out / "dlrm" / "config.pbtxt").read_text()
+    assert f'string_value: "{out.resolve() / "ps.json"}"' in pbtxt
 
 
 def test_versions_of_different_shapes_are_refused(repo, tmp_path):

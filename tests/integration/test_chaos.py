@@ -14,6 +14,12 @@ message and updates, and restarts the broker.  Afterwards:
 - the final tables, in both tiers, equal the new version's files plus every published update.
 
 ``TIERSERVE_CHAOS_SECONDS`` sets the length (default 60); the faults keep their proportions.
+
+Then real faults one at a time, each against what a reference server answers with the same
+rows: a Redis Cluster master SIGKILLed and its replica promoted (the server follows it within
+seconds, answering 200 meanwhile); a broker restarted and the model's topic deleted and
+created again (the server applies the new topic's updates); ``tierserve serve`` stopped or
+SIGKILLed mid-stream and started again (it says ready only once it replayed the updates).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -35,14 +42,25 @@ import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
 from frozen import frozen
-from kafka_clients import raw_producer
+from kafka_clients import create_topic, delete_topic, raw_producer
 from polling import until
+from serve_process import (
+    demo_repository,
+    infer_body,
+    predict,
+    ready_status,
+    serve,
+    stop,
+    wait_ready,
+)
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
-from tierserve.ps.kafka_updates import UpdateProducer
+from tierserve.ps.kafka_updates import REPLICA_ENV, UpdateProducer
+from tierserve.ps.redis_tier import value_hash
 from tierserve.ps.sparse_file import read_sparse_model
-from tierserve.server.app import BackgroundServer
+from tierserve.server.app import BackgroundServer, free_port
 from tierserve.server.inference_model import InferenceModel, InferenceParams
+from tierserve.server.loader import RepositoryLoader
 from tierserve.server.settings import Settings
 from tierserve.trainer.data.batch import Batch, SparseInput
 
@@ -98,6 +116,62 @@ def _repository(root, demo, name: str, cluster, broker) -> None:
     path.write_text(json.dumps(data))
 
 
+class Refused(Exception):
+    """A plain HTTP request answered with another status than 200."""
+
+
+class Clients:
+    """One client of each protocol to a server; :meth:`infer` sends one request of a kind:
+    ``http`` (tritonclient, binary tensors), ``grpc`` (tritonclient), ``json`` (KServe v2
+    JSON) or ``predict`` (``/predict``)."""
+
+    def __init__(self, server, timeout: float) -> None:
+        url = server.http_url
+        self.http = th.InferenceServerClient(url, connection_timeout=timeout,
+                                             network_timeout=timeout)  # fmt: skip
+        self.grpc = tg.InferenceServerClient(server.grpc_url)
+        self.plain = httpx.Client(base_url=f"http://{url}", timeout=timeout)
+        self.timeout = timeout
+
+    def infer(self, kind: str, name: str, des, cat) -> tuple[str, np.ndarray]:
+        """``(model_version, OUTPUT0)`` of one request; raises what the client raises, or
+        :class:`Refused` for a plain request answered with an error."""
+        if kind in ("http", "grpc"):
+            lib = th if kind == "http" else tg
+            a = lib.InferInput("DES", list(des.shape), "FP32")
+            b = lib.InferInput("CATCOLUMN", list(cat.shape), "INT64")
+            if kind == "http":
+                a.set_data_from_numpy(des, binary_data=True)
+                b.set_data_from_numpy(cat, binary_data=True)
+                r = self.http.infer(name, [a, b])
+                return r.get_response()["model_version"], r.as_numpy("OUTPUT0")
+            a.set_data_from_numpy(des)
+            b.set_data_from_numpy(cat)
+            r = self.grpc.infer(name, [a, b], client_timeout=self.timeout)
+            return r.get_response().model_version, r.as_numpy("OUTPUT0")
+        if kind == "predict":
+            body = {"model": name, "inputs": {"DES": des.tolist(), "CATCOLUMN": cat.tolist()}}
+            data = self._post("/predict", body)
+            return data["version"], np.asarray(data["outputs"]["OUTPUT0"])
+        body = {"inputs": [
+            {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
+             "data": des.reshape(-1).tolist()},
+            {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
+             "data": cat.reshape(-1).tolist()},
+        ]}  # fmt: skip
+        data = self._post(f"/v2/models/{name}/infer", body)
+        return data["model_version"], np.asarray(data["outputs"][0]["data"])
+
+    def _post(self, path: str, body: dict) -> dict:
+        r = self.plain.post(path, json=body)
+        if r.status_code != 200:
+            raise Refused(f"{r.status_code}: {r.text}")
+        return r.json()
+
+    def close(self) -> None:
+        self.plain.close()
+
+
 class Traffic:
     """32 clients and a health prober; records answers, failures and health latencies."""
 
@@ -124,7 +198,7 @@ class Traffic:
         for t in self.threads:
             t.join(timeout=60)
 
-    def _record(self, version: str, rows: np.ndarray, out) -> None:
+    def _record(self, version: str, out, rows: np.ndarray) -> None:
         with self._lock:
             self.answers.append((version, rows, np.asarray(out, np.float32).reshape(-1, 1)))
 
@@ -134,54 +208,16 @@ class Traffic:
 
     def _client(self, kind: str, seed: int) -> None:
         rng = np.random.default_rng(seed)
-        url = self.server.http_url
-        http = th.InferenceServerClient(url, connection_timeout=30, network_timeout=30)
-        grpc = tg.InferenceServerClient(self.server.grpc_url)
-        plain = httpx.Client(base_url=f"http://{url}", timeout=30)
+        clients = Clients(self.server, timeout=30)
         while not self.stop.is_set():
             rows = rng.choice(POOL, size=int(rng.integers(1, 9)), replace=False)
-            des, cat = self.des[rows], self.cat[rows]
             try:
-                if kind == "http":
-                    a = th.InferInput("DES", list(des.shape), "FP32")
-                    a.set_data_from_numpy(des, binary_data=True)
-                    b = th.InferInput("CATCOLUMN", list(cat.shape), "INT64")
-                    b.set_data_from_numpy(cat, binary_data=True)
-                    r = http.infer(self.name, [a, b])
-                    self._record(r.get_response()["model_version"], rows, r.as_numpy("OUTPUT0"))
-                elif kind == "grpc":
-                    a = tg.InferInput("DES", list(des.shape), "FP32")
-                    a.set_data_from_numpy(des)
-                    b = tg.InferInput("CATCOLUMN", list(cat.shape), "INT64")
-                    b.set_data_from_numpy(cat)
-                    r = grpc.infer(self.name, [a, b], client_timeout=30)
-                    self._record(r.get_response().model_version, rows, r.as_numpy("OUTPUT0"))
-                elif kind == "predict":
-                    body = {"model": self.name,
-                            "inputs": {"DES": des.tolist(), "CATCOLUMN": cat.tolist()}}  # fmt: skip
-                    r = plain.post("/predict", json=body)
-                    if r.status_code != 200:
-                        self._fail(f"predict {r.status_code}: {r.text[:200]}")
-                    else:
-                        data = r.json()
-                        self._record(data["version"], rows, data["outputs"]["OUTPUT0"])
-                else:
-                    body = {"inputs": [
-                        {"name": "DES", "datatype": "FP32", "shape": list(des.shape),
-                         "data": des.reshape(-1).tolist()},
-                        {"name": "CATCOLUMN", "datatype": "INT64", "shape": list(cat.shape),
-                         "data": cat.reshape(-1).tolist()},
-                    ]}  # fmt: skip
-                    r = plain.post(f"/v2/models/{self.name}/infer", json=body)
-                    if r.status_code != 200:
-                        self._fail(f"json {r.status_code}: {r.text[:200]}")
-                    else:
-                        data = r.json()
-                        self._record(data["model_version"], rows, data["outputs"][0]["data"])
+                self._record(*clients.infer(kind, self.name, self.des[rows], self.cat[rows]),
+                             rows)  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
                 self._fail(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
             time.sleep(0.05)  # 32 clients at up to ~20 requests/s each, on 2 shared cores
-        plain.close()
+        clients.close()
 
     def _prober(self) -> None:
         """Times the health endpoints from a process of its own, so that the 32 client threads
@@ -325,3 +361,429 @@ def test_chaos(versions, redis_cluster, kafka_broker, tmp_path):
     for version, rows, out in traffic.answers:
         np.testing.assert_allclose(out, expected[version][rows], atol=1e-5, err_msg=version)
     assert np.percentile(health, 99) < 0.1, (np.percentile(health, [50, 99]), health.max())
+
+
+
+# --- real faults, one at a time: failover, a recreated topic, a restart's replay ----------------
+
+FILLER_ROWS = 150_000  # replayed before the rows the requests read: it takes a second or so
+FILLER_KEY = 1_000_000  # filler keys start here, far from the requests' keys (< 300)
+#: How soon after a fault is over (a replica promoted, a topic recreated) answers must carry
+#: the stored rows again: one topology refresh or topic check, plus slack for a loaded VM.
+RECOVERED_WITHIN_S = 5.0
+
+
+class _Served:
+    """The demo model as a fresh model name, served from ``repo`` with ``volatile`` and
+    ``source``; a fixed request, its keys, and reference answers (:meth:`answers`)."""
+
+    def __init__(self, tmp_path, demo, volatile: dict, source: dict | None, prefix: str) -> None:
+        self.name = f"{prefix}{uuid.uuid4().hex[:8]}"
+        self.demo, self.tmp_path = demo, tmp_path
+        self.repo = tmp_path / "repo"
+        if "update_filters" in volatile:
+            volatile = {**volatile, "update_filters": [self.name]}
+        self.table, self.dim = demo_repository(demo, self.repo, self.name, volatile, source)
+        rng = np.random.default_rng(5)
+        des = rng.random((8, 13), dtype=np.float32)
+        cat = rng.integers(0, 300, (8, 8)).astype(np.int64)
+        self.body = infer_body(des, cat)
+        self.keys = np.unique(cat)
+
+    def vectors(self, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        return rng.normal(0, 1, (self.keys.size, self.dim)).astype(np.float32)
+
+    def answers(self, *vector_sets) -> list[np.ndarray]:
+        """The answer to the request from the model's files, then after each of
+        ``vector_sets`` is written to its keys: a reference server with no Kafka, no Redis."""
+        ref_repo = self.tmp_path / f"ref-{uuid.uuid4().hex[:6]}"
+        demo_repository(self.demo, ref_repo, self.name, {"type": "hash_map"}, None)
+        loader = RepositoryLoader()
+        settings = Settings.build(model_repository=ref_repo, http_port=0, grpc_port=None,
+                                  poll_interval_s=0)  # fmt: skip
+        with BackgroundServer(settings, loader=loader) as ref, httpx.Client() as client:
+            url = f"http://{ref.http_url}"
+            out = [predict(client, url, self.name, self.body)]
+            for vectors in vector_sets:
+                loader.parameter_server.insert(self.name, self.table, self.keys, vectors)
+                out.append(predict(client, url, self.name, self.body))
+        for a, b in zip(out, out[1:]):
+            assert np.abs(a - b).max() > 1e-3  # each set changes the answer
+        return out
+
+    def publish(self, broker, vectors, keys=None, max_batch_size: int = 1000) -> None:
+        keys = self.keys if keys is None else keys
+        with UpdateProducer(broker.bootstrap, max_batch_size=max_batch_size) as producer:
+            producer.publish(self.name, self.table, keys, vectors)
+
+    def publish_filler(self, broker, start: int, rows: int) -> None:
+        keys = np.arange(FILLER_KEY + start, FILLER_KEY + start + rows, dtype=np.int64)
+        self.publish(broker, np.ones((rows, self.dim), np.float32), keys)
+
+    def answers_equal(self, client, url: str, want: np.ndarray) -> bool:
+        got = predict(client, url, self.name, self.body)
+        return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
+
+
+def _server(served: _Served) -> BackgroundServer:
+    settings = Settings.build(model_repository=served.repo, http_port=0, grpc_port=None,
+                              poll_interval_s=0)  # fmt: skip
+    return BackgroundServer(settings)
+
+
+@pytest.fixture(scope="module")
+def fault_demo(tmp_path_factory):
+    return train_demo_model(tmp_path_factory.mktemp("faults"), iterations=10, batch_size=256,
+                            seed=3)  # fmt: skip
+
+
+def test_a_killed_redis_master_is_followed_to_its_promoted_replica(
+    tmp_path, redis_cluster_factory, fault_demo
+):
+    """Three masters with a replica each, no persistent tier: while a master is dead its
+    keys answer the default vector (200, never an error); once its replica is promoted the
+    answers carry the stored rows again within RECOVERED_WITHIN_S."""
+    cluster = redis_cluster_factory(masters=3, replicas=1, node_timeout_ms=1000)
+    volatile = {"type": "redis_cluster", "address": cluster.addresses, "num_partitions": 6,
+                "socket_timeout_ms": 300, "connect_timeout_ms": 300, "failure_threshold": 2,
+                "failure_backoff_ms": 200, "max_failure_backoff_ms": 1000,
+                "topology_refresh_ms": 500}  # fmt: skip
+    served = _Served(tmp_path, fault_demo, volatile, None, "failover")
+    (stored,) = served.answers()
+    with _server(served) as server, httpx.Client(timeout=30) as client:
+        url = f"http://{server.http_url}"
+        assert served.answers_equal(client, url, stored)
+        cluster.wait_replicated()  # the loaded rows are on the replicas too
+        ps = server.app.state.plane.repository.loader.parameter_server
+        storage = ps.model(served.name).table(served.table).storage
+        victim = cluster.node_index_for_key(value_hash(storage, 0))
+        replica = cluster.replicas_of(victim)[0]
+        cluster.kill_node(victim)
+        killed = time.monotonic()
+        answered = []
+
+        def promoted() -> bool:  # requests go on meanwhile: 200s, default vectors for some
+            r = client.post(f"{url}/v2/models/{served.name}/infer", json=served.body)
+            assert r.status_code == 200, r.text
+            answered.append(np.asarray(r.json()["outputs"][0]["data"], np.float32))
+            return cluster.role(replica) == "master"
+
+        assert until(promoted, timeout=30), "the replica was never promoted"
+        promoted_at = time.monotonic()
+        assert any(not np.allclose(a, stored, rtol=1e-5, atol=1e-6) for a in answered), (
+            "no answer missed the dead master's rows: the test did not test the outage"
+        )
+        assert until(lambda: served.answers_equal(client, url, stored), timeout=30), (
+            "the promoted replica's rows were never served"
+        )
+        took = time.monotonic() - promoted_at
+        print(f"promoted {promoted_at - killed:.2f} s after the kill; stored rows served "
+              f"{took:.2f} s after the promotion was visible")  # fmt: skip
+        assert took < RECOVERED_WITHIN_S, took
+        assert client.get(f"{url}/v2/health/ready").status_code == 200
+
+
+def test_a_topic_recreated_after_a_broker_restart_is_applied(
+    tmp_path, kafka_broker_factory, fault_demo
+):
+    """A broker of the test's own is restarted once, then the model's topic is deleted and
+    created again: the running server applies the new topic's updates (it used to apply
+    nothing more, while ready, alive and with no lag)."""
+    broker = kafka_broker_factory()
+    source = {"type": "kafka_message_queue", "brokers": broker.bootstrap,
+              "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500}  # fmt: skip
+    served = _Served(tmp_path, fault_demo, {"type": "hash_map", "update_filters": []}, source,
+                     "recreate")  # fmt: skip
+    sets = [served.vectors(seed) for seed in (1, 2, 3)]
+    _, first, second, third = served.answers(*sets)
+    create_topic(broker, f"hps_et.{served.name}.{served.table}")
+    with _server(served) as server, httpx.Client(timeout=30) as client:
+        url = f"http://{server.http_url}"
+        for _ in range(10):  # offsets 0..9 on the first topic
+            served.publish(broker, sets[0])
+        assert until(lambda: served.answers_equal(client, url, first), timeout=60)
+        broker.stop()
+        broker.start()
+        served.publish(broker, sets[1])
+        assert until(lambda: served.answers_equal(client, url, second), timeout=60)
+        delete_topic(broker, f"hps_et.{served.name}.{served.table}")
+        create_topic(broker, f"hps_et.{served.name}.{served.table}")
+        served.publish(broker, sets[2])  # offset 0 of the new topic
+        published = time.monotonic()
+        applied = until(lambda: served.answers_equal(client, url, third), timeout=30)
+        consumers = server.app.state.plane.repository.loader.consumer_status()
+        assert applied, f"the recreated topic's update was never applied: {consumers}"
+        took = time.monotonic() - published
+        print(f"recreated topic's update served {took:.2f} s after it was published")
+        assert took < RECOVERED_WITHIN_S, took
+        assert client.get(f"{url}/v2/health/ready").status_code == 200
+
+
+def _replica_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k != REPLICA_ENV}
+
+
+def _first_ready_answer(served: _Served, proc, url: str, client) -> tuple[float, np.ndarray]:
+    """Poll readiness as a load balancer would (every 20 ms); the seconds from the server's
+    first answer (it listens once its models are loaded) until it is ready, and the answer
+    to the request sent the moment it was."""
+    assert until(lambda: ready_status(url) is not None or proc.poll() is not None,
+                 timeout=120, interval=0.02)  # fmt: skip
+    took = wait_ready(proc, url, interval=0.02)
+    return took, predict(client, url, served.name, served.body)
+
+
+def _replay_model(tmp_path, broker, demo) -> tuple[_Served, np.ndarray]:
+    source = {"type": "kafka_message_queue", "brokers": broker.bootstrap,
+              "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500}  # fmt: skip
+    served = _Served(tmp_path, demo, {"type": "hash_map", "update_filters": []}, source,
+                     "replay")  # fmt: skip
+    final = served.vectors(4)
+    return served, final
+
+
+@pytest.mark.parametrize("fault", ["stop", "sigkill"])
+def test_a_restarted_server_is_ready_only_after_replaying_the_updates(
+    tmp_path, kafka_broker, fault_demo, fault
+):
+    """``tierserve serve`` with a stable replica id takes many updates, the last ones to the
+    request's rows; started again it loads the older files and replays the updates: it must
+    not say ready before the replay reached the end offsets seen at start.  ``stop``: the
+    first server applied everything and stopped cleanly.  ``sigkill``: it is SIGKILLed while
+    updates stream in (it commits nothing more and does not leave its consumer group): the
+    restarted one takes its partitions back at once (static membership)."""
+    served, final = _replay_model(tmp_path, kafka_broker, fault_demo)
+    _, after = served.answers(final)
+    replica = ["--replica-id", f"{served.name}-{fault}"]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs = []
+    with httpx.Client(timeout=30) as client:
+        try:
+            procs.append(serve(served.repo, port, _replica_env(), *replica))
+            wait_ready(procs[-1], url)
+            if fault == "stop":
+                served.publish_filler(kafka_broker, 0, FILLER_ROWS)
+                served.publish(kafka_broker, final)
+                assert until(lambda: served.answers_equal(client, url, after), timeout=120)
+                stop(procs[-1])
+            else:
+                served.publish_filler(kafka_broker, 0, FILLER_ROWS // 2)
+                keys = 'tierserve_tier_updates_total{outcome="keys",tier="volatile:hash_map"}'
+                assert until(lambda: _metric(client, url, keys) > 0, timeout=60)
+                procs[-1].kill()  # mid-stream: no commit, no leaving the group
+                procs[-1].wait()
+                served.publish_filler(kafka_broker, FILLER_ROWS // 2, FILLER_ROWS // 2)
+                served.publish(kafka_broker, final)
+            procs.append(serve(served.repo, port, _replica_env(), *replica))
+            took, first = _first_ready_answer(served, procs[-1], url, client)
+            print(f"server restarted after {fault} ready {took:.2f} s after it first answered")
+            np.testing.assert_allclose(first, after, rtol=1e-5, atol=1e-6,
+                                       err_msg="ready before the replay reached its end")  # fmt: skip
+            # Without static membership a SIGKILLed member holds the partitions 45 s.
+            assert took < 20, f"ready only {took:.1f} s after it first answered"
+        finally:
+            stop(*procs)
+
+
+def _metric(client, url: str, series: str) -> float:
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+# --- load/unload storms ----------------------------------------------------------------------
+
+#: What a request may be told while its model is unloaded or loading (503 / UNAVAILABLE).
+NOT_SERVING = ("is not ready", "is loading")
+
+
+class Storm:
+    """6 clients (binary HTTP, gRPC, JSON) against ``name`` while two admin clients load and
+    unload it as fast as the server answers; records every answer and every failure."""
+
+    def __init__(self, server, name: str, des, cat, admin: bool = True) -> None:
+        self.server, self.name, self.des, self.cat = server, name, des, cat
+        self.answers: list[tuple[str, np.ndarray, np.ndarray]] = []
+        self.refused = 0  # answers saying the model does not serve right now
+        self.failures: list[str] = []
+        self.admin_calls = 0
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        kinds = ["http", "http", "grpc", "grpc", "json", "json"]
+        self.threads = [threading.Thread(target=self._client, args=(k, i), daemon=True)
+                        for i, k in enumerate(kinds)]  # fmt: skip
+        if admin:
+            self.threads += [threading.Thread(target=self._admin, args=(op,), daemon=True)
+                             for op in ("load", "unload")]  # fmt: skip
+
+    def __enter__(self) -> Storm:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def _answer(self, version: str, out, rows) -> None:
+        with self._lock:
+            self.answers.append((version, rows, np.asarray(out, np.float32).reshape(-1, 1)))
+
+    def _error(self, what: str, message: str) -> None:
+        with self._lock:
+            if any(m in message for m in NOT_SERVING):
+                self.refused += 1
+            else:
+                self.failures.append(f"{what}: {message[:300]}")
+
+    def _client(self, kind: str, seed: int) -> None:
+        rng = np.random.default_rng(100 + seed)
+        clients = Clients(self.server, timeout=60)
+        while not self.stop.is_set():
+            rows = rng.choice(POOL, size=int(rng.integers(1, 9)), replace=False)
+            try:
+                self._answer(*clients.infer(kind, self.name, self.des[rows], self.cat[rows]),
+                             rows)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
+                self._error(f"{kind} {type(exc).__name__}", str(exc))
+        clients.close()
+
+    def _admin(self, op: str) -> None:
+        with httpx.Client(base_url=f"http://{self.server.http_url}", timeout=120) as plain:
+            while not self.stop.is_set():
+                r = plain.post(f"/v2/repository/models/{self.name}/{op}")
+                with self._lock:
+                    self.admin_calls += 1
+                    if r.status_code != 200:
+                        self.failures.append(f"{op} {r.status_code}: {r.text[:300]}")
+
+    def check(self, expected: dict[str, np.ndarray]) -> None:
+        """No failure; every 200 answer equals the predict of the version it names."""
+        print(f"storm: {len(self.answers)} answers, {self.refused} refused while unloaded, "
+              f"{self.admin_calls} loads and unloads, {len(self.failures)} failures")  # fmt: skip
+        assert not self.failures, self.failures[:10]
+        assert len(self.answers) > 50
+        wrong = [(v, rows.tolist()) for v, rows, out in self.answers
+                 if not np.allclose(out, expected[v][rows], atol=1e-5)]  # fmt: skip
+        assert not wrong, f"{len(wrong)} wrong answers, e.g. {wrong[:5]}"
+
+
+def _plain_repository(root, demo) -> None:
+    """The demo model in ``root`` (hash map and RocksDB beside the repository)."""
+    write_repository(demo, root)
+    path = root / "ps.json"
+    data = json.loads(path.read_text())
+    data["models"][0]["max_batch_size"] = POOL
+    path.write_text(json.dumps(data))
+
+
+def _pool(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return (rng.random((POOL, 13), dtype=np.float32),
+            rng.integers(0, 300, (POOL, 8)).astype(np.int64))  # fmt: skip
+
+
+def test_a_load_unload_storm_answers_only_with_the_version_it_names(versions, tmp_path):
+    """Two admin clients load and unload the model as fast as they can while 6 clients send
+    requests, and version 2 lands halfway: each request is refused (model not ready) or
+    answered wholly by the version it names, never by a version whose tables were dropped
+    (default embeddings) or are missing (404)."""
+    v1, v2 = versions
+    repo = tmp_path / "repo"
+    _plain_repository(repo, v1)
+    des, cat = _pool()
+    expected = {"1": _reference(v1, des, cat), "2": _reference(v2, des, cat)}
+    seconds = max(10.0, SECONDS / 3)
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=0,
+                              poll_interval_s=0.2)  # fmt: skip
+    with BackgroundServer(settings) as server, Storm(server, "dlrm", des, cat) as storm:
+        time.sleep(seconds / 2)
+        write_repository(v2, tmp_path / "staging", version=2)
+        shutil.move(tmp_path / "staging" / "dlrm" / "2", repo / "dlrm" / "2")
+        assert until(lambda: {v for v, _, _ in storm.answers} >= {"2"}, timeout=60)
+        time.sleep(seconds / 2)
+    storm.check(expected)
+
+
+# --- the served dense file changed on disk ----------------------------------------------------
+
+
+class WorkerPool:
+    """``tierserve serve --workers 2`` in a subprocess (its log kept beside the repository)."""
+
+    def __init__(self, repo) -> None:
+        from tierserve.server.app import free_port
+
+        self.http, self.grpc = free_port(), free_port()
+        self.log = repo.parent / "pool.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository",
+             str(repo), "--workers", "2", "--http-port", str(self.http), "--grpc-port",
+             str(self.grpc), "--threads", "1", "--poll-interval", "0.2"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.http_url, self.grpc_url = f"127.0.0.1:{self.http}", f"127.0.0.1:{self.grpc}"
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"http://{self.http_url}/v2/health/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def workers(self) -> set[int]:
+        proc = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return {int(pid) for pid in proc.read_text().split()
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()}  # fmt: skip
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_overwriting_the_served_dense_file_neither_kills_a_worker_nor_changes_answers(
+    versions, tmp_path
+):
+    """Under ``--workers 2`` with clients sending requests, the serving version's dense file is
+    overwritten in place with a plain copy (another run's weights), truncated to nothing and
+    to half, and copied back: no worker dies (a memory-mapped file that shrinks is a SIGBUS),
+    and every answer stays version 1's own (a mapped file copied over would change them)."""
+    v1, v2 = versions
+    repo = tmp_path / "repo"
+    _plain_repository(repo, v1)
+    data = json.loads((repo / "ps.json").read_text())
+    data.pop("persistent_db")  # a hash map alone: the workers may share the repository
+    data["volatile_db"] = {"type": "hash_map"}
+    (repo / "ps.json").write_text(json.dumps(data))
+    served = repo / "dlrm" / "1" / v1.dense_file.name
+    original = served.read_bytes()
+    des, cat = _pool(1)
+    expected = {"1": _reference(v1, des, cat)}
+    pool = WorkerPool(repo)
+    try:
+        assert until(pool.ready, timeout=180), pool.log.read_text()[-3000:]
+        workers = pool.workers()
+        assert len(workers) == 2
+        with Storm(pool, "dlrm", des, cat, admin=False) as storm:
+            assert until(lambda: len(storm.answers) > 20, timeout=60)
+            for step in ("copy", "truncate", "half", "restore"):
+                if step == "copy":
+                    subprocess.run(["cp", str(v2.dense_file), str(served)], check=True)
+                elif step == "truncate":
+                    os.truncate(served, 0)
+                elif step == "half":
+                    served.write_bytes(original[: len(original) // 2])
+                else:
+                    served.write_bytes(original)
+                seen = len(storm.answers)
+                assert until(lambda s=seen: len(storm.answers) > s + 20, timeout=60), step
+        assert pool.workers() == workers, pool.log.read_text()[-3000:]
+        assert "exited" not in pool.log.read_text()
+    finally:
+        pool.stop()
+    storm.check(expected)

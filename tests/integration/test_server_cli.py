@@ -122,7 +122,7 @@ def test_demo_prints_one_prediction_made_over_http(tmp_path):
 
 def test_the_readme_predict_example_runs_as_written(demo, tmp_path):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    match = re.search(r"curl -X POST localhost:8000/predict -d '(.+)'", readme)
+    match = re.search(r"curl -s -X POST localhost:8000/predict -d '(.+)'", readme)
     assert match, "the README has no /predict curl example"
     write_repository(demo, tmp_path / "repo")
     settings = Settings.build(model_repository=tmp_path / "repo", http_port=0, grpc_port=None)
@@ -131,3 +131,63 @@ def test_the_readme_predict_example_runs_as_written(demo, tmp_path):
     assert r.status_code == 200, r.text
     [[score]] = r.json()["outputs"]["OUTPUT0"]
     assert 0.0 < score < 1.0
+
+
+def _serve(repo: Path, port: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tierserve.clients.cli", "serve", "--model-repository", str(repo),
+         "--http-port", str(port), "--no-grpc", "--workers", "1", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def test_startup_refuses_what_cannot_become_ready_and_retries_what_can(demo, tmp_path):
+    """The README's rule.  A repository without ps.json cannot become ready without a change:
+    refused at startup, one line, exit 2.  A RocksDB another server holds can: the server
+    starts, answers not ready with the reason in the repository index, and serves once the
+    other lets go."""
+    from polling import until
+
+    bare = tmp_path / "bare"
+    write_repository(demo, bare)
+    (bare / "ps.json").unlink()
+    proc = _serve(bare, free_port())
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert out.strip().splitlines() == [
+        f"tierserve serve: error: {bare / 'ps.json'}: no such file; a model repository needs "
+        "a ps.json beside its model folders (the tiers and each model's entry; see "
+        "docs/serving.md)"
+    ]
+
+    repo = tmp_path / "repo"
+    write_repository(demo, repo)  # a hash map in front of a writable RocksDB
+    holder = BackgroundServer(Settings.build(model_repository=repo, http_port=0, grpc_port=None))
+    holder.start()
+    port = free_port()
+    proc = _serve(repo, port, "--poll-interval", "0.5")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"{url}/v2/health/live", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        assert until(up, timeout=120), proc.poll()
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 503
+        [entry] = httpx.post(f"{url}/v2/repository/index").json()
+        assert entry["name"] == "dlrm" and entry["state"] == "UNAVAILABLE", entry
+        assert "LOCK" in entry["reason"] and "retry" in entry["reason"], entry
+        holder.stop()  # the other server lets go of the RocksDB
+        assert until(lambda: httpx.get(f"{url}/v2/health/ready").status_code == 200,
+                     timeout=120), httpx.post(f"{url}/v2/repository/index").json()  # fmt: skip
+    finally:
+        holder.stop()
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    # one log format, tierserve's lines and uvicorn's alike
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert any("uvicorn" in line for line in lines) and any("tierserve" in line for line in lines)
+    fmt = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) [\w.]+: ")
+    assert all(fmt.match(line) for line in lines), [line for line in lines if not fmt.match(line)]

@@ -17,7 +17,7 @@ from polling import until
 from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.ps.kafka_updates import UpdateProducer
 from tierserve.ps.update_message import encode_update
-from tierserve.server.app import BackgroundServer
+from tierserve.server.app import BackgroundServer, free_port
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.settings import Settings
 
@@ -144,6 +144,7 @@ def test_hostile_messages_do_not_stop_updates_nor_health(tmp_path, kafka_broker)
         volatile = 'role="apply",tier="volatile:hash_map"'
         assert _metric(url, f"tierserve_update_consumers_alive{{{volatile}}}") == 1
         assert _metric(url, f"tierserve_update_consumer_restarts_total{{{volatile}}}") == 0
+        assert _metric(url, f"tierserve_update_consumers_caught_up{{{volatile}}}") == 1
         assert _metric(url, 'tierserve_tier_updates_total{outcome="malformed",'
                        'tier="volatile:hash_map"}') >= 20  # fmt: skip
         # A consumer that does not run makes the server not ready, and shows in the metrics.
@@ -153,6 +154,38 @@ def test_hostile_messages_do_not_stop_updates_nor_health(tmp_path, kafka_broker)
         assert refused.value.code == 503
         persistent = 'role="apply",tier="persistent:rocks_db"'
         assert _metric(url, f"tierserve_update_consumers_alive{{{persistent}}}") == 0
+
+
+def test_a_server_that_cannot_read_its_topics_end_offsets_is_not_ready_and_says_why(tmp_path):
+    # Nothing listens at the brokers' address: the consumers cannot learn how far the topics
+    # go, so the server cannot know whether its tables are as current as the updates.
+    demo = train_demo_model(tmp_path / "train", iterations=5, batch_size=256, seed=3)
+    repo = tmp_path / "repo"
+    write_repository(demo, repo)
+    config = json.loads((repo / "ps.json").read_text())
+    config["persistent_db"]["path"] = str(tmp_path / "rocksdb")
+    config["update_source"] = {"type": "kafka_message_queue",
+                               "brokers": f"127.0.0.1:{free_port()}"}  # fmt: skip
+    (repo / "ps.json").write_text(json.dumps(config))
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=None,
+                              poll_interval_s=0)  # fmt: skip
+    with BackgroundServer(settings) as server:
+        url = f"http://{server.http_url}"
+
+        def says_why() -> bool:
+            try:
+                urllib.request.urlopen(f"{url}/v2/health/ready")
+            except urllib.error.HTTPError as exc:
+                body = json.loads(exc.read())
+                return exc.code == 503 and "end offsets" in body["error"]
+            return False
+
+        assert until(says_why, timeout=30)
+        volatile = 'role="apply",tier="volatile:hash_map"'
+        assert _metric(url, f"tierserve_update_consumers_caught_up{{{volatile}}}") == 0
+        assert _metric(url, f"tierserve_update_consumers_alive{{{volatile}}}") == 1
+        # It serves meanwhile: not ready is advice to a load balancer, not a refusal.
+        assert urllib.request.urlopen(f"{url}/v2/health/live").status == 200
 
 
 def test_no_update_source_starts_no_consumer(tmp_path):

@@ -149,6 +149,40 @@ def test_answers_equal_tierserve_over_http_and_grpc(triton, rows):
         np.testing.assert_allclose(got, store_expected, atol=1e-6)
 
 
+def _presented(client, model: str) -> dict:
+    """What perf_analyzer reads of ``model``: the metadata's tensors and the config's batch
+    size, tensors (dims, optional) and whether it batches dynamically."""
+    meta, config = client.get_model_metadata(model), client.get_model_config(model)
+    return {
+        "metadata": [(key, t["name"], t["datatype"], t["shape"])
+                     for key in ("inputs", "outputs") for t in meta[key]],
+        "max_batch_size": config.get("max_batch_size", 0),
+        "config": [(key, t["name"], t["data_type"], t.get("dims", []), t.get("optional", False))
+                   for key in ("input", "output") for t in config[key]],
+        "dynamic_batching": "dynamic_batching" in config,
+    }  # fmt: skip
+
+
+def test_tierserve_serve_presents_each_model_as_tritonserver_does(triton):
+    """The same repositories under tierserve serve: metadata and config equal tritonserver's
+    for the one-hot, the embedding-store and the multi-hot model."""
+    from tierserve.server.app import BackgroundServer
+    from tierserve.server.settings import Settings
+
+    for repo, models in ((triton.repo64, ["dlrm", "store"]), (triton.repo32, ["mh32"])):
+        settings = Settings.build(model_repository=repo, http_port=0, grpc_port=None,
+                                  poll_interval_s=0)  # fmt: skip
+        with BackgroundServer(settings) as ours:
+            import tritonclient.http as th
+
+            client = th.InferenceServerClient(ours.http_url)
+            try:
+                for model in models:
+                    assert _presented(client, model) == _presented(triton.http(), model), model
+            finally:
+                client.close()
+
+
 def test_a_bad_request_fails_alone_with_tierserve_message(triton):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -124,6 +124,11 @@ def _mutate(path, value):
         (("models", 0, "default_value_for_each_table"), [0.0], "default_value_for_each_table"),
         (("models", 0, "sparse_files"), [], "sparse_files"),
         (("models", 0, "gpucacheper"), 2.0, "gpucacheper"),
+        # a default key limit no INT32 ROWINDEX can reach, and a request size nobody means
+        (("models", 0, "maxnum_catfeature_query_per_table_per_sample"), [2**62, 1],
+         r"models\.0: .*maxnum_catfeature_query_per_table_per_sample .* over 2147483647"),
+        (("models", 0, "maxnum_catfeature_query_per_table_per_sample"), [2**21, 1],
+         "maxnum_catfeature_query_per_table_per_sample"),
     ],
 )
 def test_invalid_field_named(path, value, message):

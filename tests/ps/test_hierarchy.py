@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from polling import until
 from ps_helpers import expected, write_model
 
 from tierserve.ps import CreateParameterServer, HierarchicalParameterServer
@@ -169,6 +170,80 @@ def test_unload_frees_the_tables(tmp_path):
         assert ps.persistent.tables() == ps.volatile.tables()
         with pytest.raises(NotFoundError):
             ps.lookup("a", "sparse_embedding1", [1])
+
+
+def test_a_version_staged_while_an_unloaded_one_is_still_dropped_keeps_its_tables(tmp_path):
+    """An unloaded version whose last lookup is still running is dropped once that lookup
+    ends; a version staged meanwhile must not take its storage name, or the drop would free
+    the new version's tables (404 "no table", or default vectors) under its requests."""
+    keys = np.arange(100)
+    v1 = write_model(tmp_path / "v1", "m", [(keys, 4)], fill=1.0)
+    v2 = write_model(tmp_path / "v2", "m", [(keys, 4)], fill=2.0)
+    with server(tmp_path, [v1], persistent=rocks(tmp_path)) as ps:
+        old = ps.model("m")
+        assert old.acquire()  # a lookup of the unloaded version, still running
+        dropping = threading.Thread(target=ps.drop_model, args=(old,))
+        dropping.start()
+        assert until(lambda: "m" not in ps.models())  # the drop waits for that lookup
+        new = ps.load_model(parse_model(v2))
+        old.release()
+        dropping.join()
+        assert new.table("sparse_embedding1").storage != old.table("sparse_embedding1").storage
+        np.testing.assert_array_equal(ps.lookup("m", "sparse_embedding1", keys),
+                                      np.full((100, 4), 2.0, np.float32))  # fmt: skip
+        live = {s.storage for s in new.tables.values()}
+        assert set(ps.volatile.tables()) == live == set(ps.persistent.tables())
+
+
+def test_a_replaced_version_still_read_keeps_its_storage_from_later_versions(tmp_path):
+    """Version 1 (the plain storage name) is replaced by version 2 but requests still read
+    it; version 2 is unloaded, so nothing is committed or staged; version 3 must not take
+    version 1's storage name (staging it first drops what is there: version 1's table)."""
+    keys = np.arange(100)
+    v1, v2, v3 = (write_model(tmp_path / f"v{i}", "m", [(keys, 4)], fill=float(i))
+                  for i in (1, 2, 3))  # fmt: skip
+    with server(tmp_path, [v1], persistent=rocks(tmp_path)) as ps:
+        first = ps.model("m")
+        view = ps.version_view(first)
+        second = ps.stage_model(parse_model(v2))
+        assert ps.commit_model(second) is first  # first is replaced, still read by requests
+        ps.drop_model(second)  # unloaded: nothing of m is committed or staged now
+        third = ps.load_model(parse_model(v3))
+        assert third.table("sparse_embedding1").storage != first.table("sparse_embedding1").storage
+        np.testing.assert_array_equal(view.lookup("m", "sparse_embedding1", keys),
+                                      np.full((100, 4), 1.0, np.float32))  # fmt: skip
+        ps.drop_model(first)  # its last request is done
+        np.testing.assert_array_equal(ps.lookup("m", "sparse_embedding1", keys),
+                                      np.full((100, 4), 3.0, np.float32))  # fmt: skip
+        live = {s.storage for s in third.tables.values()}
+        assert set(ps.volatile.tables()) == live == set(ps.persistent.tables())
+
+
+def test_duplicate_keys_in_a_key_file_warn_with_a_count_and_the_last_row_wins(tmp_path, caplog):
+    """As HugeCTR's backends insert a table's rows in order (a repeated key updates the row
+    before), the last row of a key wins, in every tier alike; loading says how many rows
+    were repeated instead of taking them silently."""
+    from tierserve.ps.sparse_file import write_sparse_model
+
+    keys = np.array([7, 3, 7, 9, 3, 7, 1], np.int64)
+    vectors = np.arange(keys.size, dtype=np.float32)[:, None].repeat(4, 1)
+    folder = tmp_path / "m0_sparse_0.model"
+    write_sparse_model(folder, keys, vectors)
+    model = {"model": "m", "sparse_files": [str(folder)], "embedding_vecsize_per_table": [4],
+             "maxnum_catfeature_query_per_table_per_sample": [1]}  # fmt: skip
+    vol = {"type": "parallel_hash_map", "num_partitions": 3}
+    with (
+        caplog.at_level(logging.WARNING, logger="tierserve.ps.hierarchy"),
+        server(tmp_path, [model], volatile=vol, persistent=rocks(tmp_path)) as ps,
+    ):
+        storage = ps.model("m").table("sparse_embedding1").storage
+        want = np.array([5, 4, 3, 6], np.float32)  # keys 7, 3, 9, 1: their last rows
+        for level, tier in ps.tiers.items():
+            got, found = tier.lookup(storage, np.array([7, 3, 9, 1]))
+            assert found.all(), level
+            np.testing.assert_array_equal(got[:, 0], want, err_msg=level)
+    assert "3 rows repeat a key of an earlier row" in caplog.text
+    assert str(folder) in caplog.text
 
 
 def test_corrupt_sparse_file_fails_the_load_and_the_old_version_keeps_serving(tmp_path):

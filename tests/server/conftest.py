@@ -3,7 +3,8 @@
 ``tiny_repository(supportlonglong=True, max_batch_size=64)`` trains the demo DLRM for a few
 steps on 1,024 generated rows (well under a second), writes ``<tmp>/repo/dlrm/1`` and its
 ``ps.json`` (hash map in front of RocksDB), and returns ``(repo, model)``; the trained model
-is shared by every repository of the session.
+is shared by every repository of the session.  ``demos`` are two demo DLRMs of one
+architecture with different weights (10 and 40 steps, other seeds), for version swaps.
 """
 
 from __future__ import annotations
@@ -40,3 +41,15 @@ def tiny_repository(tiny_dlrm, tmp_path_factory):
         return repo
 
     return make
+
+
+@pytest.fixture(scope="session")
+def demos(tmp_path_factory):
+    from tierserve.clients.demo_model import train_demo_model
+
+    work = tmp_path_factory.mktemp("repo-demos")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no GPU: the trainer says so
+        first = train_demo_model(work / "a", iterations=10, batch_size=256, seed=1)
+        second = train_demo_model(work / "b", iterations=40, batch_size=256, seed=2)
+    return first, second

@@ -60,6 +60,7 @@ def test_deadlines_close_idle_and_stalled_connections_and_spare_busy_ones(tiny_r
     from tierserve.server.settings import Settings
 
     def closed(s: socket.socket) -> bool:
+        timeout = s.gettimeout()
         s.settimeout(0.01)
         try:
             return s.recv(1024) == b""
@@ -67,6 +68,8 @@ def test_deadlines_close_idle_and_stalled_connections_and_spare_busy_ones(tiny_r
             return False
         except OSError:
             return True
+        finally:
+            s.settimeout(timeout)  # the next recv waits as long as before, not 10 ms
 
     settings = Settings.build(
         model_repository=tiny_repository(), http_port=0, grpc_port=None, poll_interval_s=0,

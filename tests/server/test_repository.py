@@ -10,23 +10,14 @@ import json
 import shutil
 
 import numpy as np
-import pytest
 from polling import until
 
-from tierserve.clients.demo_model import train_demo_model, write_repository
+from tierserve.clients.demo_model import write_repository
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.repository import ModelRepository
 from tierserve.trainer.data.batch import Batch, SparseInput
 
 ROWS = 32
-
-
-@pytest.fixture(scope="module")
-def demos(tmp_path_factory):
-    work = tmp_path_factory.mktemp("repo-demos")
-    first = train_demo_model(work / "a", iterations=10, batch_size=256, seed=1)
-    second = train_demo_model(work / "b", iterations=40, batch_size=256, seed=2)
-    return first, second
 
 
 def _batch(seed: int = 0) -> Batch:

@@ -6,8 +6,10 @@ killed with real signals.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -154,6 +156,74 @@ def test_two_workers_answer_alike_a_killed_one_is_replaced_and_sigterm_drains(po
         assert not [pid for pid in first if Path(f"/proc/{pid}").exists()]
     finally:
         pool.stop()
+
+
+@pytest.mark.parametrize(
+    ("broken", "words"),
+    [
+        ('{"models": [', ["is not valid JSON", "line 1 column 13"]),
+        ({"volatile_db": {"type": "hashmap"}},
+         ["volatile_db.type: 'hashmap' is not one of: disabled, hash_map, parallel_hash_map"]),
+    ],
+)  # fmt: skip
+def test_a_broken_ps_json_is_refused_in_one_line_before_any_worker_starts(
+    pool_repo, broken, words
+):
+    """Read once, in the parent: one line naming the file and what is wrong (the allowed
+    values, not enum reprs), exit 2, and no worker started, let alone restarted."""
+    path = pool_repo / "ps.json"
+    if isinstance(broken, dict):
+        config = json.loads(path.read_text())
+        config.update(broken)
+        path.write_text(json.dumps(config))
+    else:
+        path.write_text(broken)
+    pool = Pool(pool_repo, 2)
+    try:
+        assert pool.proc.wait(timeout=120) == 2, pool.text()
+    finally:
+        pool.stop()
+    lines = pool.text().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("tierserve serve: error: ") and str(path) in lines[0]
+    for word in words:
+        assert word in lines[0]
+    assert "DatabaseType_t" not in lines[0]
+
+
+def test_a_worker_that_keeps_dying_is_restarted_with_backoff_then_the_pool_gives_up(pool_repo):
+    """Each worker that dies within QUICK_EXIT_S of starting waits longer to be started
+    again (1, 2, 4, 8 s, each less up to half: jittered); after RESTART_LIMIT such exits in a
+    row the pool stops and exits 1, saying so."""
+    from tierserve.server.workers import RESTART_LIMIT
+
+    pool = Pool(pool_repo, 2)
+    try:
+        assert until(pool.ready, timeout=120), pool.text()
+        survivor, victim = pool.workers()
+        killed = 0
+        deadline = time.monotonic() + 180
+        while pool.proc.poll() is None:
+            assert time.monotonic() < deadline, pool.text()
+            for pid in pool.workers():
+                if pid != survivor:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                        killed += 1
+            time.sleep(0.05)
+        assert pool.proc.returncode == 1, pool.text()
+    finally:
+        pool.stop()
+    text = pool.text()
+    assert f"exited {RESTART_LIMIT} times in a row" in text, text
+    delays = [float(d) for d in re.findall(r"starting another in ([0-9.]+) s", text)]
+    # the first kill may find a worker that ran longer than QUICK_EXIT_S: started at once
+    assert len(delays) == RESTART_LIMIT - 1, text
+    for n, delay in enumerate(delays, start=1):
+        full = min(30.0, 2.0 ** (n - 1))
+        assert full * 0.5 - 0.05 <= delay <= full + 0.05, (n, delays)
+    assert killed >= RESTART_LIMIT
+    assert not Path(f"/proc/{survivor}").exists()  # the pool stopped every worker
 
 
 def _cpu(pid: int) -> int:
@@ -385,27 +455,66 @@ def test_a_staged_version_commits_when_every_running_worker_has_staged_it():
     assert first.wait_for_peers("m", "3", timeout=0.2) is False
 
 
-def test_dense_weights_are_read_only_maps_of_the_dense_file(tiny_dlrm):
-    """Served weights are pages of the dense file (shared by every worker serving it), not
-    copies; the trainer's reader still gives writable copies."""
+def _mapped_file(array) -> str | None:
+    """The file whose mapping ``array`` views (a numpy memmap), ``"mmap"`` for a view of a
+    Python mmap (anonymous, or a /dev/shm file), None for plain memory."""
+    import mmap
+
+    while isinstance(array, np.ndarray):
+        if isinstance(array, np.memmap):
+            return str(array.filename)
+        base = array.base
+        if isinstance(base, memoryview):
+            base = base.obj
+        if isinstance(base, mmap.mmap):
+            return "mmap"
+        array = base
+    return None
+
+
+def test_served_dense_weights_never_map_the_model_file(tiny_dlrm, tmp_path, monkeypatch):
+    """Served weights are read into memory of their own (no operation on the dense file can
+    reach them: a truncated mapped file is a SIGBUS), read-only, and equal to the file; in a
+    worker pool they map one /dev/shm copy per version that every worker shares, removed
+    when the version is released.  The trainer's reader still gives writable copies."""
+    from tierserve.trainer import served_weights
     from tierserve.trainer.dense_file import read_dense_file
     from tierserve.trainer.inference_graph import InferenceGraph
 
-    graph = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
-    weights = [w for layer in graph.params for w in (layer or [])]
-    assert weights
-
-    def mapped(array) -> bool:
-        while array is not None:
-            if isinstance(array, np.memmap) and Path(array.filename) == tiny_dlrm.dense_file:
-                return True
-            array = array.base if isinstance(array, np.ndarray) else None
-        return False
-
-    assert all(mapped(w) and not w.flags.writeable for w in weights)
-    shapes = graph.network.flat_param_shapes()
+    shapes = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file).network.flat_param_shapes()
     copies = read_dense_file(tiny_dlrm.dense_file, shapes)
-    assert all(c.flags.writeable and not mapped(c) for c in copies)
+    assert all(c.flags.writeable and _mapped_file(c) != str(tiny_dlrm.dense_file)
+               for c in copies)  # fmt: skip
+
+    def weights(graph):
+        return [w for layer in graph.params for w in (layer or [])]
+
+    alone = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
+    assert alone.served.shared is None
+    for w, c in zip(weights(alone), copies):
+        assert not w.flags.writeable and _mapped_file(w) != str(tiny_dlrm.dense_file)
+        np.testing.assert_array_equal(w, c)
+
+    monkeypatch.setattr(served_weights, "SHM_DIR", tmp_path)  # /dev/shm's stand-in folder
+    monkeypatch.setenv(served_weights.SHARED_ENV, "tierserve-dense-test")
+    first = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
+    second = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
+    [shared] = tmp_path.glob("tierserve-dense-test-*")
+    assert first.served.shared == second.served.shared == shared
+    for a, b, c in zip(weights(first), weights(second), copies):
+        assert _mapped_file(a) == _mapped_file(b) == "mmap" and not a.flags.writeable
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, c)
+    other = tmp_path / "other"  # other bytes under the name (a new file: the maps keep theirs)
+    other.write_bytes(shared.read_bytes()[:-4] + b"\0\0\0\0")
+    other.replace(shared)
+    third = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file)
+    assert third.served.shared is None  # kept in its own memory instead
+    first.release()
+    second.release()
+    assert not shared.exists()
+    for w, c in zip(weights(second), copies):
+        np.testing.assert_array_equal(w, c)  # the mapping outlives the file's name
 
 
 def test_the_cores_split_into_disjoint_shares_that_cover_them_all():

@@ -1,4 +1,5 @@
-"""Redis standalone and a three-node Redis Cluster, from Debian's ``redis-server``."""
+"""Redis standalone and Redis Cluster (masters only, or masters with replicas), from Debian's
+``redis-server``."""
 
 from __future__ import annotations
 
@@ -111,14 +112,19 @@ class RedisServer:
 
 
 class RedisCluster:
-    """``size`` Redis masters in cluster mode, no replicas, joined with ``redis-cli --cluster``.
+    """Redis Cluster nodes joined with ``redis-cli --cluster create``: ``len(workdirs) / (1 +
+    replicas)`` masters (at least three), each with ``replicas`` replicas (default none);
+    redis-cli decides which node is which (ask ``role(i)``).
 
     ``cluster-node-timeout`` is low and ``cluster-require-full-coverage`` is off, so when one
-    node dies the others go on serving their own slots. ``kill_node(i)`` SIGKILLs node ``i``;
-    ``restart_node(i)`` starts it again on the same port from the same directory (its
-    ``nodes.conf`` brings it back into the cluster) and waits until every node says
-    cluster_state:ok with all slots served again. Without ``appendonly=True`` a restarted node
-    comes back empty.
+    node dies the others go on serving their own slots, and a dead master's replica is
+    promoted (failover) about ``node_timeout_ms`` plus one second later. ``kill_node(i)``
+    SIGKILLs node ``i``; ``restart_node(i)`` starts it again on the same port from the same
+    directory (its ``nodes.conf`` brings it back into the cluster, a dead master as a replica
+    of its promoted one) and waits until every node says cluster_state:ok with all slots
+    served again. Without ``appendonly=True`` a restarted node comes back empty.
+    ``role(i)``, ``replicas_of(i)`` and ``wait_replicated()`` tell who serves what and make
+    writes reach the replicas, for failover tests.
     """
 
     def __init__(
@@ -128,8 +134,14 @@ class RedisCluster:
         *,
         node_timeout_ms: int = 2000,
         appendonly: bool = False,
+        replicas: int = 0,
     ) -> None:
         size = len(workdirs)
+        if replicas < 0 or size % (1 + replicas) or size // (1 + replicas) < 3:
+            raise ValueError(
+                f"{size} nodes cannot make three or more masters with {replicas} replicas each"
+            )
+        self.replicas = replicas
         ports = free_ports(2 * size)  # a client port and a cluster bus port per node
         self._nodes = [
             RedisServer(
@@ -181,7 +193,7 @@ class RedisCluster:
             if not self._created():
                 run_checked(
                     ["redis-cli", "--cluster", "create", *self.nodes,
-                     "--cluster-replicas", "0", "--cluster-yes"],
+                     "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                     "redis-cli --cluster create",
                     timeout=timeout,
                 )  # fmt: skip
@@ -209,7 +221,50 @@ class RedisCluster:
                 return False
             if int(info.get("cluster_known_nodes", 0)) != len(self._nodes):
                 return False
+        for index in range(len(self._nodes)):
+            role = self.role_reply(index)
+            if role[0] == "slave" and role[3] != "connected":  # a replica still syncing
+                return False
         return True
+
+    def role_reply(self, index: int) -> list:
+        """Node ``index``'s ``ROLE`` reply, strings decoded."""
+
+        def text(value):
+            if isinstance(value, bytes):
+                return value.decode()
+            if isinstance(value, list):
+                return [text(v) for v in value]
+            return value
+
+        with self._nodes[index].client(socket_timeout=1, socket_connect_timeout=1) as client:
+            return text(client.execute_command("ROLE"))
+
+    def role(self, index: int) -> str:
+        """``master`` or ``slave``: what node ``index`` says it is now."""
+        return self.role_reply(index)[0]
+
+    def replicas_of(self, index: int) -> list[int]:
+        """The nodes (indexes) that replicate master ``index``, as it says now."""
+        reply = self.role_reply(index)
+        if reply[0] != "master":
+            raise ServiceError(f"node {index} is a {reply[0]}, not a master")
+        ports = [node.port for node in self._nodes]
+        return [ports.index(int(port)) for _host, port, _offset in reply[2]]
+
+    def wait_replicated(self, timeout: float = 10.0) -> None:
+        """Wait until every running master's replicas acknowledged all its writes so far
+        (``WAIT``), so that a replica promoted after this holds them."""
+        for index, node in enumerate(self._nodes):
+            if not node.running or self.role(index) != "master" or not self.replicas:
+                continue
+            with node.client(socket_timeout=timeout + 1) as client:
+                acked = int(client.execute_command("WAIT", self.replicas, int(timeout * 1000)))
+            if acked < self.replicas:
+                raise ServiceError(
+                    f"node {index}: {acked} of {self.replicas} replicas acknowledged its "
+                    f"writes within {timeout} s"
+                )
 
     def wait_ok(self, timeout: float = CLUSTER_TIMEOUT) -> float:
         """Wait until every node reports cluster_state:ok and serves all 16384 slots."""

@@ -1,4 +1,6 @@
-"""tritonserver (2.51, CPU) from the PyPI wheel ``nvidia-pytriton``, with the Python backend.
+"""tritonserver (2.51, CPU) from the PyPI wheel ``nvidia-pytriton``, with the Python backend,
+installed as ``tierserve triton-install`` installs it (``tierserve.clients.triton_install``)
+into the test cache.
 
 The wheel goes into ``<cache>/pytriton/wheel`` with ``pip install --no-deps --target``, never
 into the virtual environment (it pins numpy<2). Next to it, ``<cache>/pytriton/backends`` is the
@@ -6,8 +8,10 @@ folder given to ``--backend-directory``: ``python/`` holds ``libtriton_python.so
 ``triton_python_backend_utils.py`` and the ``triton_python_backend_stub`` built for this
 interpreter's Python version.
 
-The stub embeds the system's libpython (Debian's ``libpython3.11``) in isolated mode: it ignores
-PYTHONPATH and does not see the virtual environment. Two things follow:
+The stub embeds the system's libpython (Debian's ``libpython3.11``): it ignores PYTHONPATH, but
+finds its prefix through the ``python3`` on PATH, so a virtual environment's ``bin`` there would
+put that environment's site-packages (numpy 2) first; ``TritonInstall.environment()`` leaves
+such folders off PATH, as ``bin/tritonserver`` does. Two things follow:
 
 - ``triton_python_backend_utils`` imports numpy before any model code runs, so ``backends/python``
   also holds its own ``numpy<2`` (the stub was built against numpy 1: with numpy 2,
@@ -34,7 +38,6 @@ from __future__ import annotations
 
 import ctypes.util
 import os
-import shutil
 import sys
 import sysconfig
 import time
@@ -43,22 +46,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tierserve.clients import triton_install
+from tierserve.clients.triton_install import PYTRITON_VERSION, STUB_PACKAGES  # noqa: F401
+
 from .install import (
     InstallError,
     announce,
     apt_install,
     cache_root,
     install_lock,
-    read_marker,
-    run_checked,
-    write_marker,
 )
 from .ports import HOST, free_ports
 from .process import ServiceProcess
 
-PYTRITON_VERSION = "0.7.0"
-#: numba 0.61 supports numpy 1.24-2.1 and Python 3.10-3.13; llvmlite 0.44 is its match.
-STUB_PACKAGES = ("numpy<2", "async-timeout", "numba==0.61.2", "llvmlite==0.44.0")
 SITE_PACKAGES_PARAMETER = "site_packages"
 START_TIMEOUT = 120.0
 
@@ -94,7 +94,7 @@ class TritonInstall:
         compiled kernels in a folder of its own: sharing ``__pycache__`` with the other numba
         would make each recompile and overwrite the other's cache on every start.
         """
-        env = dict(os.environ)
+        env = triton_install.stub_environment(dict(os.environ))  # no venv on PATH
         paths = [str(self.libs), *filter(None, [env.get("LD_LIBRARY_PATH")])]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
         env.setdefault("NUMBA_CACHE_DIR", str(self.home / "numba-cache"))
@@ -107,23 +107,16 @@ def python_version() -> str:
 
 
 def ensure_tritonserver() -> TritonInstall:
-    """Install libpython when missing, and the wheel plus the backend folder when missing."""
+    """Install libpython when missing, and tritonserver with its backend folder when missing
+    (``tierserve triton-install``'s steps, under the test cache's lock)."""
     version = python_version()
     ensure_libpython(version)
     install = TritonInstall(home=cache_root() / "pytriton")
-    marker = install.home / ".installed"
-    wanted = f"nvidia-pytriton=={PYTRITON_VERSION} python{version} {' '.join(STUB_PACKAGES)}"
-    if read_marker(marker) == wanted:
+    if triton_install.installed(install.home):
         return install
     with install_lock("pytriton"):
-        if read_marker(marker) == wanted:
-            return install
-        announce(f"installing tritonserver from nvidia-pytriton {PYTRITON_VERSION} into {install.home}")
-        shutil.rmtree(install.home, ignore_errors=True)
-        install.home.mkdir(parents=True)
-        _pip_install_target(install.wheel, [f"nvidia-pytriton=={PYTRITON_VERSION}"], version)
-        _build_backend_directory(install, version)
-        write_marker(marker, wanted)
+        if not triton_install.installed(install.home):
+            triton_install.install(install.home, say=announce)
     return install
 
 
@@ -133,29 +126,6 @@ def ensure_libpython(version: str) -> None:
         apt_install([f"libpython{version}"])
         if ctypes.util.find_library(f"python{version}") is None:
             raise InstallError(f"installed libpython{version}, yet the linker does not find it")
-
-
-def _pip_install_target(target: Path, requirements: Sequence[str], version: str) -> None:
-    run_checked(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "--no-deps", "--only-binary=:all:", "--python-version", version,
-         "--target", str(target), *requirements],
-        f"pip install {' '.join(requirements)}",
-        timeout=900,
-    )  # fmt: skip
-
-
-def _build_backend_directory(install: TritonInstall, version: str) -> None:
-    server = install.wheel / "pytriton" / "tritonserver"
-    stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.exists():
-        raise InstallError(f"nvidia-pytriton {PYTRITON_VERSION} has no Python backend stub for {version}")
-    python_backend = install.backend_directory / "python"
-    python_backend.mkdir(parents=True)
-    shutil.copy2(server / "backends" / "python" / "libtriton_python.so", python_backend)
-    shutil.copy2(server / "backends" / "python" / "triton_python_backend_utils.py", python_backend)
-    shutil.copy2(stub, python_backend)
-    _pip_install_target(python_backend, STUB_PACKAGES, version)
 
 
 def site_packages() -> str:
@@ -188,6 +158,8 @@ class TritonServer:
         model_control_mode: str = "none",
         load_models: Sequence[str] = (),
         extra_args: Sequence[str] = (),
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         if model_control_mode not in ("none", "explicit", "poll"):
             raise ValueError(f"model_control_mode must be none, explicit or poll, not {model_control_mode!r}")
@@ -209,10 +181,12 @@ class TritonServer:
             "--exit-timeout-secs", "5",
             *extra_args,
         ]  # fmt: skip
-        # The stub may put its working directory on sys.path: keep it away from the repository.
+        # The stub puts its working directory first on sys.path: keep it away from the
+        # repository (``cwd`` chooses another on purpose).
         self.process = ServiceProcess(
-            "tritonserver", argv, log_path, env=install.environment(), cwd=log_path.parent
-        )
+            "tritonserver", argv, log_path, env=env or install.environment(),
+            cwd=cwd or log_path.parent,
+        )  # fmt: skip
 
     @property
     def http_url(self) -> str:

@@ -33,6 +33,8 @@ CASES = [
     ("ElementwiseMultiply", {"type": "ElementwiseMultiply"}, [(5,), (5,), (5,)]),
     ("Add", {"type": "Add"}, [(2, 3), (2, 3), (2, 3)]),
     ("Sub", {"type": "Sub"}, [(4,), (4,)]),
+    ("MatrixMultiply", {"type": "MatrixMultiply"}, [(2, 3), (3, 4)]),
+    ("MatrixMultiply4d", {"type": "MatrixMultiply"}, [(2, 1, 3), (2, 3, 2)]),
     ("ReduceSum", {"type": "ReduceSum", "axis": 1}, [(3, 4)]),
     ("ReduceSumLast", {"type": "ReduceSum", "axis": 2}, [(3, 4)]),
     ("ReduceMean", {"type": "ReduceMean", "axis": 1}, [(3, 4)]),

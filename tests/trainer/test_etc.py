@@ -162,8 +162,8 @@ def test_bad_cache_settings_are_refused(tmp_path, sources):
     with pytest.raises(ConfigError, match="Cached table needs local_paths"):
         hugectr.CreateETC(ps_types=[hugectr.TrainPSType_t.Cached], sparse_models=["a"],
                           hmem_cache_configs=[hugectr.CreateHMemCache(1)])
-    with pytest.raises(ConfigError, match="target_hit_rate is not supported"):
-        hugectr.CreateHMemCache(2, 0.5)
+    with pytest.raises(ConfigError, match="target_hit_rate must be in"):
+        hugectr.CreateHMemCache(2, 2.0)
     with pytest.raises(ConfigError, match="ps_types entries must be"):
         hugectr.CreateETC(ps_types=["SSD"], sparse_models=["a"])
     model = _model(sources[0][0], _etc("Staged", tmp_path))

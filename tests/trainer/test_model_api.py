@@ -473,3 +473,28 @@ def test_fit_epoch_mode_runs_each_epoch_once(data):
     model.fit(num_epochs=3, display=100, eval_interval=0)
     # 4 batches per epoch (1,024 samples); one learning-rate step per trained batch
     assert model.get_learning_rate_scheduler().step == 12
+
+
+@pytest.mark.parametrize("optimizer", [hugectr.Optimizer_t.AdaGrad, hugectr.Optimizer_t.Adam])
+def test_column_major_weights_train_as_row_major_ones(data, optimizer):
+    """Fully connected weights are stored column-major on the CPU (faster BLAS products);
+    a model whose weights and optimizer state are made row-major again trains to the same
+    values."""
+    models = [small_net(make_model(data, optimizer=optimizer)) for _ in range(2)]
+    for m in models:
+        m.compile()
+    fc = [i for i, layer in enumerate(models[0].network.layers)
+          if layer.type_name == "InnerProduct"]
+    assert fc and all(models[0].params[i][0].flags.f_contiguous for i in fc)
+    row_major = models[1]
+    for i in fc:
+        row_major.params[i][0] = np.ascontiguousarray(row_major.params[i][0])
+        state = row_major.opt_states[i][0]
+        for name in state:
+            state[name] = np.ascontiguousarray(state[name])
+    for _ in range(4):
+        for m in models:
+            assert m.train()
+    assert not row_major.params[fc[0]][0].flags.f_contiguous
+    for a, b in zip(models[0].dense_parameters(), row_major.dense_parameters()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -91,3 +91,74 @@ def test_publishing_failures_are_raised_by_the_next_fit(demo, capsys):
     with pytest.raises(BackendUnavailableError, match="online update publishes failed"):
         demo.model.fit(max_iter=1, update_source=producer, publish_interval=1)
     demo.model._update_publisher[1].close(timeout=1)  # noqa: SLF001 - end the thread
+
+
+def test_fit_writes_the_ps_json_that_serves_the_repository(demo, tmp_path):
+    """A repository fit writes is served as it is: ps.json has the model's entry (created
+    with an in-process hash map), the server's startup check takes it, and the served answers
+    are the trainer's; a later export keeps the user's tuning of the entry."""
+    from tierserve.server.app import BackgroundServer
+    from tierserve.server.datasets import epoch_batches
+    from tierserve.server.settings import Settings
+    from tierserve.server.workers import check_config
+    from tierserve.trainer.graph_json import load_graph_json
+
+    repo = tmp_path / "repo"
+    demo.model.fit(max_iter=2, display=100, eval_interval=0, repository=str(repo),
+                   export_interval=2)  # fmt: skip
+    data = json.loads((repo / "ps.json").read_text())
+    [entry] = data["models"]
+    assert data["supportlonglong"] is True and data["volatile_db"]["type"] == "hash_map"
+    assert entry["model"] == "dlrm" and entry["embedding_table_names"] == ["sparse_embedding1"]
+    assert entry["maxnum_des_feature_per_sample"] == 13 and entry["slot_num"] == 8
+    settings = Settings.build(model_repository=repo, http_port=0, grpc_port=None)
+    assert check_config(settings) is not None
+    batch = next(iter(epoch_batches(load_graph_json(demo.graph), demo.eval_source, "Norm",
+                                    "Sum", None, 16)))  # fmt: skip
+    import httpx
+
+    with BackgroundServer(settings) as server:
+        body = {"inputs": [
+            {"name": "DES", "datatype": "FP32", "shape": [16, 13],
+             "data": batch.dense.ravel().tolist()},
+            {"name": "CATCOLUMN", "datatype": "INT64", "shape": [16, 8],
+             "data": batch.sparse[0].keys.ravel().tolist()}]}  # fmt: skip
+        reply = httpx.post(f"http://{server.http_url}/v2/models/dlrm/infer", json=body)
+    assert reply.status_code == 200, reply.text
+    served = np.asarray(reply.json()["outputs"][0]["data"], np.float32)
+    np.testing.assert_allclose(served, demo.model.predict_batch(batch).ravel(), atol=1e-5)
+    # The user tunes the entry; the next export keeps it and points at its own version.
+    entry["max_batch_size"] = 64
+    (repo / "ps.json").write_text(json.dumps(data))
+    demo.model.fit(max_iter=2, display=100, eval_interval=0, repository=str(repo),
+                   export_interval=2)  # fmt: skip
+    [entry] = json.loads((repo / "ps.json").read_text())["models"]
+    assert entry["max_batch_size"] == 64 and entry["dense_file"].startswith("dlrm/2/")
+
+
+def test_fit_refuses_a_repository_for_a_model_without_embeddings(tmp_path):
+    """tierserve serves models with at least one embedding table: a dense-only model is
+    refused when fit starts, not after training at its first export."""
+    import tierserve.trainer as hugectr
+
+    solver = hugectr.CreateSolver(model_name="dense", batchsize=64, batchsize_eval=64,
+                                  vvgpu=[[0]], repeat_dataset=True, i64_input_key=True)  # fmt: skip
+    from tierserve.clients.demo_model import generate_data
+
+    data = generate_data(tmp_path, num_samples=256)
+    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm,
+                                      source=[data.train.source], eval_source=data.eval.source,
+                                      check_type=hugectr.Check_t.Sum)  # fmt: skip
+    optimizer = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam)
+    model = hugectr.Model(solver, reader, optimizer)
+    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=13, dense_name="dense",
+                            data_reader_sparse_param_array=[
+                                hugectr.DataReaderSparseParam("data1", 1, True, 8)]))  # fmt: skip
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct, bottom_names=["dense"],
+                                 top_names=["fc1"], num_output=1))  # fmt: skip
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
+                                 bottom_names=["fc1", "label"], top_names=["loss"]))  # fmt: skip
+    model.compile()
+    with pytest.raises(ConfigError, match="no embedding table"):
+        model.fit(max_iter=1000, repository=str(tmp_path / "repo"), export_interval=10)
+    assert not (tmp_path / "repo").exists()

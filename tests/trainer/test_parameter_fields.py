@@ -131,8 +131,10 @@ def _warns(build, name: str) -> None:
     ("DataReaderParams.async_param", lambda: hugectr.DataReaderParams(
         data_reader_type="Raw", source="x.bin",
         async_param=hugectr.AsyncParam(32, 4, 716800, 2, 512, True, hugectr.Alignment_t.Non))),
-    ("DataReaderParams.keyset", lambda: hugectr.DataReaderParams(
-        data_reader_type="Norm", source=["a.txt"], keyset=["a.keyset"])),
+    ("DataReaderParams.keyset", lambda: hugectr.Model(  # a Model without etc warns
+        hugectr.CreateSolver(), hugectr.DataReaderParams(
+            data_reader_type="Norm", source=["a.txt"], keyset=["a.keyset"]),
+        hugectr.CreateOptimizer())),
     ("DataReaderParams.cache_eval_data", lambda: hugectr.DataReaderParams(
         data_reader_type="Norm", source="a.txt", cache_eval_data=1)),
     ("CreateSolver.use_cuda_graph", lambda: hugectr.CreateSolver(use_cuda_graph=True)),

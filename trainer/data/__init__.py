@@ -14,6 +14,7 @@ from .generator import (
     GeneratedSplit,
     PowerLaw_t,
 )
+from .iterator import OutOfRangeError, make_one_shot_iterator
 from .params import (
     AsyncParam,
     Check_t,
@@ -33,11 +34,13 @@ __all__ = [
     "CSVRecordError",
     "Dataset",
     "DecodeCSVError",
+    "OutOfRangeError",
     "NormDataset",
     "ParquetDataset",
     "RawDataset",
     "TextLineDataset",
     "decode_csv",
+    "make_one_shot_iterator",
     "AsyncParam",
     "Batch",
     "Check_t",

@@ -86,14 +86,14 @@ class _Chunk:
 
 def _read_chunks(path: str, progress: bool, what: str) -> Iterator[_Chunk]:
     """Parsed rows of the CSV/TSV at ``path`` in chunks (header and blank lines skipped)."""
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     size = os.path.getsize(path)
     row = 0
     with (
         open(path, encoding="utf-8", errors="strict") as f,
-        tqdm(
-            total=size, unit="B", unit_scale=True, desc=what, disable=not progress, leave=False
+        progress_bar(
+            total=size, unit="B", desc=what, disable=not progress, unit_scale=True, leave=False
         ) as bar,
     ):
         first = f.readline()

@@ -46,6 +46,12 @@ from .dataset_blocks import (
     _GenIter,
     _SliceIter,
 )
+from .iterator import (  # noqa: F401 - NextFeatures, NextValue, OutOfRangeError re-exported
+    NextFeatures,
+    NextValue,
+    OneShotIterator,
+    OutOfRangeError,
+)
 
 AUTOTUNE = -1
 """``tf.data.AUTOTUNE``: let the pipeline pick a buffer size or parallelism."""
@@ -274,51 +280,9 @@ class Dataset:
         return iter(self)
 
     def make_one_shot_iterator(self) -> OneShotIterator:
-        """TF1's iterator: :meth:`OneShotIterator.get_next` gives the next element."""
+        """TF1's iterator: :meth:`OneShotIterator.get_next` gives the next element (see
+        :mod:`.iterator`)."""
         return OneShotIterator(self)
-
-
-class OneShotIterator:
-    """One pass over a dataset.  ``get_next()`` is the next element; returned from an
-    ``input_fn``, it stands for the whole rest of the pass, as TF1's ``get_next`` tensors
-    did (``estimator.inputs.batches`` carries on from it)."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-        self._it = iter(dataset)
-
-    def get_next(self) -> Any:
-        """The next element.  Its features dict (a (features, labels) element's first part, or
-        a features-only element) is a :class:`NextFeatures` that remembers this iterator, so
-        ``features, labels = it.get_next(); return features, labels`` keeps the stream."""
-        try:
-            element = next(self._it)
-        except StopIteration:
-            raise OutOfRangeError("End of sequence") from None
-        if isinstance(element, tuple) and len(element) == 2 and isinstance(element[0], dict):
-            return NextFeatures(element[0], self), element[1]
-        if isinstance(element, dict):
-            return NextFeatures(element, self)
-        return element
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._it
-
-    def __next__(self) -> Any:
-        return next(self._it)
-
-
-class NextFeatures(dict):
-    """A features dict taken by :meth:`OneShotIterator.get_next`; ``.iterator`` gives the
-    elements after it."""
-
-    def __init__(self, element: dict, iterator: OneShotIterator) -> None:
-        super().__init__(element)
-        self.iterator = iterator
-
-
-class OutOfRangeError(InvalidInputError):
-    """The iterator has no more elements (``tf.errors.OutOfRangeError``)."""
 
 
 class _SlicesDataset(Dataset):
@@ -345,8 +309,8 @@ class _GeneratorDataset(Dataset):
         self.types = None if output_types is None else _flatten(output_types)[0]
         self.shapes = None
         if output_shapes is not None:
-            # a shape is a tuple of ints/None: flatten down to tuples, not into them
-            self.shapes = _flatten_shapes(output_shapes)
+            self.shapes = (_flatten_shapes(output_shapes) if output_types is None
+                           else _shapes_up_to(output_types, output_shapes))
 
     def _blocks(self) -> _BlockIter:
         source = iter(self.generator(*self.args))
@@ -374,6 +338,8 @@ class _GeneratorDataset(Dataset):
             ]
         if self.shapes is not None:
             for j, (leaf, shape) in enumerate(zip(block.leaves, self.shapes)):
+                if shape is None:
+                    continue
                 got = leaf.shape[1:]
                 if len(got) != len(shape) or any(
                     s is not None and s != g for s, g in zip(shape, got)
@@ -382,6 +348,37 @@ class _GeneratorDataset(Dataset):
                         f"from_generator: component {j} has shape {got}, output_shapes says {shape}"
                     )
         return block
+
+
+def _as_shape(x: Any, where: str) -> tuple | None:
+    """One component's shape as TensorFlow reads it: an int is a 1-D shape (``4`` ->
+    ``(4,)``), None any shape, a tuple/list of ints and Nones the shape itself."""
+    if x is None:
+        return None
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return (int(x),)
+    if isinstance(x, (tuple, list)) and all(v is None or isinstance(v, (int, np.integer))
+                                           for v in x):
+        return tuple(None if v is None else int(v) for v in x)
+    raise InvalidInputError(f"output_shapes{where}: {x!r} is not a shape")
+
+
+def _shapes_up_to(types: Any, shapes: Any, where: str = "") -> list[tuple | None]:
+    """``shapes`` read in the structure of ``types`` (TensorFlow's ``map_structure_up_to``):
+    with ``output_types=(tf.float32, tf.int32)``, ``output_shapes=(4, 1)`` is two shapes,
+    ``(4,)`` and ``(1,)``."""
+    if isinstance(types, dict):
+        if not isinstance(shapes, dict) or set(shapes) != set(types):
+            raise InvalidInputError(f"output_shapes{where} must be a dict with the keys of "
+                                    f"output_types {sorted(types)}, got {shapes!r}")
+        return [s for k in types for s in _shapes_up_to(types[k], shapes[k], f"{where}[{k!r}]")]
+    if isinstance(types, (tuple, list)):
+        if not isinstance(shapes, (tuple, list)) or len(shapes) != len(types):
+            raise InvalidInputError(f"output_shapes{where} must have {len(types)} components "
+                                    f"as output_types does, got {shapes!r}")
+        return [s for i, (t, sh) in enumerate(zip(types, shapes))
+                for s in _shapes_up_to(t, sh, f"{where}[{i}]")]
+    return [_as_shape(shapes, where)]
 
 
 def _flatten_shapes(shapes: Any) -> list[tuple]:

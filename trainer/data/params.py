@@ -69,6 +69,27 @@ class DataReaderSparseParam(ParamsModel):
             return sum(self.nnz_per_slot)
         return self.nnz_per_slot * self.slot_num
 
+    def nnz_list(self) -> list[int]:
+        """``nnz_per_slot`` per slot, as HugeCTR's graph JSON writes it (an int argument
+        becomes ``slot_num`` copies)."""
+        if isinstance(self.nnz_per_slot, list):
+            return list(self.nnz_per_slot)
+        return [self.nnz_per_slot] * self.slot_num
+
+    @classmethod
+    def from_graph(cls, s: dict[str, Any]) -> DataReaderSparseParam:
+        """The param of a graph JSON Data layer's ``sparse`` entry.  A ``nnz_per_slot`` list of
+        equal values reads as that int (HugeCTR writes an int argument so, and bounds the
+        input's keys per sample by the list's sum either way); without one, the
+        ``max_feature_num_per_sample`` spread over the slots."""
+        slot_num = int(s["slot_num"])
+        nnz = s.get("nnz_per_slot")
+        if nnz is None:
+            nnz = max(1, int(s.get("max_feature_num_per_sample", slot_num)) // slot_num)
+        elif isinstance(nnz, list) and len(nnz) == slot_num and len(set(nnz)) == 1:
+            nnz = int(nnz[0])
+        return cls(s["top"], nnz, bool(s.get("is_fixed_length", False)), slot_num)
+
 
 class Alignment_t(str, Enum):  # noqa: N801 - HugeCTR's name
     """Dense-input alignment of HugeCTR's async raw reader: ``Auto`` pads to 8, ``Non``."""
@@ -102,15 +123,20 @@ class DataReaderParams(ParamsModel):
     after the other as one dataset.  ``num_samples`` / ``eval_num_samples`` (Raw only): records to
     read, 0 = as many as the file holds.  ``slot_size_array``: when non-empty, the key of slot
     ``s`` must lie in ``[0, slot_size_array[s])`` and the reader adds
-    ``sum(slot_size_array[:s])`` to it.  ``num_workers``: reading threads (HugeCTR's default 12;
-    capped at the number of CPU cores and of files).  ``float_label_dense`` (Raw only, default
-    False as in HugeCTR's binding): True reads label and dense as float32; False reads int32
-    values and ``log(x + 1)`` of the dense ones.  A file whose values cannot be what the setting
-    says is refused naming it (see :mod:`~tierserve.trainer.data.raw`).
+    ``sum(slot_size_array[:s])`` to it; an entry of 0 shares the next non-zero entry's
+    vocabulary (its keys lie in that range and get the same offset).  ``num_workers``: reading
+    threads (HugeCTR's default 12; capped at the number of CPU cores and of files).
+    ``float_label_dense`` (Raw only, default False as in HugeCTR's binding): True reads label
+    and dense as float32; False reads int32 values and ``log(x + 1)`` of the dense ones.  A
+    file whose values cannot be what the setting says is refused naming it (see
+    :mod:`~tierserve.trainer.data.raw`).
+
+    ``keyset``: read by the embedding training cache of a ``Model`` built with ``etc``; the
+    ``Model`` warns when it has none.
 
     Not honoured, each warns once when set: ``cache_eval_data`` (evaluation data is read from
-    the files at every evaluation), ``keyset`` (only the embedding training cache reads
-    keysets), ``async_param`` (the Raw reader reads the data).  ``data_source_params``: local
+    the files at every evaluation), ``async_param`` (the Raw reader reads the data).
+    ``data_source_params``: local
     (``use_hdfs=False``) is read as given; ``use_hdfs=True`` is refused, naming
     ``DataSource.move_to_local``.
     """
@@ -125,7 +151,7 @@ class DataReaderParams(ParamsModel):
     eval_num_samples: Annotated[int, Field(ge=0)] = 0
     float_label_dense: bool = False
     num_workers: Annotated[int, Field(ge=1)] = 12
-    slot_size_array: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    slot_size_array: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     data_source_params: Any = None
     async_param: Any = None
 
@@ -145,12 +171,6 @@ class DataReaderParams(ParamsModel):
             warn_once("DataReaderParams.cache_eval_data",
                       "evaluation data is not cached on the device; it is read from the files "
                       "at every evaluation", stacklevel=5)
-        if self.keyset:
-            warn_once("DataReaderParams.keyset",
-                      "keyset files are read only by the embedding training cache: a Model "
-                      "built with etc=CreateETC(...) trains each file list with its keyset; "
-                      "without etc they are not read",
-                      stacklevel=5)
         if self.data_source_params is not None:
             from .source import check_data_source
 

@@ -110,8 +110,26 @@ def fixed_records(
     )
 
 
+def shared_vocabulary_sizes(slot_size_array: Sequence[int]) -> np.ndarray:
+    """Each slot's vocabulary size, where an entry of 0 shares the vocabulary of the next
+    non-zero entry (HugeCTR's reading of ``slot_size_array``: slot ``s``'s keys start at
+    ``sum(slot_size_array[:s])``, so slots of size 0 start where the next one does, as in
+    HugeCTR's DIN test).  Trailing zeros, with no vocabulary after them, are unbounded (-1)."""
+    sizes = np.asarray(slot_size_array, dtype=np.int64)
+    out = np.full(sizes.shape, -1, dtype=np.int64)
+    nxt = -1
+    for i in range(sizes.shape[0] - 1, -1, -1):  # per slot, not per key
+        if sizes[i] > 0:
+            nxt = sizes[i]
+        out[i] = nxt
+    return out
+
+
 class SlotLayout:
-    """How a dataset's slots map to sparse inputs, with their limits and key offsets."""
+    """How a dataset's slots map to sparse inputs, with their limits and key offsets.
+
+    ``slot_size_array`` entries of 0 share the next slot's vocabulary
+    (:func:`shared_vocabulary_sizes`)."""
 
     def __init__(
         self,
@@ -136,8 +154,12 @@ class SlotLayout:
                 f"slot_size_array has {len(self.slot_size_array)} entries but the sparse "
                 f"inputs have {self.slot_num} slots"
             )
-        self._sizes = np.asarray(self.slot_size_array, dtype=np.int64)
-        self._offsets = np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(np.int64)
+        if any(x < 0 for x in self.slot_size_array):
+            raise ConfigError(f"slot_size_array entries must be >= 0, got {self.slot_size_array}")
+        self._sizes = shared_vocabulary_sizes(self.slot_size_array)
+        self._sizes[self._sizes < 0] = np.iinfo(np.int64).max
+        self._offsets = np.concatenate(
+            [[0], np.cumsum(self.slot_size_array, dtype=np.int64)[:-1]]).astype(np.int64)
 
     def max_nnz(self) -> np.ndarray:
         """Per slot, the most keys a sample may hold there (int nnz_per_slot: its total)."""
@@ -197,7 +219,9 @@ class SlotLayout:
             raise DataFileError(
                 file,
                 f"key {int(keys[i])} is outside [0, slot_size_array[{slot}] = "
-                f"{self.slot_size_array[slot]})",
+                f"{self.slot_size_array[slot]})" if self.slot_size_array[slot] else
+                f"key {int(keys[i])} is outside [0, {int(self._sizes[slot])}) (slot_size_array"
+                f"[{slot}] = 0: the slot shares the next non-zero entry's vocabulary)",
                 record=first_record + row // self.slot_num,
                 slot=slot,
             )

@@ -16,6 +16,11 @@ The conf is a class (DLRover's ``TrainConf``) whose attributes say what to train
   the EvalSpec, writing served model versions under ``model_dir/export/latest``;
   ``exporters`` gives the exporters instead.
 
+DLRover's launch arguments: ``--platform local`` (its Kubernetes and Ray platforms are
+refused by name), ``--worker_num N`` (N > 1: the command runs again under ``mpiexec -n N``,
+the distributed Estimator's ranks, :mod:`tierserve.trainer.distributed.estimator`),
+``--ps_num`` 0 or 1 (the workers hold the parameters; more is refused).
+
 Training reports each step's batch to the train reader's shard client (DLRover's
 ``ElasticDataShardReportHook``), so a shard counts as done once trained on.
 DeepRec's incremental checkpoints (``enable_incr_saved_model``,
@@ -192,18 +197,79 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", required=True, help="the conf class, as module.TrainConf")
-    p.add_argument("--model-dir", default=None, help="checkpoint folder (default: the conf's)")
+    p.add_argument("--model-dir", "--model_dir", default=None,
+                   help="checkpoint folder (default: the conf's)")
     p.add_argument(
         "--platform",
         default="local",
-        help="where to run; only 'local' (DLRover's Kubernetes/Ray platforms are not here)",
+        help="where to run: 'local' (DLRover's Kubernetes and Ray platforms are not here)",
     )
+    p.add_argument("--worker_num", "--worker-num", type=int, default=None,
+                   help="training processes: 1 runs here; N > 1 runs this command under "
+                   "'mpiexec -n N' (the mpi extra), each rank training its share of every "
+                   "batch")
+    p.add_argument("--ps_num", "--ps-num", type=int, default=None,
+                   help="parameter servers: 0 or 1 (the workers hold the parameters: embedding "
+                   "tables split over the --worker_num ranks, dense weights on each)")
     p.set_defaults(run=_cli_run)
 
 
+_PLATFORMS = ("kubernetes", "local_kubernetes", "ray", "pyray", "k8s")
+
+
+def check_launch(platform: str, worker_num: int | None, ps_num: int | None) -> int | None:
+    """DLRover's ``--platform`` / ``--worker_num`` / ``--ps_num`` mapped to this launcher:
+    the number of ranks to start under mpiexec (None: run in this process)."""
+    from ..distributed.comm import launched_size
+
+    kind = str(platform).lower()
+    if kind != "local":
+        known = "DLRover's" if kind in _PLATFORMS else "an unknown"
+        raise ConfigError(f"--platform {platform!r}: {known} platform is not supported here "
+                          "(DLRover's master starts its pods or actors); use --platform local, "
+                          "with --worker_num N for N training processes under mpiexec")
+    if ps_num is not None and not 0 <= ps_num <= 1:
+        raise ConfigError(f"--ps_num {ps_num}: tierserve trains without separate parameter-"
+                          "server processes; the workers hold the parameters (embedding tables "
+                          "split over the --worker_num ranks). Use --ps_num 1 (or 0) and "
+                          "--worker_num N")
+    size = launched_size()
+    if worker_num is None:
+        return None
+    if worker_num < 1:
+        raise ConfigError(f"--worker_num must be at least 1, got {worker_num}")
+    if size > 1:
+        if size != worker_num:
+            raise ConfigError(f"--worker_num {worker_num}: this job was started with {size} "
+                              "MPI ranks")
+        return None
+    return worker_num if worker_num > 1 else None
+
+
+def _relaunch(ranks: int, argv: list[str]) -> int:
+    """This command again under ``mpiexec -n ranks``; its exit status."""
+    import shutil
+    import subprocess
+
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = beside if os.path.exists(beside) else shutil.which("mpiexec")
+    if mpiexec is None:
+        raise ConfigError(f"--worker_num {ranks} starts {ranks} processes with mpiexec, which "
+                          "is not installed: pip install 'tierserve[mpi]'")
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "tierserve.trainer.elastic.entry",
+           *argv]
+    print(f"train: starting {ranks} workers: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    return subprocess.call(cmd)
+
+
 def _cli_run(args: argparse.Namespace) -> int:
-    if str(args.platform).lower() != "local":
-        raise ConfigError(f"--platform {args.platform!r}: only 'local' is supported")
+    ranks = check_launch(args.platform, args.worker_num, args.ps_num)
+    if ranks is not None:
+        load_object(args.conf)  # a conf that does not import fails here, once
+        argv = ["--conf", args.conf, "--worker_num", str(ranks)]
+        if args.model_dir:
+            argv += ["--model-dir", args.model_dir]
+        return _relaunch(ranks, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     result = run(args.conf, args.model_dir)
     if result is not None:
@@ -211,12 +277,14 @@ def _cli_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tierserve.trainer.elastic.entry --conf module.TrainConf`` (DLRover's
-    ``python -m dlrover.trainer.entry.local_entry`` form); exit status 2 on a bad conf."""
+def main(argv: list[str] | None = None, prog: str = "python -m tierserve.trainer.elastic"
+         ) -> int:
+    """``python -m tierserve.trainer.elastic --conf module.TrainConf`` (DLRover's
+    ``python -m dlrover.trainer --conf ...`` form, with its ``--platform``, ``--worker_num``
+    and ``--ps_num``); exit status 2 on a bad conf."""
     from tierserve.ps.errors import TierserveError
 
-    parser = argparse.ArgumentParser(prog="python -m tierserve.trainer.elastic.entry")
+    parser = argparse.ArgumentParser(prog=prog)
     _arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -146,14 +146,33 @@ class ShardDispatcher:
 
 
 class ShardingClient:
-    """One worker's handle on a dispatcher (DLRover's ``ShardingClient``).
+    """One worker's handle on a dispatcher (DLRover's ``ShardingClient``; built with
+    DLRover's arguments, ``ShardingClient(dataset_name=..., batch_size=..., num_epochs=...,
+    dataset_size=...)``, it makes its own dispatcher: the one worker of this process).
 
     :meth:`fetch_shard` reports the shard fetched before it done (its records were read);
     :meth:`report_batch_done` instead counts consumed records and reports shards done as
     they are covered, for a training hook that reports after each step.
     """
 
-    def __init__(self, dispatcher: ShardDispatcher, worker: str = "worker-0") -> None:
+    def __init__(self, dispatcher: ShardDispatcher | str | None = None, worker: str = "worker-0",
+                 *, dataset_name: str | None = None, batch_size: int | None = None,
+                 num_epochs: int | None = None, dataset_size: int | None = None,
+                 shuffle: bool = False, num_minibatches_per_shard: int = 2,
+                 task_type: object = None, storage_type: str = "") -> None:
+        if not isinstance(dispatcher, ShardDispatcher):
+            # DLRover's constructor: the client describes the dataset (its master splits it)
+            if isinstance(dispatcher, str):
+                dataset_name = dispatcher
+            if batch_size is None or dataset_size is None:
+                raise ConfigError("ShardingClient: give a ShardDispatcher, or DLRover's "
+                                  "dataset_name, batch_size, num_epochs and dataset_size")
+            if task_type not in (None, 0, "training", "TRAINING"):
+                raise ConfigError(f"ShardingClient: task_type {task_type!r} is not supported "
+                                  "(training shards only; evaluation reads its whole set)")
+            dispatcher = ShardDispatcher(int(dataset_size), int(batch_size), num_epochs,
+                                         int(num_minibatches_per_shard),
+                                         dataset_name or "training_data", bool(shuffle))
         self.dispatcher, self.worker = dispatcher, worker
         self._held: collections.deque[Shard] = collections.deque()
         self._consumed = 0  # records of the oldest held shard already consumed

@@ -15,6 +15,8 @@ import numpy as np
 
 from tierserve.ps.errors import InvalidInputError
 
+from ..cpu_kernels import unique_sum, use_kernels
+
 COMBINERS = ("sum", "mean")
 
 
@@ -217,6 +219,12 @@ def embedding_gradients(
         g_rows = g_rows * (1.0 / layout.width)
     elif scale is not None:
         g_rows = g_rows * scale[:, None]
+    if use_kernels(xp, g_rows) and isinstance(rows, np.ndarray):
+        # one pass: dedupe through the stamp array and sum each row's gradients
+        uniq = np.empty(layout.nnz, dtype=np.int64)
+        sums = np.empty((layout.nnz, dim), dtype=g_rows.dtype)
+        k = unique_sum(rows, g_rows, layout.row_of_key, stamp, uniq, sums)
+        return uniq[:k], sums[:k]
     uniq, inverse = unique_rows(rows, stamp)
     n_unique = int(uniq.shape[0])
     if layout.kind == "one_hot":

@@ -23,6 +23,8 @@ import numpy as np
 
 from tierserve.ps.partition import GOLDEN
 
+from ..cpu_kernels import index_lookup
+
 _GOLDEN = np.uint64(GOLDEN)
 _MIN_BITS = 10
 _WINDOW = 8
@@ -80,6 +82,10 @@ class KeyIndex:
         keys = xp.ascontiguousarray(keys, dtype=xp.int64).reshape(-1)
         if self._n == 0 or keys.shape[0] == 0:
             return xp.full(keys.shape[0], -1, dtype=xp.int64)
+        if xp is np:  # the compiled probe loop: one pass, home slots prefetched
+            out = np.empty(keys.shape[0], dtype=np.int64)
+            index_lookup(keys, self._home(keys), self._slots, out)
+            return out
         pos = self._home(keys)
         pair = xp.take(self._slots, pos, axis=0)
         rows = pair[:, 1]

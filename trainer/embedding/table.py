@@ -186,8 +186,10 @@ class EmbeddingTable:
         self.xp = xp
         self.slot_size_array = None if slot_size_array is None else [
             int(s) for s in slot_size_array]
-        if self.slot_size_array is not None and any(s <= 0 for s in self.slot_size_array):
-            raise InvalidInputError(f"embedding {name!r}: slot_size_array entries must be > 0")
+        if self.slot_size_array is not None and (
+                any(s < 0 for s in self.slot_size_array) or not any(self.slot_size_array)):
+            raise InvalidInputError(f"embedding {name!r}: slot_size_array entries must be >= 0 "
+                                    "(0: the slot shares the next slot's vocabulary), not all 0")
         self._frozen = False
         self._saved: tuple[Any, CsrLayout, str] | None = None
         self._index = None if self.is_one_hot else KeyIndex(xp)
@@ -202,8 +204,12 @@ class EmbeddingTable:
         self._slot_bounds = None
         self._bound = DEFAULT_INIT_BOUND
         if self.embedding_type.is_localized and self.slot_size_array is not None:
+            from ..data.records import shared_vocabulary_sizes
+
+            sizes = shared_vocabulary_sizes(self.slot_size_array)
             self._slot_bounds = xp.asarray(
-                [math.sqrt(1.0 / s) for s in self.slot_size_array], dtype=xp.float32
+                [math.sqrt(1.0 / s) if s > 0 else DEFAULT_INIT_BOUND for s in sizes.tolist()],
+                dtype=xp.float32,
             )
         if self.is_one_hot:
             self._init_one_hot()

@@ -21,7 +21,6 @@ import inspect
 import logging
 import os
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +35,7 @@ from . import checkpoint as ckpt
 from .graph import LABEL, FeatureTensor, Graph, LabelTensor, Tensor, building
 from .hooks import (
     CheckpointSaverHook,
+    GraphSummaryHook,
     SessionRunContext,
     SessionRunHook,
     SessionRunValues,
@@ -92,6 +92,18 @@ def check_labels(labels: Any) -> tuple[np.ndarray, str]:
     if arr.dtype.kind == "f" and np.isnan(arr).any():
         raise InvalidInputError(f"label {name!r} has missing (NaN) values")
     return arr, name
+
+
+class _Overridable:
+    """A read-only view of attribute ``source`` that an instance may replace by assigning
+    (a non-data descriptor): ``Estimator.run_config`` is the config, and DLRover's adaptors
+    set their own ``self.run_config`` before calling ``Estimator.__init__``."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.source)
 
 
 class _Session:
@@ -165,7 +177,7 @@ class Estimator:
     def config(self) -> RunConfig:
         return self._config
 
-    run_config = config
+    run_config = _Overridable("_config")
 
     @property
     def params(self) -> dict:
@@ -193,11 +205,9 @@ class Estimator:
             raise ConfigError(f"model_fn must return an EstimatorSpec, got {type(spec).__name__}")
         return spec
 
-    def _program(self, mode: str, features: dict, labels: Any) -> Program:
-        key = (mode, tuple(sorted(map(str, features))), labels is not None)
-        prog = self._programs.get(key)
-        if prog is not None:
-            return prog
+    def _build_graph(self, mode: str, features: dict, labels: Any) -> tuple[Graph, Any, Any]:
+        """``(graph, spec, label_dim)`` of the model_fn called in ``mode`` on ``features``
+        (arrays or samples); no variable is made."""
         graph = Graph(mode)
         graph.features = {k: FeatureTensor(k, _sample(v)) for k, v in features.items()}
         label_tensor = None
@@ -206,13 +216,21 @@ class Estimator:
             arr = np.asarray(labels)
             label_dim = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
             graph.shapes[LABEL] = (label_dim,)
-            label_tensor = LabelTensor(graph, LABEL, (label_dim,))
+            label_tensor = LabelTensor(graph, LABEL, (label_dim,), arr.shape[1:])
             graph.label = label_tensor
         with building(graph):
             spec = self._call_model_fn(graph.features, label_tensor, mode)
         if spec.mode != mode:
             raise ConfigError(f"model_fn returned an EstimatorSpec for mode {spec.mode!r} when "
                               f"called with {mode!r}")
+        return graph, spec, label_dim
+
+    def _program(self, mode: str, features: dict, labels: Any) -> Program:
+        key = (mode, tuple(sorted(map(str, features))), labels is not None)
+        prog = self._programs.get(key)
+        if prog is not None:
+            return prog
+        graph, spec, label_dim = self._build_graph(mode, features, labels)
         train_ops: list[TrainOp] = group(spec.train_op) if mode == ModeKeys.TRAIN else []
         loss = spec.loss if labels is not None else None
         try:
@@ -365,17 +383,18 @@ class Estimator:
 
     def _input_batches(self, result: Any, repeat_single: bool) -> Iterator[tuple[dict, Any]]:
         """The batches an input_fn's return value stands for."""
-        single = _as_batch(result)
-        from ..data.dataset import NextFeatures
+        from ..data.iterator import stream_of
 
-        if single is not None and not isinstance(single[0], NextFeatures):
+        stream = stream_of(result)  # get_next() values: the rest of the iterator's pass
+        single = _as_batch(result) if stream is None else None
+        if single is not None:
             while True:  # arrays, not a dataset: TensorFlow's constant tensors
                 yield single
                 if not repeat_single:
                     return
         from .inputs import batches
 
-        for item in batches(result):
+        for item in batches(result) if stream is None else stream:
             batch = _as_batch(item)
             if batch is None:
                 raise InvalidInputError(
@@ -432,11 +451,14 @@ class Estimator:
                         else []
                     hooks = hooks + list(chief_hooks) + list(prog.spec.training_hooks)
                     hooks.append(self._saver_hook(saving_listeners))
+                    writer = self._writer("train")
+                    if writer is not None and prog.graph.summaries:  # tf.summary.scalar
+                        hooks.append(GraphSummaryHook(prog.graph.summaries, writer,
+                                                      self._config.save_summary_steps))
                     for h in hooks:
                         h.begin()
                     for h in hooks:
                         h.after_create_session(session, None)
-                    writer = self._writer("train")
                     self._check_head_labels(prog, labels)
                 else:
                     prog = self._program(ModeKeys.TRAIN, features, labels)
@@ -818,20 +840,7 @@ def _fetch(fetches: Any, result: StepResult, step: int) -> Any:
     raise InvalidInputError(f"hook fetch {fetches!r} is not a tensor or a tensor name")
 
 
-class _NoProgress:
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _progress(total: int | None):
-    if os.environ.get("TIERSERVE_NO_PROGRESS") == "1" or not sys.stderr.isatty():
-        return _NoProgress()
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
-    return tqdm(total=total, unit="step", mininterval=1.0)
+    return progress_bar(total=total, unit="step", desc="train")

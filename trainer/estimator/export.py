@@ -49,7 +49,7 @@ from .. import manifest
 from ..compat import warn_once
 from ..dense_file import NONTRAINABLE_SUFFIX, write_dense_file
 from ..graph_json import save_graph_json
-from ..version_folder import new_version
+from ..version_folder import new_version, version_numbers, write_ps_entry
 from .graph import DENSE, LABEL, Tensor
 from .layer_types import EXPORT_LOSS
 from .spec import ModeKeys
@@ -197,6 +197,51 @@ def _model_name(estimator: Any, model_name: str | None) -> str:
     return name
 
 
+def _receiver_samples(serving_input_receiver_fn: Callable) -> tuple[Any, dict]:
+    receiver = serving_input_receiver_fn()
+    if not isinstance(receiver, ServingInputReceiver):
+        raise ConfigError("serving_input_receiver_fn must return a ServingInputReceiver, got "
+                          f"{type(receiver).__name__}")
+    samples = {k: v.sample() if isinstance(v, Placeholder) else np.asarray(v)[:1]
+               for k, v in receiver.features.items()}
+    return receiver, samples
+
+
+def _receiver_error(exc: InvalidInputError) -> ConfigError:
+    return ConfigError("export: " + str(exc).replace(
+        "which the input_fn does not provide", "which the serving input receiver does "
+        "not give"))
+
+
+def _check_served_graph(graph, receiver, what: str) -> None:
+    """Refuse a PREDICT graph tierserve could not serve from this receiver's features."""
+    missing = sorted(graph.used_features - set(receiver.features))
+    if missing:
+        raise ConfigError(f"{what}: the model reads features {missing}, which the serving "
+                          f"input receiver does not give ({', '.join(sorted(receiver.features))})")
+    if graph.weighted:
+        raise ConfigError(
+            f"{what}: weighted categorical column {graph.weighted[0].column.name!r} cannot be "
+            "served (requests carry no per-id weights); export a model without it")
+    if not graph.groups:
+        raise ConfigError(f"{what}: the model has no embedding table (no categorical column); "
+                          "tierserve serves models with at least one: add an embedding or "
+                          "indicator column of a categorical feature, or train without an "
+                          "exporter")
+
+
+def check_servable(estimator: Any, serving_input_receiver_fn: Callable) -> None:
+    """Refuse, before training, a model whose export tierserve could not serve (no embedding
+    table, a weighted column, a feature the receiver does not give): the model_fn is called
+    once in PREDICT mode on the receiver's samples; no variable is made."""
+    receiver, samples = _receiver_samples(serving_input_receiver_fn)
+    try:
+        graph, _, _ = estimator._build_graph(ModeKeys.PREDICT, samples, None)
+    except InvalidInputError as exc:
+        raise _receiver_error(exc) from None
+    _check_served_graph(graph, receiver, "export (checked before training)")
+
+
 def export_model(estimator: Any, export_dir_base: str | os.PathLike,
                  serving_input_receiver_fn: Callable, checkpoint_path: str | None = None,
                  model_name: str | None = None, assets_extra: Any = None,
@@ -211,30 +256,13 @@ def export_model(estimator: Any, export_dir_base: str | os.PathLike,
         raise ConfigError("export_saved_model: assets_extra is not supported")
     if not current:
         estimator._restore(checkpoint_path)
-    receiver = serving_input_receiver_fn()
-    if not isinstance(receiver, ServingInputReceiver):
-        raise ConfigError("serving_input_receiver_fn must return a ServingInputReceiver, got "
-                          f"{type(receiver).__name__}")
-    samples = {k: v.sample() if isinstance(v, Placeholder) else np.asarray(v)[:1]
-               for k, v in receiver.features.items()}
+    receiver, samples = _receiver_samples(serving_input_receiver_fn)
     try:
         prog = estimator._program(ModeKeys.PREDICT, samples, None)
     except InvalidInputError as exc:
-        raise ConfigError("export: " + str(exc).replace(
-            "which the input_fn does not provide", "which the serving input receiver does "
-            "not give")) from None
+        raise _receiver_error(exc) from None
     graph, spec = prog.graph, prog.spec
-    missing = sorted(graph.used_features - set(receiver.features))
-    if missing:
-        raise ConfigError(f"export: the model reads features {missing}, which the serving "
-                          f"input receiver does not give ({', '.join(sorted(receiver.features))})")
-    if graph.weighted:
-        raise ConfigError(
-            f"export: weighted categorical column {graph.weighted[0].column.name!r} cannot be "
-            "served (requests carry no per-id weights); export a model without it")
-    if not graph.groups:
-        raise ConfigError("export: the model has no embedding table (no categorical column); "
-                          "tierserve serves models with at least one")
+    _check_served_graph(graph, receiver, "export")
     out = _served_tensor(spec)
     width = out.width
     for piece in graph.dense_pieces:
@@ -328,15 +356,7 @@ def _serving_spec(graph, out: Tensor) -> dict:
 def _write_ps_json(base: Path, name: str, version: int, graph, graph_file: str,
                    dense_file: str, sparse_files: list[str], label_dim: int,
                    max_batch_size: int) -> None:
-    path = base / "ps.json"
-    data: dict[str, Any]
-    if path.exists():
-        data = json.loads(path.read_text())
-    else:
-        data = {"supportlonglong": True,
-                "volatile_db": {"type": "hash_map", "initial_cache_rate": 1.0},
-                "models": []}
-    entry = {
+    write_ps_entry(base, {
         "model": name,
         "sparse_files": [f"{name}/{version}/{s}" for s in sparse_files],
         "dense_file": f"{name}/{version}/{dense_file}",
@@ -351,11 +371,7 @@ def _write_ps_json(base: Path, name: str, version: int, graph, graph_file: str,
         "gpucache": False,
         "label_dim": int(label_dim),
         "slot_num": sum(g.slot_num for g in graph.groups),
-    }
-    data["models"] = [m for m in data.get("models", []) if m.get("model") != name] + [entry]
-    tmp = base / f".ps.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    })
 
 
 # -- requests from raw features ----------------------------------------------------------------
@@ -445,7 +461,7 @@ class Exporter:
                            model_name=self.name)
         if self.exports_to_keep:
             root = Path(export_path) / self.name
-            versions = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
+            versions = version_numbers(root)
             for v in versions[: -self.exports_to_keep]:
                 shutil.rmtree(root / str(v), ignore_errors=True)
         return out

@@ -27,12 +27,16 @@ DENSE = "input:dense"
 
 
 class Tensor:
-    """A tensor of the graph being built: its name and per-sample shape (batch left out)."""
+    """A tensor of the graph being built: its name, per-sample shape (batch left out) and
+    dtype name (values are computed in float32; ``"int64"`` marks class ids such as
+    ``argmax``'s, which metrics compare exactly)."""
 
-    def __init__(self, graph: Graph, name: str, shape: tuple[int, ...]) -> None:
+    def __init__(self, graph: Graph, name: str, shape: tuple[int, ...],
+                 dtype: str = "float32") -> None:
         self.graph = graph
         self.name = name
         self.shape = tuple(int(d) for d in shape)
+        self.dtype = dtype
 
     @property
     def width(self) -> int:
@@ -44,20 +48,52 @@ class Tensor:
     def __repr__(self) -> str:
         return f"Tensor({self.name!r}, shape=(None, {', '.join(map(str, self.shape))}))"
 
-    # a little arithmetic, so model_fn bodies read as they do in TensorFlow
+    # arithmetic and indexing, so model_fn bodies read as they do in TensorFlow (numbers
+    # become constants; shapes broadcast per sample): tierserve.trainer.tf.ops builds them
     def __add__(self, other: Any) -> Tensor:
-        from .layers import add
+        from ..tf.ops import add
 
-        return add([self, other])
+        return add(self, other)
 
-    __radd__ = __add__
+    def __radd__(self, other: Any) -> Tensor:
+        from ..tf.ops import add
+
+        return add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        from ..tf.ops import subtract
+
+        return subtract(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        from ..tf.ops import subtract
+
+        return subtract(other, self)
 
     def __mul__(self, other: Any) -> Tensor:
-        from .layers import multiply
+        from ..tf.ops import multiply
 
-        return multiply([self, other])
+        return multiply(self, other)
 
-    __rmul__ = __mul__
+    def __rmul__(self, other: Any) -> Tensor:
+        from ..tf.ops import multiply
+
+        return multiply(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        from ..tf.ops import divide
+
+        return divide(self, other)
+
+    def __neg__(self) -> Tensor:
+        from ..tf.ops import multiply
+
+        return multiply(self, -1.0)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        from ..tf.ops import getitem
+
+        return getitem(self, index)
 
 
 class FeatureTensor:
@@ -71,9 +107,47 @@ class FeatureTensor:
     def __repr__(self) -> str:
         return f"FeatureTensor({self.key!r})"
 
+    # arithmetic and indexing read the feature as its numeric column first
+    def _t(self) -> Tensor:
+        return as_tensor(self, f"feature {self.key!r}")
+
+    def __add__(self, other: Any) -> Tensor:
+        return self._t() + other
+
+    def __radd__(self, other: Any) -> Tensor:
+        return other + self._t()
+
+    def __sub__(self, other: Any) -> Tensor:
+        return self._t() - other
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return other - self._t()
+
+    def __mul__(self, other: Any) -> Tensor:
+        return self._t() * other
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return other * self._t()
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return self._t() / other
+
+    def __neg__(self) -> Tensor:
+        return -self._t()
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return self._t()[index]
+
 
 class LabelTensor(Tensor):
-    """The labels handed to ``model_fn``."""
+    """The labels handed to ``model_fn``: ``shape`` is ``(values per example,)`` as the loss
+    layers read them; ``tf_shape`` the per-example shape the input gave (``()`` for a
+    ``[batch]`` array), which ``one_hot`` and ``reshape`` follow as TensorFlow does."""
+
+    def __init__(self, graph: Graph, name: str, shape: tuple[int, ...],
+                 tf_shape: tuple[int, ...] | None = None) -> None:
+        super().__init__(graph, name, shape)
+        self.tf_shape = self.shape if tf_shape is None else tuple(tf_shape)
 
 
 @dataclass
@@ -136,6 +210,8 @@ class Graph:
         self.weighted: list[WeightedInput] = []
         self.label: LabelTensor | None = None
         self.losses: list[Tensor] = []
+        self.summaries: dict[str, Any] = {}  # tf.summary.scalar: name -> tensor or metric
+        self.variables: dict[str, Any] = {}  # tf.get_variable: name -> its tensor
         self.frozen: dict[str, Any] = {}  # variable name -> fixed value (None: initial)
         self.initial: dict[str, Any] = {}  # variable name -> callable(shape) initializer
         self.state_names: dict[str, list[str]] = {}  # layer name -> non-trainable state names
@@ -238,7 +314,12 @@ def as_tensor(value: Any, what: str) -> Tensor:
     if isinstance(value, FeatureTensor):
         from tierserve.trainer.feature_column import input_layer, numeric_column
 
+        cached = getattr(value, "_tensor", None)  # one dense input per feature and graph
+        if cached is not None and cached.graph is current_graph(what):
+            return cached
         shape = () if value.sample is None else tuple(value.sample.shape[1:])
-        return input_layer({value.key: value}, [numeric_column(value.key, shape=shape or (1,))])
+        value._tensor = input_layer({value.key: value},
+                                    [numeric_column(value.key, shape=shape or (1,))])
+        return value._tensor
     raise ConfigError(f"{what}: expected a tensor of the model_fn's graph, got "
                       f"{type(value).__name__}")

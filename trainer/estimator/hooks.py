@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tierserve.ps.errors import ConfigError
 
 log = logging.getLogger("tierserve.trainer.estimator")
@@ -227,3 +229,43 @@ __all__ = [
     "SessionRunArgs", "SessionRunContext", "SessionRunHook", "SessionRunValues",
     "StopAtStepHook",
 ]
+
+
+class GraphSummaryHook(SessionRunHook):
+    """Writes the ``tf.summary.scalar`` values a ``model_fn`` registered every
+    ``every_n_steps`` training steps: a loss's value, a scalar tensor's value, a metric's
+    running value over the steps so far (TensorFlow's streaming metrics in training)."""
+
+    def __init__(self, summaries: dict[str, Any], writer: Any, every_n_steps: int) -> None:
+        self.summaries = dict(summaries)
+        self.writer = writer
+        self.every = int(every_n_steps)
+        self._step = 0
+
+    def begin(self) -> None:
+        for value in self.summaries.values():
+            if hasattr(value, "reset"):
+                value.reset()
+
+    def before_run(self, run_context):
+        fetches = {}
+        for name, value in self.summaries.items():
+            terms = getattr(value, "terms", None)
+            fetches[name] = (list(terms) if terms is not None
+                             else list(value.tensors) if hasattr(value, "tensors") else value)
+        return SessionRunArgs(fetches)
+
+    def after_run(self, run_context, run_values):
+        self._step = run_context.session.global_step if run_context.session else self._step + 1
+        out = {}
+        for name, got in run_values.results.items():
+            value = self.summaries[name]
+            if hasattr(value, "terms"):
+                out[name] = sum(s * float(np.asarray(v)) for s, v in zip(value.terms.values(), got))
+            elif hasattr(value, "update"):
+                value.update(got)
+                out[name] = value.result()
+            else:
+                out[name] = float(np.asarray(got).mean())
+        if self.every and self._step % self.every == 0:
+            self.writer.scalars(out, self._step)

@@ -23,7 +23,8 @@ import numpy as np
 
 from tierserve.ps.errors import InvalidInputError
 
-from ..data.dataset import Dataset, NextFeatures, OneShotIterator
+from ..data.dataset import Dataset
+from ..data.iterator import OneShotIterator, stream_of
 
 __all__ = ["batches", "numpy_input_fn", "pandas_input_fn"]
 
@@ -219,17 +220,17 @@ def batches(result: Any) -> Iterator[tuple[Any, Any]]:
     """The ``(features, labels)`` batches an ``input_fn``'s return value stands for.
 
     A :class:`~tierserve.trainer.data.Dataset` (or any iterable of batches) gives its
-    elements; what ``make_one_shot_iterator().get_next()`` gave (the course notes'
-    ``features, label = ...get_next(); return features, label``) gives that batch and the
-    rest of its pass; one ``(features, labels)`` tuple, or features alone (``labels`` None), gives
-    that one batch (an Estimator trains on it again at every step, as TensorFlow did with
-    constant input tensors).  A Dataset of features only gives ``(features, None)``.
+    elements; what ``make_one_shot_iterator().get_next()`` gave, however the input_fn
+    arranged it (``features, label = ...get_next(); return features, label``, or
+    ``x, y = ...get_next(); return {"x": x}, y``), gives that batch and the rest of its pass
+    arranged the same way (:func:`~tierserve.trainer.data.iterator.stream_of`); one
+    ``(features, labels)`` tuple, or features alone (``labels`` None), gives that one batch
+    (an Estimator trains on it again at every step, as TensorFlow did with constant input
+    tensors).  A Dataset of features only gives ``(features, None)``.
     """
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], NextFeatures):
-        first = (dict(result[0]), _to_arrays(result[1]))
-        return _chain_rest(first, result[0].iterator)
-    if isinstance(result, NextFeatures):
-        return _chain_rest((dict(result), None), result.iterator)
+    stream = stream_of(result)
+    if stream is not None:
+        return _as_pairs(stream)
     if isinstance(result, OneShotIterator):
         return _as_pairs(result)
     if isinstance(result, Dataset):
@@ -265,8 +266,3 @@ def _as_pairs(elements: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
                 "an input_fn's dataset must give (features, labels) tuples or features dicts, "
                 f"got {type(element).__name__}"
             )
-
-
-def _chain_rest(first: tuple[Any, Any], iterator: OneShotIterator) -> Iterator[tuple[Any, Any]]:
-    yield first
-    yield from _as_pairs(iterator)

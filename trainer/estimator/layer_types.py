@@ -1,5 +1,7 @@
-"""Layer types the Estimator API needs beyond HugeCTR's: ``Tanh``, ``MeanSquaredErrorLoss``
-and example-weighted cross-entropy losses.
+"""Layer types the Estimator API needs beyond HugeCTR's: ``Tanh``, ``MeanSquaredErrorLoss``,
+example-weighted cross-entropy losses, and those of the TensorFlow ops a ``model_fn`` uses
+(:mod:`tierserve.trainer.tf`): ``ArgMax``, ``OneHot``, ``Variable``,
+``SoftmaxCrossEntropyLoss``, ``ReduceMeanLoss``.
 
 They implement the trainer's layer contract (:mod:`tierserve.trainer.layers.base`) and are
 registered in its registry, so the inference server builds them from an exported graph like
@@ -133,3 +135,168 @@ EXPORT_LOSS = {
     "WeightedBinaryCrossEntropyLoss": "BinaryCrossEntropyLoss",
     "WeightedCrossEntropyLoss": "CrossEntropyLoss",
 }
+
+
+# -- layer types of the TensorFlow ops (tierserve.trainer.tf) --------------------------------
+
+
+def _batch_axis(layer: Layer, axis: int, rank: int) -> int:
+    """A TensorFlow axis of a ``[batch, *shape]`` tensor (batch = 0, negative from the end)
+    as a per-sample axis 1..rank."""
+    a = axis + rank + 1 if axis < 0 else axis
+    if not 1 <= a <= rank:
+        raise layer.error(f"axis {axis} is not a per-example axis of a tensor of shape "
+                          f"[batch{''.join(f', {d}' for d in layer.input_shapes[0])}]")
+    return a
+
+
+@register
+class ArgMax(Layer):
+    """Index of the largest value along ``axis`` (TensorFlow's, batch = 0; default 1), as
+    int64; the first on ties, as ``tf.argmax``.  No gradient (indices are not
+    differentiable)."""
+
+    type_name = "ArgMax"
+
+    def infer_shapes(self) -> list[Shape]:
+        shape = self.input_shapes[0]
+        self.axis = _batch_axis(self, int(self.param("axis", 1)), len(shape))
+        return [tuple(d for i, d in enumerate(shape) if i != self.axis - 1)]
+
+    def forward(self, xp, inputs, params, state, training):
+        return [inputs[0].argmax(axis=self.axis).astype(xp.int64)], None
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        return [None], []
+
+
+@register
+class OneHot(Layer):
+    """``tf.one_hot``: each index becomes a ``depth``-vector of ``off_value`` with
+    ``on_value`` at the index (indices outside ``[0, depth)``: all ``off_value``).  Output
+    ``[*input shape, depth]``; ``squeeze_input`` reads a ``[1]``-shaped input (labels given
+    as ``[batch]``) as a scalar per example.  No gradient."""
+
+    type_name = "OneHot"
+
+    def infer_shapes(self) -> list[Shape]:
+        self.depth = int(self.param("depth", 0))
+        if self.depth < 1:
+            raise self.error(f"depth must be positive, got {self.depth}")
+        self.on = float(self.param("on_value", 1.0))
+        self.off = float(self.param("off_value", 0.0))
+        shape = self.input_shapes[0]
+        if self.param("squeeze_input", False):
+            if shape != (1,):
+                raise self.error(f"squeeze_input needs a [batch, 1] input, got {list(shape)}")
+            shape = ()
+        return [(*shape, self.depth)]
+
+    def forward(self, xp, inputs, params, state, training):
+        x = inputs[0]
+        idx = x.reshape(-1).astype(xp.int64)
+        out = xp.full((idx.size, self.depth), self.off, dtype=xp.float32)
+        ok = (idx >= 0) & (idx < self.depth)
+        out[xp.arange(idx.size)[ok], idx[ok]] = self.on
+        return [out.reshape(x.shape[0], *self.output_shapes[0])], None
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        return [None], []
+
+
+@register
+class Variable(Layer):
+    """A variable (``tf.Variable`` / ``tf.get_variable``) as a tensor: its value, the same
+    for every example of the batch.  The bottom only gives the batch size (the dense input);
+    the value is the layer's one parameter (``shape``), its gradient the sum over the batch.
+    Initial value: the Estimator's (``tf.get_variable``'s default is TensorFlow's Glorot
+    uniform, drawn here)."""
+
+    type_name = "Variable"
+
+    def infer_shapes(self) -> list[Shape]:
+        self.var_shape = tuple(int(d) for d in self.param("shape", []))
+        return [self.var_shape]
+
+    def param_shapes(self) -> list[Shape]:
+        return [self.var_shape]
+
+    def init_params(self, rng: np.random.Generator) -> list[np.ndarray]:
+        s = self.var_shape
+        fan_in = s[-2] if len(s) > 1 else (s[0] if s else 1)
+        fan_out = s[-1] if s else 1
+        receptive = int(np.prod(s[:-2])) if len(s) > 2 else 1
+        limit = np.sqrt(6.0 / ((fan_in + fan_out) * receptive))
+        return [rng.uniform(-limit, limit, size=s).astype(np.float32)]
+
+    def forward(self, xp, inputs, params, state, training):
+        b = inputs[0].shape[0]
+        return [xp.broadcast_to(params[0], (b, *self.var_shape)).copy()], None
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        return [None], [grad_outputs[0].sum(axis=0)]
+
+
+@register
+class SoftmaxCrossEntropyLoss(LossLayer):
+    """``tf.losses.softmax_cross_entropy``: softmax and cross entropy against label
+    distributions (one-hot or soft) over C classes, logits and labels ``[batch, C]``,
+    averaged over the batch; ``label_smoothing`` mixes the labels with the uniform
+    distribution as TensorFlow does.  Predicts the softmax."""
+
+    type_name = "SoftmaxCrossEntropyLoss"
+
+    def infer_shapes(self) -> list[Shape]:
+        x, y = self.input_shapes
+        if x != y or len(x) != 1 or x[0] < 2:
+            raise self.error(f"needs logits and labels of one shape [batch, classes >= 2], "
+                             f"got {list(x)} and {list(y)}")
+        self.smoothing = float(self.param("label_smoothing", 0.0))
+        return [(1,)]
+
+    def forward(self, xp, inputs, params, state, training):
+        x, y = inputs
+        y = y.astype(x.dtype, copy=False)
+        if self.smoothing:
+            y = y * (1 - self.smoothing) + self.smoothing / x.shape[1]
+        shifted = x - x.max(axis=1, keepdims=True)
+        logp = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        return [-(y * logp).sum() / x.shape[0]], (logp, y)
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        logp, y = ctx
+        g = (xp.exp(logp) * y.sum(axis=1, keepdims=True) - y) * (grad_outputs[0] / len(y))
+        return [g.astype(logp.dtype, copy=False), None], []
+
+    def predict(self, xp, logits):
+        e = xp.exp(logits - logits.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+
+@register
+class ReduceMeanLoss(LossLayer):
+    """``tf.reduce_mean`` over the whole batch: the mean of every value of its input, the
+    scalar a ``model_fn`` minimizes (``tf.reduce_mean(per_example_loss)``).  Predicts its
+    input unchanged."""
+
+    type_name = "ReduceMeanLoss"
+    num_inputs = (1, 1)
+
+    @property
+    def label_name(self) -> str | None:
+        return None
+
+    def infer_shapes(self) -> list[Shape]:
+        return [(1,)]
+
+    def forward(self, xp, inputs, params, state, training):
+        x = inputs[0]
+        return [x.mean()], (x.shape, x.dtype)
+
+    def backward(self, xp, grad_outputs, ctx, params):
+        shape, dtype = ctx
+        size = int(np.prod(shape))
+        return [xp.full(shape, grad_outputs[0] / size, dtype=dtype)], []
+
+    def predict(self, xp, logits):
+        return logits

@@ -151,25 +151,32 @@ def concat(values: Sequence[Any], axis: int = 1, name: str | None = None) -> Ten
     return g.add_layer(layer, [lname], [(sum(x.width for x in xs),)])[0]
 
 
-def _same_shape(kind: str, values: Sequence[Any], name: str) -> Tensor:
+def _elementwise(kind: str, values: Sequence[Any], name: str) -> Tensor:
     g = current_graph(kind)
     xs = [as_tensor(v, kind) for v in values]
-    shapes = {x.shape for x in xs}
-    if len(shapes) != 1:
-        raise ConfigError(f"{kind}: inputs have different shapes {sorted(shapes)}")
+    try:
+        shape = tuple(np.broadcast_shapes(*(x.shape for x in xs)))
+    except ValueError:
+        raise ConfigError(f"{kind}: input shapes {[x.shape for x in xs]} neither match nor "
+                          "broadcast (per example)") from None
     lname = g.unique(name)
     layer = {"name": lname, "type": kind, "bottom": [x.name for x in xs], "top": lname}
-    return g.add_layer(layer, [lname], [xs[0].shape])[0]
+    return g.add_layer(layer, [lname], [shape])[0]
 
 
 def add(values: Sequence[Any], name: str | None = None) -> Tensor:
-    """Element-wise sum of same-shape tensors."""
-    return _same_shape("Add", values, name or "add")
+    """Element-wise sum of tensors of one shape, or of shapes that broadcast per example."""
+    return _elementwise("Add", values, name or "add")
+
+
+def subtract(x: Any, y: Any, name: str | None = None) -> Tensor:
+    """``x - y`` element-wise (shapes as :func:`add`)."""
+    return _elementwise("Sub", [x, y], name or "sub")
 
 
 def multiply(values: Sequence[Any], name: str | None = None) -> Tensor:
-    """Element-wise product of same-shape tensors."""
-    return _same_shape("ElementwiseMultiply", values, name or "multiply")
+    """Element-wise product of tensors of one shape, or of shapes that broadcast."""
+    return _elementwise("ElementwiseMultiply", values, name or "multiply")
 
 
 def reshape(x: Any, shape: Sequence[int], name: str | None = None) -> Tensor:
@@ -220,5 +227,6 @@ class Dense:
 
 __all__ = [
     "ACTIVATIONS", "Dense", "add", "batch_normalization", "concat", "dense", "dropout", "elu",
-    "flatten", "multiply", "reduce_sum", "relu", "reshape", "sigmoid", "softmax", "tanh",
+    "flatten", "multiply", "reduce_sum", "relu", "reshape", "sigmoid", "softmax", "subtract",
+    "tanh",
 ]

@@ -90,6 +90,38 @@ def sparse_softmax_cross_entropy(labels: Any, logits: Any, weights: Any = 1.0,
                  name or "sparse_softmax_cross_entropy_loss", "WeightedCrossEntropyLoss")
 
 
+def softmax_cross_entropy(onehot_labels: Any, logits: Any, weights: Any = 1.0,
+                          label_smoothing: float = 0.0, scope: Any = None,
+                          loss_collection: Any = None, reduction: Any = None,
+                          name: str | None = None) -> Loss:
+    """Softmax cross entropy against label distributions of the logits' shape
+    (``one_hot(labels, n)``, or soft labels), averaged over the examples (what every
+    TensorFlow reduction but ``SUM`` / ``NONE`` gives without weights); ``label_smoothing``
+    as TensorFlow."""
+    what = "softmax_cross_entropy"
+    g = current_graph(what)
+    if _weights(g, weights, what) is not None:
+        raise ConfigError(f"{what}: per-example weights are not supported; use "
+                          "sparse_softmax_cross_entropy(class ids, logits, weights=...)")
+    how = str(getattr(reduction, "value", reduction) or "").lower()
+    if how in ("none", "sum", "weighted_sum"):
+        raise ConfigError(f"{what}: reduction {reduction!r} is not supported; the loss is the "
+                          "mean over the examples")
+    if not 0.0 <= float(label_smoothing) < 1.0:
+        raise ConfigError(f"{what}: label_smoothing must lie in [0, 1), got {label_smoothing}")
+    x = as_tensor(logits, what)
+    y = _label(g, onehot_labels, what, x.width)
+    lname = g.unique(name or scope or "softmax_cross_entropy_loss")
+    layer = {"name": lname, "type": "SoftmaxCrossEntropyLoss", "bottom": [x.name, y.name],
+             "top": lname}
+    if label_smoothing:
+        layer["label_smoothing"] = float(label_smoothing)
+    g.add_layer(layer, [lname], [(1,)])
+    loss = Loss(g, {lname: 1.0})
+    g.losses.append(loss)
+    return loss
+
+
 def mean_squared_error(labels: Any, predictions: Any, weights: Any = 1.0,
                        name: str | None = None) -> Loss:
     """Mean of squared differences (weighted mean with ``weights``)."""
@@ -109,4 +141,4 @@ def get_total_loss(add_regularization_losses: bool = True, name: str | None = No
 
 
 __all__ = ["LabelTensor", "Loss", "get_total_loss", "mean_squared_error",
-           "sigmoid_cross_entropy", "sparse_softmax_cross_entropy"]
+           "sigmoid_cross_entropy", "softmax_cross_entropy", "sparse_softmax_cross_entropy"]

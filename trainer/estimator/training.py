@@ -130,6 +130,12 @@ def train_and_evaluate(estimator: Any, train_spec: TrainSpec, eval_spec: EvalSpe
                           f"{type(eval_spec).__name__}")
     if eval_every_n_iter is not None and int(eval_every_n_iter) <= 0:
         raise ConfigError(f"eval_every_n_iter must be positive, got {eval_every_n_iter}")
+    from .export import check_servable
+
+    for exporter in eval_spec.exporters or ():  # refused now, not after the training
+        receiver_fn = getattr(exporter, "serving_input_receiver_fn", None)
+        if receiver_fn is not None:
+            check_servable(estimator, receiver_fn)
     dist = getattr(estimator, "_dist", None)
     evaluator = _Evaluator(estimator, eval_spec) if dist is None else _Evaluator(
         dist.twin(estimator), eval_spec, active=dist.is_chief)  # the chief, from checkpoints

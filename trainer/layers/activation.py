@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cpu_kernels import relu_grad, use_kernels
 from .base import Layer, register
 
 
@@ -25,6 +26,11 @@ class ReLU(Layer):
 
     def backward(self, xp, grad_outputs, ctx, params):
         g = grad_outputs[0]
+        if use_kernels(xp, ctx, g):
+            g = np.ascontiguousarray(g)
+            out = np.empty_like(g)
+            relu_grad(np.ascontiguousarray(ctx).reshape(-1), g.reshape(-1), out.reshape(-1))
+            return [out], []
         return [xp.where(ctx > 0, g, 0).astype(g.dtype, copy=False)], []
 
 
@@ -166,12 +172,29 @@ class Dropout(Layer):
 
 @register
 class Cast(Layer):
-    """Identity on values; the model's compute dtype decides the precision."""
+    """Without ``dtype``: identity on values (the model's compute dtype decides the
+    precision).  With ``dtype`` (``tf.cast``): an integer type truncates toward zero and a
+    bool is ``x != 0`` (neither has a gradient, as in TensorFlow); a float type keeps the
+    values and passes the gradient."""
 
     type_name = "Cast"
+    _INTEGER = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.dtype = self.param("dtype", None)
+        if self.dtype not in (None, "bool", "float16", "float32", "float64", *self._INTEGER):
+            raise self.error(f"unsupported dtype {self.dtype!r}")
 
     def forward(self, xp, inputs, params, state, training):
-        return [inputs[0]], None
+        x = inputs[0]
+        if self.dtype in self._INTEGER:
+            return [xp.trunc(x).astype(self.dtype)], None
+        if self.dtype == "bool":
+            return [x != 0], None
+        return [x], None
 
     def backward(self, xp, grad_outputs, ctx, params):
+        if self.dtype in self._INTEGER or self.dtype == "bool":
+            return [None], []
         return [grad_outputs[0]], []

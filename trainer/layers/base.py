@@ -60,6 +60,9 @@ class Layer:
     num_inputs: ClassVar[tuple[int, int | None]] = (1, 1)  # (min, max); max None: any
     num_outputs: ClassVar[tuple[int, int | None]] = (1, 1)
     is_loss: ClassVar[bool] = False
+    #: Indices of the parameters this layer computes faster when they are column-major
+    #: (Fortran order) numpy arrays; the model stores them (and their optimizer state) so.
+    column_major_params: ClassVar[tuple[int, ...]] = ()
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config

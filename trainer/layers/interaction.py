@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cpu_kernels import LANES, interaction_backward, interaction_forward, use_kernels
 from .base import Layer, Shape, register
 
 
@@ -51,23 +52,31 @@ class Interaction(Layer):
 
     def forward(self, xp, inputs, params, state, training):
         x, e = inputs
-        lower, _ = self._index(xp)
         b = x.shape[0]
+        out = xp.empty((b, self.dim + self.num_pairs + 1), dtype=x.dtype)
+        if use_kernels(xp, x, e):
+            interaction_forward(x, e, out, LANES)
+            return [out] * len(self.top), (x, e)
+        lower, _ = self._index(xp)
         z = xp.concatenate([x[:, None, :], e], axis=1)
         zz = xp.matmul(z, z.transpose(0, 2, 1)).reshape(b, self.n * self.n)
-        out = xp.empty((b, self.dim + self.num_pairs + 1), dtype=x.dtype)
         out[:, : self.dim] = x
         out[:, self.dim : -1] = xp.take(zz, lower, axis=1)
         out[:, -1] = 0
-        return [out] * len(self.top), z
+        return [out] * len(self.top), (x, e)
 
     def backward(self, xp, grad_outputs, ctx, params):
-        z = ctx
-        lower, upper = self._index(xp)
+        x, e = ctx
         g = grad_outputs[0]
         for extra in grad_outputs[1:]:
             if extra is not None:
                 g = extra if g is None else g + extra
+        if use_kernels(xp, g, x, e):
+            dx, de = np.empty_like(x), np.empty(e.shape, dtype=e.dtype)
+            interaction_backward(g, x, e, dx, de)
+            return [dx, de], []
+        lower, upper = self._index(xp)
+        z = xp.concatenate([x[:, None, :], e], axis=1)
         b = z.shape[0]
         pairs = g[:, self.dim : -1]
         # d(z_i . z_j) / dz = z_j for row i and z_i for row j: a symmetric [n, n] weight

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cpu_kernels import bias_act, relu_grad_bias, use_kernels
 from .base import Layer, Shape, register
 from .initializers import initialize, initializer_name
 
@@ -26,6 +27,9 @@ class InnerProduct(Layer):
     type_name = "InnerProduct"
     num_inputs = (1, 2)  # a second bottom (HugeCTR's fp16 "*_grad" tensor) is ignored
     activation = "Non"
+    # W[in, out] column-major is W^T[out, in] row-major (torch's layout): OpenBLAS runs
+    # x @ W, g @ W^T and dW = (g^T x)^T about 7% faster so than on a row-major W.
+    column_major_params = (0,)
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
@@ -59,20 +63,34 @@ class InnerProduct(Layer):
         w, b = params
         x2 = x.reshape(-1, x.shape[-1])
         y = x2 @ w
-        y += b
-        if self.activation == "Relu":
-            xp.maximum(y, 0, out=y)
+        relu = self.activation == "Relu"
+        if use_kernels(xp, y, b):  # bias and ReLU in one pass
+            bias_act(y, b, relu)
+        else:
+            y += b
+            if relu:
+                xp.maximum(y, 0, out=y)
         return [y.reshape(*x.shape[:-1], self.num_output)], (x2, y, x.shape)
 
     def backward(self, xp, grad_outputs, ctx, params):
         x2, y, in_shape = ctx
         w, _ = params
         g = grad_outputs[0].reshape(-1, self.num_output)
-        if self.activation == "Relu":
-            g = xp.where(y > 0, g, 0).astype(g.dtype, copy=False)
-        dw = x2.T @ g
-        db = g.sum(axis=0)
-        dx = (g @ w.T).reshape(in_shape) if self.needs_input_grad(0) else None
+        if self.activation == "Relu" and use_kernels(xp, y, g):
+            masked = np.empty_like(g)
+            db = np.empty(self.num_output, dtype=g.dtype)
+            relu_grad_bias(y, g, masked, db)  # the ReLU mask and the bias gradient, one pass
+            g = masked
+        else:
+            if self.activation == "Relu":
+                g = xp.where(y > 0, g, 0).astype(g.dtype, copy=False)
+            db = g.sum(axis=0)
+        # dW in W's layout (column-major W: computed as (g^T x)^T, no transposed copy)
+        dw = (g.T @ x2).T if w.flags.f_contiguous and not w.flags.c_contiguous else x2.T @ g
+        dx = None
+        if self.needs_input_grad(0):
+            # one output: an outer product, which BLAS runs as a slow rank-1 matrix product
+            dx = (g * w[:, 0] if self.num_output == 1 else g @ w.T).reshape(in_shape)
         grads = [dx] + [None] * (len(self.bottom) - 1)
         return grads, [dw, db]
 

@@ -98,18 +98,28 @@ class MultiCrossEntropyLoss(LossLayer):
 
 @register
 class CrossEntropyLoss(LossLayer):
-    """Softmax + cross entropy over C classes; the label holds the class index ([B, 1])."""
+    """Softmax + cross entropy over C classes; the label holds the class index.
+
+    The label input may be ``[B, label_dim]`` with any ``label_dim`` (HugeCTR checks only the
+    logits' width): sample ``i``'s class is the ``i``-th label value in row-major order, the one
+    HugeCTR's kernel reads (``label[i]``); with ``label_dim`` 1 that is the sample's own label.
+    """
 
     type_name = "CrossEntropyLoss"
 
     def infer_shapes(self) -> list[Shape]:
         logits, label = self.input_shapes
-        if len(logits) != 1 or logits[0] < 2 or int(np.prod(label)) != 1:
+        if len(logits) != 1 or logits[0] < 2 or len(label) != 1 or label[0] < 1:
             raise self.error(
-                f"needs logits [batch, classes >= 2] and label [batch, 1], got "
+                f"needs logits [batch, classes >= 2] and label [batch, label_dim], got "
                 f"{list(logits)} and {list(label)}"
             )
         return [(1,)]
+
+    @staticmethod
+    def _classes(y, batch: int):
+        """Sample ``i``'s class: the ``i``-th label value (row-major), as HugeCTR reads it."""
+        return y.reshape(-1)[:batch].astype(np.int64)
 
     def _softmax(self, xp, x):
         e = xp.exp(x - x.max(axis=1, keepdims=True))
@@ -117,7 +127,7 @@ class CrossEntropyLoss(LossLayer):
 
     def forward(self, xp, inputs, params, state, training):
         x, y = inputs
-        idx = y.reshape(-1).astype(np.int64)
+        idx = self._classes(y, x.shape[0])
         shifted = x - x.max(axis=1, keepdims=True)
         logp = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
         loss = -logp[xp.arange(x.shape[0]), idx].mean()

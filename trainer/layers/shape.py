@@ -59,7 +59,9 @@ class Reshape(Layer):
     - ``time_step`` > 0: output [time_step, leading_dim];
     - otherwise ``leading_dim`` is the new last dimension: [leading_dim] when it equals the
       values per sample, else [values / leading_dim, leading_dim] (HugeCTR makes that
-      [batch * values / leading_dim, leading_dim]: the same values in the same order).
+      [batch * values / leading_dim, leading_dim]: the same values in the same order);
+    - ``shape`` (a list, ``tf.reshape``'s per-sample shape) gives the output shape exactly,
+      ``[]`` one value per sample.
     """
 
     type_name = "Reshape"
@@ -72,10 +74,17 @@ class Reshape(Layer):
         if isinstance(selected, bool):  # DenseLayer-style flag, slots in selected_slots
             selected = self.param("selected_slots", []) if selected else None
         self.selected = [int(s) for s in selected] if selected else None
+        shape = self.param("shape", None)
+        self.shape = None if shape is None else tuple(int(d) for d in shape)
 
     def infer_shapes(self) -> list[Shape]:
         shape = self.input_shapes[0]
         n = product(shape)
+        if self.shape is not None:
+            if product(self.shape) != n or any(d < 1 for d in self.shape):
+                raise self.error(f"[batch, {', '.join(map(str, shape))}] cannot become "
+                                 f"[batch, {', '.join(map(str, self.shape))}]")
+            return [self.shape]
         if self.selected is not None:
             self.check_rank(shape, (3,))
             bad = [s for s in self.selected if not 0 <= s < shape[0]]
@@ -97,7 +106,8 @@ class Reshape(Layer):
         return [(n // self.leading_dim, self.leading_dim)]
 
     def flat_outputs(self) -> list[bool]:
-        return [self.selected is None and self.time_step <= 0 and len(self.output_shapes[0]) == 2]
+        return [self.selected is None and self.time_step <= 0 and self.shape is None
+                and len(self.output_shapes[0]) == 2]
 
     def forward(self, xp, inputs, params, state, training):
         x = inputs[0]

@@ -134,6 +134,9 @@ def test_local_entry_trains_evaluates_and_exports(tmp_path, conf_module, capsys)
         ("TrainConf.batch_size = 0\n", [], "batch_size must be a positive int"),
         ("TrainConf.train_set = {'reader': None}\n", [], "train_set has no 'reader'"),
         ("", ["--platform", "Kubernetes"], "--platform 'Kubernetes'"),
+        ("", ["--platform=local_kubernetes"], "DLRover's platform is not supported here"),
+        ("", ["--platform=local", "--ps_num=2"], "without separate parameter-server"),
+        ("", ["--worker_num=0"], "--worker_num must be at least 1"),
         ("del TrainConf.model_dir\n", ["--no-model-dir"], "no model_dir"),
     ],
 )
@@ -156,3 +159,96 @@ def test_a_conf_that_does_not_import_is_named(conf_module, capsys):
 
     assert entry.main(["--conf=no_such_module.TrainConf", "--platform=local"]) == 2
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
+
+
+def _python_m(tmp_path, *args, timeout=300):
+    """``python -m tierserve.trainer.elastic ARGS`` in ``tmp_path`` (DLRover's run.sh form)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+    env.update(TIERSERVE_NO_PROGRESS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "tierserve.trainer.elastic", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _steps(model_dir):
+    from tierserve.trainer.estimator import checkpoint
+
+    return checkpoint.step_of(checkpoint.latest_checkpoint(model_dir))
+
+
+def test_dlrover_run_sh_arguments_run_one_worker_here(tmp_path, conf_module):
+    name = conf_module("entry_conf_runsh", "TrainConf.epoch = 2\nTrainConf.eval_set = None\n"
+                       "TrainConf.serving_input_receiver_fn = None\n")
+    done = _python_m(tmp_path, "--platform=local", f"--conf={name}.TrainConf", "--ps_num=1",
+                     "--worker_num=1", f"--model_dir={tmp_path / 'one'}")
+    assert done.returncode == 0, done.stderr
+    assert _steps(tmp_path / "one") == 40  # 2 epochs of 400 records, batches of 20
+
+
+@pytest.mark.slow
+def test_worker_num_runs_the_job_on_that_many_mpi_ranks(tmp_path, conf_module):
+    import shutil
+    from pathlib import Path
+
+    pytest.importorskip("mpi4py")
+    if not (Path(sys.executable).parent / "mpiexec").exists() and not shutil.which("mpiexec"):
+        pytest.skip("needs mpiexec: pip install 'tierserve[mpi]'")
+    name = conf_module("entry_conf_mpi", "TrainConf.epoch = 2\nTrainConf.eval_set = None\n"
+                       "TrainConf.serving_input_receiver_fn = None\n")
+    done = _python_m(tmp_path, "--platform=local", f"--conf={name}.TrainConf", "--ps_num=1",
+                     "--worker_num=2", f"--model_dir={tmp_path / 'two'}")
+    assert done.returncode == 0, done.stderr
+    assert "starting 2 workers" in done.stderr
+    assert _steps(tmp_path / "two") == 40  # the same global batches as one process
+    one = _python_m(tmp_path, f"--conf={name}.TrainConf", f"--model_dir={tmp_path / 'one'}")
+    assert one.returncode == 0, one.stderr
+    from tierserve.trainer import feature_column as fc
+
+    x = np.array([0.1, 0.5, 0.9], dtype=np.float32)
+    got = {}
+    for run in ("one", "two"):
+        trained = estimator.LinearRegressor(
+            [fc.numeric_column("x"), fc.categorical_column_with_identity("k", 3)],
+            model_dir=str(tmp_path / run))
+        got[run] = [float(np.ravel(p["predictions"])[0]) for p in
+                    trained.predict(lambda: {"x": x, "k": np.array([0, 1, 2])})]
+    np.testing.assert_allclose(got["two"], got["one"], rtol=1e-4)  # 2 ranks train as 1
+
+
+def test_dlrover_default_logger_logs_in_dlrovers_format(capfd):
+    from tierserve.trainer.elastic import default_logger
+    from tierserve.trainer.elastic.log_util import default_logger as same
+
+    assert default_logger is same and default_logger.name == "dlrover.trainer"
+    default_logger.info("config is %s", {"a": 1})
+    err = capfd.readouterr().err
+    assert "[INFO][test_entry.py:" in err and "config is {'a': 1}" in err
+
+
+NUMERIC_ONLY = '''
+class NumericOnly(estimator.LinearRegressor):
+    def __init__(self, model_dir, config=None, params=None):
+        super().__init__([feature_column.numeric_column("x")], model_dir=model_dir,
+                         config=config)
+
+
+TrainConf.classifier_class = NumericOnly
+TrainConf.serving_input_receiver_fn = estimator.export.build_raw_serving_input_receiver_fn(
+    {"x": estimator.export.placeholder("float32", [None, 1], name="x")})
+'''
+
+
+def test_a_model_its_export_could_not_serve_is_refused_before_training(tmp_path, conf_module,
+                                                                        capsys):
+    """Only numeric columns: no embedding table, which tierserve serves none without; the
+    conf is refused at once (exit 2, naming why), with no checkpoint written."""
+    name = conf_module("entry_conf_numeric", NUMERIC_ONLY)
+    model_dir = tmp_path / "m"
+    assert main(["train", "--conf", f"{name}.TrainConf", "--model-dir", str(model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "no embedding table" in err and "before training" in err, err
+    assert not list(model_dir.glob("model.ckpt-*"))

@@ -229,3 +229,27 @@ def test_deepfm_and_dlrover_adaptor(tmp_path):
     assert auc > 0.9
     assert any("fm" in layer["name"] for layer in next(
         iter(deepfm._programs.values())).graph.layers)
+
+
+def test_a_subclass_sets_run_config_before_init_as_dlrover_adaptors_do(tmp_path):
+    class Adaptor(tf_estimator.Estimator):
+        def __init__(self, model_dir, config=None, params=None):
+            self.run_config = config  # DLRover's DeepFMAdaptor, before super().__init__
+            self.estimator = None
+            super().__init__(self.model_fn, model_dir=model_dir, config=config, params=params)
+
+        def model_fn(self, features, labels, mode, params):
+            if self.estimator is None:
+                self.estimator = tf_estimator.DeepFMEstimator(
+                    [feature_column.numeric_column("x")], [feature_column.numeric_column("x")],
+                    task="regression", dnn_hidden_units=[4])
+            return self.estimator._model_fn(features, labels, mode, self.run_config)
+
+    config = tf_estimator.RunConfig(save_summary_steps=0, tf_random_seed=3)
+    est = Adaptor(str(tmp_path), config=config, params={})
+    assert est.run_config is config and est.config.tf_random_seed == 3
+    xs = np.linspace(0, 1, 64, dtype=np.float32)
+    est.train(lambda: ({"x": xs}, 2 * xs), steps=3)
+    assert est.get_variable_value("global_step") == 3
+    plain = tf_estimator.Estimator(lambda features, labels, mode: None, str(tmp_path / "p"))
+    assert plain.run_config is plain.config  # without a subclass's value: the config

@@ -236,3 +236,36 @@ def test_an_estimator_trains_until_the_input_ends(tmp_path):
         steps=3,
     )
     assert model.get_variable_value("global_step") == 12
+
+
+@pytest.mark.timeout(120)  # read as one constant batch, training never ended
+def test_get_next_unpacked_into_a_dict_trains_to_the_end_of_the_data(tmp_path):
+    """DLRover's iris input_fn: ``x, y = iterator.get_next(); return {"x": x}, y``."""
+    from tierserve.trainer import estimator
+    from tierserve.trainer import feature_column as fc
+
+    def gen():
+        for i in range(100):
+            yield [float(i % 7), 1.0, 2.0, float(i % 3)], [i % 2]
+
+    def input_fn():
+        ds = data.Dataset.from_generator(
+            gen, output_types=(np.float32, np.int32), output_shapes=((4,), (1,))
+        ).shuffle(10).batch(8)
+        x, y = ds.make_one_shot_iterator().get_next()
+        return {"x": x}, y
+
+    def model_fn(features, labels, mode):
+        logits = estimator.layers.dense(
+            fc.input_layer(features, [fc.numeric_column("x", shape=(4,))]), 1)
+        loss = estimator.losses.sigmoid_cross_entropy(labels, logits)
+        return estimator.EstimatorSpec(
+            mode, loss=loss, train_op=estimator.train.GradientDescentOptimizer(0.1).minimize(loss),
+            eval_metric_ops={"n": estimator.metrics.mean(labels)})
+
+    est = estimator.Estimator(model_fn, str(tmp_path),
+                              config=estimator.RunConfig(save_summary_steps=0))
+    est.train(input_fn)
+    assert est.get_variable_value("global_step") == 13  # ceil(100 / 8) batches, then the end
+    metrics = est.evaluate(input_fn)
+    assert metrics["n"] == pytest.approx(0.5)  # every row evaluated once: 50 of 100 are 1
