@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from ps_helpers import agree
+from ps_helpers import agree, home_slots
 
 from tierserve.ps import hash_kernels, hash_table
 from tierserve.ps.config import ParallelHashMapConfig
@@ -107,19 +107,6 @@ def test_bulk_load_matches_inserts_and_keeps_the_last_repeat():
     agree(loaded, dict(zip(keys[:10].tolist(), emb[:10])), 6, rng)
 
 
-def _homes(keys: np.ndarray, seed: int, cap: int) -> np.ndarray:
-    """The keys' home slots, as the module docstring of hash_kernels defines them (numpy):
-    the first slot of bucket ``((h >> 32) * (cap / 8)) >> 32``."""
-    with np.errstate(over="ignore"):
-        h = (keys.astype(np.uint64) ^ np.array(seed).astype(np.uint64)) * np.uint64(
-            0xFF51AFD7ED558CCD
-        )
-        h ^= h >> np.uint64(32)
-        h *= np.uint64(0xC4CEB9FE1A85EC53)
-        bucket = ((h >> np.uint64(32)) * np.uint64(cap // 8)) >> np.uint64(32)
-        return bucket.astype(np.int64) * 8
-
-
 def _check_layout(table: HashTable, ref: dict) -> None:
     """The arrays hold what the module docstring of hash_kernels says, checked with numpy:
     each key in the index at its home slot or after it, every slot between occupied (a key
@@ -131,7 +118,7 @@ def _check_layout(table: HashTable, ref: dict) -> None:
     live = np.flatnonzero(index > hash_table.TOMB)
     keys = index[live]
     assert sorted(keys.tolist()) == sorted(ref)
-    homes = _homes(keys, st.seed, st.cap)
+    homes = home_slots(keys, st.seed, st.cap)
     assert (homes <= live).all()
     empty = np.flatnonzero(index == hash_table.EMPTY)
     # the first empty slot at or after each home lies past the key's slot
@@ -166,7 +153,7 @@ def _crowd(table: HashTable, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     other keys with that home bucket."""
     st = table._state
     candidates = rng.integers(-(2**62), 2**62, 2_000_000)
-    homes = _homes(candidates, st.seed, st.cap)
+    homes = home_slots(candidates, st.seed, st.cap)
     bucket = np.bincount(homes // 8).argmax() * 8
     same = candidates[homes == bucket]
     assert same.size >= 2 * n
@@ -227,7 +214,7 @@ def test_parallel_load_matches_a_dict(monkeypatch, threads, track):
     cap = HashTable._cap_for(n)
     seed = hash_table._State(cap, 3, False, table._generation + 1).seed
     candidates = rng.integers(-(2**40), 2**40, 400_000)
-    homes = _homes(candidates, seed, cap)
+    homes = home_slots(candidates, seed, cap)
     stop = cap // threads
     crowd = candidates[(homes >= stop - 100) & (homes < stop)][:300]
     assert crowd.size == 300

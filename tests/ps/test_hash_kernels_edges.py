@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ps_helpers import agree
-from test_hash_kernels import _homes
+from ps_helpers import agree, home_slots
 
 from tierserve.ps import hash_kernels, hash_table
 from tierserve.ps.eviction import EvictLeastUsed, EvictOldest
@@ -111,7 +110,7 @@ def _last_bucket_keys(cap: int, seed: int, n: int, rng) -> np.ndarray:
     got: list[np.ndarray] = []
     while sum(g.size for g in got) < n:
         c = rng.integers(-(2**62), 2**62, 4_000_000)
-        got.append(c[_homes(c, seed, cap) == cap - 8])
+        got.append(c[home_slots(c, seed, cap) == cap - 8])
     return np.unique(np.concatenate(got))[:n]
 
 
