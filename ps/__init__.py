@@ -1,12 +1,11 @@
 """tierserve's hierarchical parameter server: tiers, formats, configuration and updates."""
 
-from .config import (
+from .config import PSConfig, load_ps_config, parse_ps_config
+from .config_base import (
+    DatabaseHashMapAlgorithm_t,
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
-    PSConfig,
     UpdateSourceType_t,
-    load_ps_config,
-    parse_ps_config,
 )
 from .errors import (
     BackendUnavailableError,
@@ -24,7 +23,8 @@ from .params import PersistentDatabaseParams, UpdateSourceParams, VolatileDataba
 from .sparse_file import SparseTable, read_sparse_model, write_sparse_model
 from .stats import LatencyHistogram, TierStats
 from .table_tag import parse_table_tag, table_tag
-from .tier import Tier, create_tier
+from .tier import Tier
+from .tier_registry import create_tier
 from .update_message import decode_update, encode_update
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "ConfigError",
     "CreateParameterServer",
     "CorruptModelFileError",
+    "DatabaseHashMapAlgorithm_t",
     "DatabaseOverflowPolicy_t",
     "DatabaseType_t",
     "EvictionPolicy",

@@ -1,4 +1,5 @@
-"""``multi_process_hash_map``: the hash map tier in shared memory, one copy per host.
+"""``multi_process_hash_map``: the hash map tier in shared memory, one copy per host, and
+its ``ps.json`` config.
 
 Every process of a host that opens this tier with the same ``shared_memory_name`` sees the
 same tables: a table's slots (the index of keys, the vector rows and the per-slot statistics
@@ -31,12 +32,19 @@ import mmap
 import os
 from glob import escape as glob_escape
 from pathlib import Path
+from typing import Annotated, Literal
 from urllib.parse import quote
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from . import hash_kernels as _k
-from .config import UNBOUNDED, MultiProcessHashMapConfig
+from .config_base import (
+    UNBOUNDED,
+    DatabaseType_t,
+    InProcessConfig,
+    PositiveInt,
+)
 from .errors import ConfigError, InvalidInputError
 from .hash_map import HashMapTier
 from .hash_table import _MAX_FILL, HashTable, _slots, _State
@@ -44,6 +52,32 @@ from .partition import GOLDEN
 
 #: Where the tier's folders live.
 SHM_ROOT = Path("/dev/shm")
+
+
+class MultiProcessHashMapConfig(InProcessConfig):
+    """The hash map in shared memory (``/dev/shm``): one copy per host that every process of
+    the host reads (HugeCTR's ``multi_process_hash_map``).  ``shared_memory_size`` caps the
+    bytes its tables may take, ``shared_memory_name`` names its folder under ``/dev/shm``;
+    ``auto_remove`` removes a table's memory when the last process using it drops it or
+    closes."""
+
+    type: Literal[DatabaseType_t.multi_process_hash_map] = DatabaseType_t.multi_process_hash_map
+    num_partitions: PositiveInt = 1
+    shared_memory_size: PositiveInt = 16 * 1024**3
+    shared_memory_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")] = (
+        "hctr_mp_hash_map_database"
+    )
+    auto_remove: bool = True
+
+    @model_validator(mode="after")
+    def _loads_itself(self):
+        if not self.initialize_after_startup:
+            raise ValueError(
+                "initialize_after_startup false is not available for multi_process_hash_map: "
+                "the first process that loads a version fills its tables and the others attach "
+                "to them; there are no tables of an earlier run to attach to"
+            )
+        return self
 
 # Header: int64 fields, then the pids of the processes using the table.
 _EPOCH, _NEXT, _CAP, _SEED, _LIVE, _USED, _DIM, _TRACK, _COMPLETE = range(9)
@@ -312,6 +346,7 @@ def fingerprint(keys: np.ndarray, embeddings: np.ndarray) -> int:
 class SharedHashMapTier(HashMapTier):
     """``multi_process_hash_map``: see the module docstring."""
 
+    configs = (MultiProcessHashMapConfig,)
     # every process of the host reads and writes the same tables: one process per host
     # applies each Kafka update (consumer group hps.<level>.<host>), the others' caches hear
     shared = "host"

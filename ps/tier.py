@@ -1,26 +1,20 @@
-"""The one small interface every storage tier implements, and the factory that builds tiers.
+"""The one small interface every storage tier implements.
 
 A tier stores embedding tables addressed by a *table tag* (``hps_et.<model>.<table>``, or a
 versioned storage name derived from it by the hierarchy).  Keys are int64; embeddings are
-float32 ``[n, dim]``.  The hierarchy composes tiers through this interface only.
+float32 ``[n, dim]``.  The hierarchy composes tiers through this interface only; :mod:`tierserve.ps.tier_registry`
+builds them from their ``ps.json`` configs (each tier's config model lives beside it and is
+listed in :attr:`Tier.configs`).
 """
 
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
 import numpy as np
 
-from .config import (
-    DisabledConfig,
-    HashMapConfig,
-    MultiProcessHashMapConfig,
-    ParallelHashMapConfig,
-    RedisClusterConfig,
-    RedisConfig,
-    RocksDBConfig,
-)
-from .errors import ConfigError, InvalidInputError, NotFoundError
+from .errors import InvalidInputError, NotFoundError
 from .partition import as_keys
 from .stats import TierStats
 
@@ -34,6 +28,8 @@ class Tier(abc.ABC):
     not found and count an error (the hierarchy then falls through to the next tier).
     """
 
+    #: The config models this tier is built from (``Tier(config)``), one per ``ps.json`` type.
+    configs: ClassVar[tuple[type, ...]] = ()
     #: The ``ps.json`` type name of this tier.
     kind: str = ""
     #: Whether writes are refused (:class:`~tierserve.ps.errors.ReadOnlyError`); a read-only
@@ -141,26 +137,3 @@ class Tier(abc.ABC):
         if embeddings.dtype != np.float32 or not embeddings.flags.c_contiguous:
             embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         return keys, embeddings
-
-
-def create_tier(config) -> Tier | None:
-    """Build the tier a ``volatile_db`` / ``persistent_db`` config selects (None: disabled)."""
-    if isinstance(config, DisabledConfig) or config is None:
-        return None
-    if isinstance(config, MultiProcessHashMapConfig):
-        from .shm_hash_map import SharedHashMapTier
-
-        return SharedHashMapTier(config)
-    if isinstance(config, (HashMapConfig, ParallelHashMapConfig)):
-        from .hash_map import HashMapTier
-
-        return HashMapTier(config)
-    if isinstance(config, (RedisClusterConfig, RedisConfig)):
-        from .redis_tier import RedisTier
-
-        return RedisTier(config)
-    if isinstance(config, RocksDBConfig):
-        from .rocksdb_tier import RocksDBTier
-
-        return RocksDBTier(config)
-    raise ConfigError(f"no tier implements {type(config).__name__}")

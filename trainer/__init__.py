@@ -7,7 +7,7 @@ imported on first use, so importing the trainer does not import the server.
 
 from typing import Any
 
-from tierserve.ps.config import (
+from tierserve.ps.config_base import (
     DatabaseHashMapAlgorithm_t,
     DatabaseOverflowPolicy_t,
     DatabaseType_t,

@@ -39,16 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from tierserve.ps.codec import decode_values, key_fields
-from tierserve.ps.config import (
-    HashMapConfig,
-    ParallelHashMapConfig,
-    RedisClusterConfig,
-    RocksDBConfig,
-)
+from tierserve.ps.hash_map import HashMapConfig, ParallelHashMapConfig
 from tierserve.ps.partition import group_by_partition
-from tierserve.ps.redis_tier import value_hash
+from tierserve.ps.redis_tier import RedisClusterConfig, value_hash
+from tierserve.ps.rocksdb_tier import RocksDBConfig
 from tierserve.ps.sparse_file import read_sparse_model, write_sparse_model
-from tierserve.ps.tier import create_tier
+from tierserve.ps.tier_registry import create_tier
 
 BATCH = 26 * 1024
 TAG = "hps_et.bench.table"

@@ -14,9 +14,8 @@ import pytest
 from ps_helpers import agree, home_slots
 
 from tierserve.ps import hash_kernels, hash_table
-from tierserve.ps.config import ParallelHashMapConfig
 from tierserve.ps.eviction import EvictLeastUsed, EvictOldest, EvictRandom
-from tierserve.ps.hash_map import HashMapTier
+from tierserve.ps.hash_map import HashMapTier, ParallelHashMapConfig
 from tierserve.ps.hash_table import HashTable
 from tierserve.ps.partition import group_by_partition
 

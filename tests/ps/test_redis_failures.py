@@ -14,9 +14,10 @@ from polling import until
 from ps_helpers import expected, write_model
 
 from tierserve.ps import HierarchicalParameterServer
-from tierserve.ps.config import RedisClusterConfig, RedisConfig, parse_ps_config
+from tierserve.ps.config import parse_ps_config
 from tierserve.ps.errors import BackendUnavailableError
-from tierserve.ps.tier import create_tier
+from tierserve.ps.redis_tier import RedisClusterConfig, RedisConfig
+from tierserve.ps.tier_registry import create_tier
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from tierserve.ps import shm_hash_map
-from tierserve.ps.config import MultiProcessHashMapConfig, load_ps_config
+from tierserve.ps.config import load_ps_config
 from tierserve.ps.errors import ConfigError
-from tierserve.ps.tier import create_tier
+from tierserve.ps.shm_hash_map import MultiProcessHashMapConfig
+from tierserve.ps.tier_registry import create_tier
 
 TAG = "hps_et.m.t@2"
 DIM = 8

@@ -9,9 +9,10 @@ import pytest
 
 from tierserve.clients.demo_model import train_demo_model
 from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
-from tierserve.ps.config import DisabledConfig, RocksDBConfig
+from tierserve.ps.config_base import DisabledConfig
 from tierserve.ps.errors import ConfigError
 from tierserve.ps.params import PersistentDatabaseParams, VolatileDatabaseParams
+from tierserve.ps.rocksdb_tier import RocksDBConfig
 from tierserve.server.datasets import wrapped_batches
 from tierserve.server.inference_model import InferenceModel, InferenceParams
 from tierserve.trainer.inference import CreateInferenceSession
