@@ -1,0 +1,177 @@
+"""Compact embedding rows: the ``storage_dtype`` of a table and the codec of its rows.
+
+A table's rows are stored as ``float32`` (the default), ``float16`` or ``int8``.  Every tier
+and the embedding cache store a row as a fixed number of 4-byte *words*, so the hash maps'
+kernels, Redis, RocksDB and the cache move compact rows exactly as they move float32 ones;
+:class:`RowCodec` turns float32 ``[n, dim]`` into words (:meth:`~RowCodec.encode`, on insert,
+load and online update) and back (:meth:`~RowCodec.decode`, on lookup).  Lookups always
+answer float32.
+
+Row layouts (little-endian; docs/formats.md):
+
+- ``float32``: ``dim`` float32 values (``dim`` words, the layout tierserve always had);
+- ``float16``: ``dim`` IEEE half values, zero-padded to a whole word;
+- ``int8``: FBGEMM's fused 8-bit row-wise layout (TorchRec's row-wise quantized tables):
+  ``dim`` unsigned bytes ``q``, then the row's float32 ``scale`` and float32 ``bias``,
+  zero-padded to a whole word; a value is ``q * scale + bias``, with ``bias`` the row's
+  minimum and ``scale = (max - min) / 255``, so each element is within ``scale / 2`` of
+  the float32 it came from.
+
+Values that a layout cannot hold are refused (:class:`InvalidInputError`), never stored
+altered: NaN and infinities in every layout, and magnitudes above 65504 in ``float16``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import numpy as np
+
+from .errors import InvalidInputError
+
+#: The largest finite float16.
+FP16_MAX = 65504.0
+
+
+class StorageDtype(str, Enum):
+    """How a table's rows are stored (``ps.json``'s ``storage_dtype``)."""
+
+    float32 = "float32"
+    float16 = "float16"
+    int8 = "int8"
+
+
+STORAGE_DTYPES = tuple(d.value for d in StorageDtype)
+
+
+def storage_dtype(value) -> StorageDtype:
+    """``value`` as a :class:`StorageDtype`, or :class:`InvalidInputError` naming it."""
+    try:
+        return StorageDtype(value)
+    except ValueError:
+        raise InvalidInputError(
+            f"storage_dtype {value!r} is not one of {', '.join(STORAGE_DTYPES)}"
+        ) from None
+
+
+def row_bytes(dtype: StorageDtype, dim: int) -> int:
+    """Bytes of one stored row of ``dim`` values, before padding to whole words."""
+    dtype = StorageDtype(dtype)
+    if dtype is StorageDtype.float32:
+        return 4 * dim
+    if dtype is StorageDtype.float16:
+        return 2 * dim
+    return dim + 8
+
+
+class RowCodec:
+    """The rows of one table: ``dim`` float32 values stored as ``words`` 4-byte words."""
+
+    def __init__(self, dtype, dim: int) -> None:
+        self.dtype = storage_dtype(dtype)
+        self.dim = int(dim)
+        if self.dim <= 0:
+            raise InvalidInputError(f"embedding dim must be positive, got {dim}")
+        self.row_bytes = row_bytes(self.dtype, self.dim)
+        self.words = (self.row_bytes + 3) // 4
+
+    @property
+    def identity(self) -> bool:
+        """Whether rows are stored as the float32 values themselves."""
+        return self.dtype is StorageDtype.float32
+
+    def __repr__(self) -> str:
+        return f"RowCodec({self.dtype.value}, dim={self.dim})"
+
+    # --- float32 -> words --------------------------------------------------------------------
+
+    def encode(self, embeddings, what: str = "embeddings") -> np.ndarray:
+        """float32 ``[n, dim]`` as stored words: float32 ``[n, words]`` holding the row bytes.
+
+        float32 rows are returned as they are (no copy when already contiguous float32).
+        """
+        emb = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if emb.ndim != 2 or emb.shape[1] != self.dim:
+            raise InvalidInputError(
+                f"{what} must have shape [n, {self.dim}], got {list(emb.shape)}"
+            )
+        if self.identity:
+            return emb
+        self._check_values(emb, what)
+        out = np.zeros((emb.shape[0], 4 * self.words), dtype=np.uint8)
+        if self.dtype is StorageDtype.float16:
+            out[:, : self.row_bytes] = emb.astype("<f2").view(np.uint8)
+        else:
+            q, scale, bias = quantize_int8(emb)
+            out[:, : self.dim] = q
+            sb = np.stack([scale, bias], axis=1).astype("<f4")
+            out[:, self.dim : self.dim + 8] = sb.view(np.uint8)
+        return out.view(np.float32)
+
+    def _check_values(self, emb: np.ndarray, what: str) -> None:
+        if emb.size == 0:
+            return
+        if not np.isfinite(emb).all():
+            bad = np.argwhere(~np.isfinite(emb))[0]
+            raise InvalidInputError(
+                f"{what}: row {int(bad[0])} holds {emb[tuple(bad)]!r} at column {int(bad[1])}; "
+                f"storage_dtype {self.dtype.value} stores finite values only"
+            )
+        if self.dtype is StorageDtype.float16:
+            peak = float(np.abs(emb).max())
+            if peak > FP16_MAX:
+                row = int(np.argmax(np.abs(emb).max(axis=1)))
+                raise InvalidInputError(
+                    f"{what}: row {row} holds a value of magnitude {peak:g}, beyond float16's "
+                    f"{FP16_MAX:g}; store this table as float32 or int8 (storage_dtype)"
+                )
+
+    # --- words -> float32 --------------------------------------------------------------------
+
+    def decode(self, words, xp=np):
+        """Stored words ``[n, words]`` (numpy, or cupy with ``xp=cupy``) as float32 ``[n, dim]``."""
+        if self.identity:
+            return words
+        b = xp.ascontiguousarray(words).view(xp.uint8)
+        if xp is np:
+            return _decode_host(self.dtype, b, self.dim)
+        if self.dtype is StorageDtype.float16:
+            return xp.ascontiguousarray(b[:, : self.row_bytes]).view(xp.float16).astype(xp.float32)
+        sb = xp.ascontiguousarray(b[:, self.dim : self.dim + 8]).view(xp.float32)
+        return b[:, : self.dim].astype(xp.float32) * sb[:, :1] + sb[:, 1:2]
+
+
+def quantize_int8(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise 8-bit quantization of finite float32 ``[n, dim]``: ``(q uint8, scale, bias)``
+    float32 with ``q * scale + bias`` within ``scale / 2`` of each value (plus float32
+    rounding of that product and sum).
+
+    ``bias`` is the row minimum and ``scale`` the range / 255, both float32; ``q`` is
+    computed from those float32 values (in float64), so the bound holds for what is stored.
+    A constant row has scale 0 and is stored exactly.
+    """
+    lo = emb.min(axis=1) if emb.size else np.zeros(emb.shape[0], np.float32)
+    hi = emb.max(axis=1) if emb.size else lo
+    scale = ((hi.astype(np.float64) - lo) / 255.0).astype(np.float32)
+    if not np.isfinite(scale).all():  # a range beyond float32 (values near +-3.4e38)
+        row = int(np.argmin(np.isfinite(scale)))
+        raise InvalidInputError(
+            f"row {row} spans {float(lo[row]):g} .. {float(hi[row]):g}, a range beyond "
+            "float32: int8 storage cannot scale it; store this table as float32"
+        )
+    bias = lo
+    s64 = scale.astype(np.float64)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s64 > 0, np.rint((emb - bias.astype(np.float64)[:, None]) / s64), 0.0)
+    return np.clip(q, 0, 255).astype(np.uint8), scale, bias
+
+
+def _decode_host(dtype: StorageDtype, b: np.ndarray, dim: int) -> np.ndarray:
+    from . import row_kernels  # numba: imported on first use of a compact table
+
+    out = np.empty((b.shape[0], dim), dtype=np.float32)
+    if dtype is StorageDtype.float16:
+        row_kernels.widen_float16(b.view("<u2"), dim, out)
+    else:
+        row_kernels.dequantize_int8(b, dim, out)
+    return out
