@@ -18,7 +18,8 @@ Row layouts (little-endian; docs/formats.md):
   the float32 it came from.
 
 Values that a layout cannot hold are refused (:class:`InvalidInputError`), never stored
-altered: NaN and infinities in every layout, and magnitudes above 65504 in ``float16``.
+altered: NaN and infinities in every layout, magnitudes above 65504 in ``float16``, and in
+``int8`` rows whose range (max - min) is beyond float32's (about 3.4e38).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from .errors import InvalidInputError
 
 #: The largest finite float16.
 FP16_MAX = 65504.0
+#: The widest row (max - min) int8 stores: ``q * scale`` must stay a finite float32.
+INT8_MAX_SPAN = float(np.finfo(np.float32).max) * (1 - 2.0**-20)
 
 
 class StorageDtype(str, Enum):
@@ -152,9 +155,10 @@ def quantize_int8(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     lo = emb.min(axis=1) if emb.size else np.zeros(emb.shape[0], np.float32)
     hi = emb.max(axis=1) if emb.size else lo
-    scale = ((hi.astype(np.float64) - lo) / 255.0).astype(np.float32)
-    if not np.isfinite(scale).all():  # a range beyond float32 (values near +-3.4e38)
-        row = int(np.argmin(np.isfinite(scale)))
+    span = hi.astype(np.float64) - lo
+    scale = (span / 255.0).astype(np.float32)
+    if (span > INT8_MAX_SPAN).any():  # q * scale would overflow float32 when decoded
+        row = int(np.argmax(span > INT8_MAX_SPAN))
         raise InvalidInputError(
             f"row {row} spans {float(lo[row]):g} .. {float(hi[row]):g}, a range beyond "
             "float32: int8 storage cannot scale it; store this table as float32"
