@@ -117,7 +117,7 @@ class RowCodec:
         if not np.isfinite(emb).all():
             bad = np.argwhere(~np.isfinite(emb))[0]
             raise InvalidInputError(
-                f"{what}: row {int(bad[0])} holds {emb[tuple(bad)]!r} at column {int(bad[1])}; "
+                f"{what}: row {int(bad[0])} holds {float(emb[tuple(bad)])} at column {int(bad[1])}; "
                 f"storage_dtype {self.dtype.value} stores finite values only"
             )
         if self.dtype is StorageDtype.float16:
@@ -149,7 +149,8 @@ def quantize_int8(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     float32 with ``q * scale + bias`` within ``scale / 2`` of each value (plus float32
     rounding of that product and sum).
 
-    ``bias`` is the row minimum and ``scale`` the range / 255, both float32; ``q`` is
+    ``bias`` is the row minimum and ``scale`` the range / 255 (rounded up to a float32 that
+    covers the range), both float32; ``q`` is
     computed from those float32 values (in float64), so the bound holds for what is stored.
     A constant row has scale 0 and is stored exactly.
     """
@@ -157,6 +158,9 @@ def quantize_int8(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     hi = emb.max(axis=1) if emb.size else lo
     span = hi.astype(np.float64) - lo
     scale = (span / 255.0).astype(np.float32)
+    # rounded up where float32 rounded it down (or to 0: tiny ranges), so 255 steps span the row
+    short = scale.astype(np.float64) * 255.0 < span
+    scale[short] = np.nextafter(scale[short], np.float32(np.inf))
     if (span > INT8_MAX_SPAN).any():  # q * scale would overflow float32 when decoded
         row = int(np.argmax(span > INT8_MAX_SPAN))
         raise InvalidInputError(
