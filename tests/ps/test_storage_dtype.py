@@ -89,8 +89,9 @@ def _server(tmp_path, tiers, models):
     return ps
 
 
-def _model(tmp_path, dtype, name=None, keys=np.arange(300)):
+def _model(tmp_path, dtype, name=None):
     name = name or f"m{uuid.uuid4().hex[:10]}"  # the Redis servers are shared
+    keys = np.arange(300)
     model = write_model(tmp_path, name, [(keys, DIM), (keys, 3)])
     model["storage_dtype"] = [dtype, "float32"]
     return model
