@@ -199,7 +199,6 @@ class EmbeddingCache:
                 self._tick += 1
                 tick = self._tick
             out, hit, hits, miss_idx = self._read(keys_d, tick)
-            out = self.codec.decode(out, xp)
             misses = n - hits
             if misses:
                 if miss_idx is None:
@@ -258,17 +257,20 @@ class EmbeddingCache:
         return cpu_kernels.touched(slots, hit, np.concatenate(written))
 
     def _lookup(self, keys, tick: int):
-        """``(embeddings, hit, hits, slots, misses)``: ``slots`` the slots read and
-        ``misses`` the positions of the misses, where known (else ``None``)."""
+        """``(embeddings, hit, hits, slots, misses)``: float32 embeddings (decoded),
+        ``slots`` the slots read and ``misses`` the positions of the misses, where known
+        (else ``None``)."""
         if self.cache_type == "dynamic":
             if self._kernel is not None:
-                return (*self._kernel.lookup(self._table, keys, tick), None, None)
-            if self.xp is np:
+                out, hit, hits = self._kernel.lookup(self._table, keys, tick)
+                return self.codec.decode(out, self.xp), hit, hits, None, None
+            if self.xp is np:  # the CPU kernel decodes as it copies
                 slots = np.empty(keys.size, dtype=np.int64)
                 misses = np.empty(keys.size, dtype=np.int64)
-                out, hit, hits = self._table.lookup(keys, tick, slots, misses)
+                out, hit, hits = self._table.lookup(keys, tick, slots, misses, self.codec)
                 return out, hit, hits, slots, misses[: keys.size - hits]
-        return (*self._table.lookup(keys, tick), None, None)
+        out, hit, hits = self._table.lookup(keys, tick)
+        return self.codec.decode(out, self.xp), hit, hits, None, None
 
     def _fetch(self, keys: np.ndarray) -> np.ndarray:
         vectors = np.asarray(self._ps.lookup(self.model, self.table, keys), dtype=np.float32)

@@ -49,6 +49,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .partition import FMIX_C1, FMIX_C2, SPLITMIX_M1, SPLITMIX_M2
+from .row_kernels import emit_row, views
 
 EMPTY_TAG = 0
 DELETED_TAG = 1
@@ -140,9 +141,10 @@ def _probe(key, tg, s, tags, rkeys):
 
 
 @nb.njit(inline="always")
-def _lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found):
+def _lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found, layout):
     """The body of :func:`lookup`, inlined with constant ``indexed`` and ``track``."""
     rkeys = rows.view(np.int64)
+    rows16, rows8, out32 = views(rows, out)
     flat = rows.reshape(-1)
     width = rows.shape[1]
     dim = out.shape[1]
@@ -177,8 +179,7 @@ def _lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, 
                 if rkeys[s, 0] != k:
                     s = _probe(k, _tag(hs[j & _RING_MASK]), s + 1, tags, rkeys)
             if s >= 0:
-                for c in range(dim):
-                    out[i, c] = rows[s, 2 + c]
+                emit_row(rows, rows16, rows8, s, 2, out, out32, i, layout)
                 found[j] = True
                 hits += 1
                 if track == TRACK_RECENCY:
@@ -193,8 +194,11 @@ def _lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, 
 
 
 @nb.njit(nogil=True, cache=True)
-def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found):
+def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, found, layout):
     """Copy the vectors of ``keys`` into ``out``; set ``found``; return how many were found.
+
+    ``layout`` (:mod:`tierserve.ps.row_kernels`) decodes compact stored rows into float32
+    ``out`` as they are copied (0: the stored words are the float32 values).
 
     With ``indexed`` only the keys ``keys[pos[j]]`` are looked up, their rows written to
     ``out[pos[j]]`` and their flags to ``found[j]`` (one partition's share of a request:
@@ -207,20 +211,20 @@ def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, f
     if indexed:
         if track == TRACK_RECENCY:
             return _lookup(keys, pos, True, tags, rows, cap, seed, stats, TRACK_RECENCY, tick,
-                           out, found)  # fmt: skip
+                           out, found, layout)  # fmt: skip
         if track == TRACK_FREQUENCY:
             return _lookup(keys, pos, True, tags, rows, cap, seed, stats, TRACK_FREQUENCY, tick,
-                           out, found)  # fmt: skip
+                           out, found, layout)  # fmt: skip
         return _lookup(keys, pos, True, tags, rows, cap, seed, stats, _TRACK_NONE, tick, out,
-                       found)  # fmt: skip
+                       found, layout)  # fmt: skip
     if track == TRACK_RECENCY:
         return _lookup(keys, pos, False, tags, rows, cap, seed, stats, TRACK_RECENCY, tick, out,
-                       found)  # fmt: skip
+                       found, layout)  # fmt: skip
     if track == TRACK_FREQUENCY:
         return _lookup(keys, pos, False, tags, rows, cap, seed, stats, TRACK_FREQUENCY, tick,
-                       out, found)  # fmt: skip
+                       out, found, layout)  # fmt: skip
     return _lookup(keys, pos, False, tags, rows, cap, seed, stats, _TRACK_NONE, tick, out,
-                   found)  # fmt: skip
+                   found, layout)  # fmt: skip
 
 
 @nb.njit(nogil=True, cache=True)

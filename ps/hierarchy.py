@@ -445,41 +445,45 @@ class HierarchicalParameterServer:
         finally:
             m.release()
 
-    def _tier_lookup(self, tier: Tier, storage: str, keys: np.ndarray, words: int):
-        """``(stored rows [n, words], found)`` from one tier; a tier down finds nothing."""
+    def _tier_lookup(self, tier: Tier, storage: str, keys: np.ndarray, width: int,
+                     codec: RowCodec | None = None):  # fmt: skip
+        """``(rows [n, width], found)`` from one tier: stored rows, or decoded by ``codec``
+        (then ``width`` is its dim); a tier that cannot be reached finds nothing."""
         try:
+            if codec is not None and not codec.identity:
+                return tier.lookup_decoded(storage, keys, codec)
             return tier.lookup(storage, keys)
         except BackendUnavailableError as exc:
             tier.stats.errors += 1
             log.warning("%s tier unavailable for %s, falling through: %s", tier.kind, storage, exc)
-            return np.zeros((keys.size, words), np.float32), np.zeros(keys.size, dtype=bool)
+            return np.zeros((keys.size, width), np.float32), np.zeros(keys.size, dtype=bool)
 
     def _lookup(self, spec: TableSpec, keys: np.ndarray) -> np.ndarray:
-        """float32 embeddings: the tiers' stored rows, decoded, and defaults for the rest."""
+        """float32 embeddings: the volatile tier's rows (decoded as they are read), then the
+        persistent tier's stored rows (decoded; copied up as they are stored), then defaults."""
         n = keys.size
-        words = spec.codec.words
+        codec = spec.codec
         if self.volatile is not None:
-            out, found = self._tier_lookup(self.volatile, spec.storage, keys, words)
+            out, found = self._tier_lookup(self.volatile, spec.storage, keys, spec.dim, codec)
             if found.all():
-                return spec.codec.decode(out)
+                return out
             missing = np.flatnonzero(~found)
         else:
-            out = np.empty((n, words), dtype=np.float32)
+            out = np.empty((n, spec.dim), dtype=np.float32)
             missing = np.arange(n)
         if self.persistent is not None and missing.size:
             mkeys = keys[missing]
-            emb, found = self._tier_lookup(self.persistent, spec.storage, mkeys, words)
+            rows, found = self._tier_lookup(self.persistent, spec.storage, mkeys, codec.words)
             if found.any():
-                out[missing[found]] = emb[found]
+                out[missing[found]] = codec.decode(rows[found])
                 if self._cache_missed and self.volatile is not None:
                     try:
-                        self.volatile.insert(spec.storage, mkeys[found], emb[found])
+                        self.volatile.insert(spec.storage, mkeys[found], rows[found])
                     except BackendSkippedError:
                         pass  # the tier is known to be down: the lookup has its answer
                     except BackendUnavailableError as exc:  # the tier counted the failure
                         log.warning("could not cache missed embeddings of %s: %s", spec.tag, exc)
                 missing = missing[~found]
-        out = spec.codec.decode(out)
         if missing.size:
             out[missing] = spec.default
         return out

@@ -11,11 +11,13 @@ Row layouts (little-endian; docs/formats.md):
 
 - ``float32``: ``dim`` float32 values (``dim`` words, the layout tierserve always had);
 - ``float16``: ``dim`` IEEE half values, zero-padded to a whole word;
-- ``int8``: FBGEMM's fused 8-bit row-wise layout (TorchRec's row-wise quantized tables):
-  ``dim`` unsigned bytes ``q``, then the row's float32 ``scale`` and float32 ``bias``,
-  zero-padded to a whole word; a value is ``q * scale + bias``, with ``bias`` the row's
-  minimum and ``scale = (max - min) / 255``, so each element is within ``scale / 2`` of
-  the float32 it came from.
+- ``int8``: row-wise 8-bit quantization as FBGEMM's fused 8-bit rows (TorchRec's
+  row-wise quantized tables): the row's float32 ``scale`` and float32 ``bias``, then
+  ``dim`` unsigned bytes ``q``, zero-padded to a whole word; a value is
+  ``q * scale + bias``, with ``bias`` the row's minimum and ``scale = (max - min) / 255``,
+  so each element is within ``scale / 2`` of the float32 it came from.  Scale and bias come
+  first (FBGEMM's fused rows put them after ``q``; TorchRec's inference tables put them
+  first), so they stay aligned for any ``dim``.
 
 Values that a layout cannot hold are refused (:class:`InvalidInputError`), never stored
 altered: NaN and infinities in every layout, magnitudes above 65504 in ``float16``, and in
@@ -45,6 +47,8 @@ class StorageDtype(str, Enum):
 
 
 STORAGE_DTYPES = tuple(d.value for d in StorageDtype)
+#: Each dtype's layout code in :mod:`tierserve.ps.row_kernels` (kept equal to its constants).
+_LAYOUTS = {StorageDtype.float32: 0, StorageDtype.float16: 1, StorageDtype.int8: 2}
 
 
 def storage_dtype(value) -> StorageDtype:
@@ -79,6 +83,11 @@ class RowCodec:
         self.words = (self.row_bytes + 3) // 4
 
     @property
+    def layout(self) -> int:
+        """The layout code of the compiled kernels (:mod:`tierserve.ps.row_kernels`)."""
+        return _LAYOUTS[self.dtype]
+
+    @property
     def identity(self) -> bool:
         """Whether rows are stored as the float32 values themselves."""
         return self.dtype is StorageDtype.float32
@@ -106,9 +115,9 @@ class RowCodec:
             out[:, : self.row_bytes] = emb.astype("<f2").view(np.uint8)
         else:
             q, scale, bias = quantize_int8(emb)
-            out[:, : self.dim] = q
+            out[:, 8 : 8 + self.dim] = q
             sb = np.stack([scale, bias], axis=1).astype("<f4")
-            out[:, self.dim : self.dim + 8] = sb.view(np.uint8)
+            out[:, :8] = sb.view(np.uint8)
         return out.view(np.float32)
 
     def _check_values(self, emb: np.ndarray, what: str) -> None:
@@ -135,13 +144,17 @@ class RowCodec:
         """Stored words ``[n, words]`` (numpy, or cupy with ``xp=cupy``) as float32 ``[n, dim]``."""
         if self.identity:
             return words
-        b = xp.ascontiguousarray(words).view(xp.uint8)
+        words = xp.ascontiguousarray(words)
         if xp is np:
-            return _decode_host(self.dtype, b, self.dim)
+            from . import row_kernels  # numba: imported on first use of a compact table
+
+            out = np.empty((words.shape[0], self.dim), dtype=np.float32)
+            row_kernels.decode_rows(words, self.layout, out)
+            return out
+        b = words.view(xp.uint8)
         if self.dtype is StorageDtype.float16:
             return xp.ascontiguousarray(b[:, : self.row_bytes]).view(xp.float16).astype(xp.float32)
-        sb = xp.ascontiguousarray(b[:, self.dim : self.dim + 8]).view(xp.float32)
-        return b[:, : self.dim].astype(xp.float32) * sb[:, :1] + sb[:, 1:2]
+        return b[:, 8 : 8 + self.dim].astype(xp.float32) * words[:, :1] + words[:, 1:2]
 
 
 def quantize_int8(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -174,12 +187,3 @@ def quantize_int8(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.clip(q, 0, 255).astype(np.uint8), scale, bias
 
 
-def _decode_host(dtype: StorageDtype, b: np.ndarray, dim: int) -> np.ndarray:
-    from . import row_kernels  # numba: imported on first use of a compact table
-
-    out = np.empty((b.shape[0], dim), dtype=np.float32)
-    if dtype is StorageDtype.float16:
-        row_kernels.widen_float16(b.view("<u2"), dim, out)
-    else:
-        row_kernels.dequantize_int8(b, dim, out)
-    return out

@@ -1,8 +1,11 @@
 """Compiled (numba) decoding of compact rows (see :mod:`tierserve.ps.row_codec`).
 
-Decoding runs on every lookup of an ``int8`` table, so it is one fused pass: each row's
-scale and bias are read once and the row's bytes are widened, scaled and shifted in a loop
-LLVM vectorises.  The kernels release the GIL and are cached on disk.
+:func:`emit_row` decodes one stored row into a float32 output row; the lookup kernels of the
+hash map (:mod:`tierserve.ps.hash_kernels`) and of the embedding cache
+(:mod:`tierserve.cache.cpu_kernels`) inline it in place of their row copy, so a compact
+lookup touches each output row once, as a float32 lookup does.  :func:`decode_rows` runs it
+over whole arrays.  The layout is one branch per row (the same for every row of a call, so
+the branch predicts), and each case's element loop vectorises.
 """
 
 from __future__ import annotations
@@ -10,40 +13,54 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-
-@nb.njit(nogil=True, cache=True)
-def dequantize_int8(b, dim, out):
-    """Rows of FBGEMM's fused 8-bit layout (``b``: uint8 ``[n, >= dim + 8]``: ``dim`` bytes,
-    float32 scale, float32 bias) into float32 ``out[n, dim]``."""
-    n = b.shape[0]
-    sb = np.empty(2, np.float32)
-    sbb = sb.view(np.uint8)
-    for i in range(n):
-        for j in range(8):
-            sbb[j] = b[i, dim + j]
-        scale = sb[0]
-        bias = sb[1]
-        for c in range(dim):
-            out[i, c] = np.float32(b[i, c]) * scale + bias
-
+#: Layout codes of the kernels (``RowCodec.layout``).
+LAYOUT_FLOAT32, LAYOUT_FLOAT16, LAYOUT_INT8 = 0, 1, 2
 
 _F16_RESCALE = np.float32(2.0**112)  # float16's exponent bias 15 -> float32's 127
 
 
-@nb.njit(nogil=True, cache=True)
-def widen_float16(u, dim, out):
-    """IEEE half values (``u``: uint16 ``[n, >= dim]``, finite) into float32 ``out[n, dim]``.
+@nb.njit(inline="always")
+def emit_row(src, src16, src8, s, first, out, out32, i, layout):
+    """Decode the row stored in ``src[s]`` (float32 words) from word ``first`` on into
+    ``out[i]`` (float32, ``dim = out.shape[1]`` values).  ``src16`` / ``src8`` are ``src``
+    viewed as uint16 / uint8 and ``out32`` is ``out`` viewed as uint32 (made once per call
+    by :func:`views`: a view per row costs more than a short row's decoding).
 
-    Per row: the half's exponent and mantissa shifted into a float32's places read as a
-    float32 2^112 times too small (exact, subnormal halves included), so one multiply
-    rescales it; then the sign bit.  Three loops over the row (in L1), each vectorised.
+    float32: the words are the values.  float16: ``dim`` halves, finite: each half's exponent
+    and mantissa shifted into a float32's places read as a float32 2^112 times too small
+    (exact, subnormal halves included), one multiply rescales it, then the sign bit.  int8:
+    words ``first`` and ``first + 1`` are the row's scale and bias, the ``dim`` bytes after
+    them its ``q``; a value is ``q * scale + bias``.
     """
-    ou = out.view(np.uint32)
-    n = u.shape[0]
-    for i in range(n):
+    dim = out.shape[1]
+    if layout == LAYOUT_FLOAT32:
         for c in range(dim):
-            ou[i, c] = (np.uint32(u[i, c]) & np.uint32(0x7FFF)) << np.uint32(13)
+            out[i, c] = src[s, first + c]
+    elif layout == LAYOUT_FLOAT16:
+        h0 = 2 * first
+        for c in range(dim):
+            out32[i, c] = (np.uint32(src16[s, h0 + c]) & np.uint32(0x7FFF)) << np.uint32(13)
         for c in range(dim):
             out[i, c] *= _F16_RESCALE
         for c in range(dim):
-            ou[i, c] |= (np.uint32(u[i, c]) & np.uint32(0x8000)) << np.uint32(16)
+            out32[i, c] |= (np.uint32(src16[s, h0 + c]) & np.uint32(0x8000)) << np.uint32(16)
+    else:
+        scale = src[s, first]
+        bias = src[s, first + 1]
+        q0 = 4 * first + 8
+        for c in range(dim):
+            out[i, c] = np.float32(src8[s, q0 + c]) * scale + bias
+
+
+@nb.njit(inline="always")
+def views(src, out):
+    """``(src16, src8, out32)`` for :func:`emit_row` (both arrays 2-D, C-contiguous)."""
+    return src.view(np.uint16), src.view(np.uint8), out.view(np.uint32)
+
+
+@nb.njit(nogil=True, cache=True)
+def decode_rows(words, layout, out):
+    """Every row of ``words`` (float32 ``[n, words]``, C-contiguous) decoded into ``out``."""
+    src16, src8, out32 = views(words, out)
+    for i in range(words.shape[0]):
+        emit_row(words, src16, src8, i, 0, out, out32, i, layout)

@@ -262,12 +262,12 @@ class SharedHashTable(HashTable):
     def __len__(self) -> int:
         return int(self.header[_LIVE])
 
-    def lookup_into(self, keys, pos, out, found, refresh: bool = True) -> int:
+    def lookup_into(self, keys, pos, out, found, refresh: bool = True, layout: int = 0) -> int:
         if int(self.header[_EPOCH]) != self._epoch:
             with self._lock:
                 if int(self.header[_EPOCH]) != self._epoch:
                     self._sync()
-        return super().lookup_into(keys, pos, out, found, refresh)
+        return super().lookup_into(keys, pos, out, found, refresh, layout)
 
     def keys(self) -> np.ndarray:
         with self._lock:

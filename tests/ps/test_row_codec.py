@@ -103,15 +103,15 @@ def test_int8_stores_constant_and_zero_rows_exactly(value):
     np.testing.assert_array_equal(codec.decode(words), x)
 
 
-def test_int8_layout_is_fbgemm_fused_rowwise():
-    """dim bytes of q, float32 scale, float32 bias, zero padding: read back with numpy."""
+def test_int8_layout_is_scale_bias_then_bytes():
+    """float32 scale, float32 bias, dim bytes of q, zero padding: read back with numpy."""
     x = np.array([[-1.0, 0.0, 0.5, 1.0, 2.0]], np.float32)
     codec = RowCodec("int8", 5)
     assert codec.row_bytes == 13 and codec.words == 4
     raw = codec.encode(x).view(np.uint8)[0]
-    scale, bias = np.frombuffer(raw[5:13].tobytes(), "<f4")
+    scale, bias = np.frombuffer(raw[:8].tobytes(), "<f4")
     assert bias == -1.0 and scale == np.float32(3.0 / 255)
-    np.testing.assert_array_equal(raw[:5], np.rint((x[0] - bias) / np.float64(scale)))
+    np.testing.assert_array_equal(raw[8:13], np.rint((x[0] - bias) / np.float64(scale)))
     assert raw[13:].tolist() == [0, 0, 0]
 
 
@@ -169,5 +169,5 @@ def test_unknown_dtype_is_refused_naming_it():
 
 def _read_int8(words: np.ndarray, dim: int):
     b = np.ascontiguousarray(words).view(np.uint8)
-    sb = np.ascontiguousarray(b[:, dim : dim + 8]).view("<f4")
-    return b[:, :dim], sb[:, 0], sb[:, 1]
+    sb = np.ascontiguousarray(b[:, :8]).view("<f4")
+    return b[:, 8 : 8 + dim], sb[:, 0], sb[:, 1]
