@@ -26,9 +26,9 @@ def emit_row(src, src16, src8, s, first, out, out32, i, layout):
     viewed as uint16 / uint8 and ``out32`` is ``out`` viewed as uint32 (made once per call
     by :func:`views`: a view per row costs more than a short row's decoding).
 
-    float32: the words are the values.  float16: ``dim`` halves, finite: each half's exponent
-    and mantissa shifted into a float32's places read as a float32 2^112 times too small
-    (exact, subnormal halves included), one multiply rescales it, then the sign bit.  int8:
+    float32: the words are the values.  float16: ``dim`` halves, finite: each half's sign,
+    exponent and mantissa shifted into a float32's places read as a float32 2^112 times too
+    small (exact, subnormal halves and signed zeros included); one multiply rescales it.  int8:
     words ``first`` and ``first + 1`` are the row's scale and bias, the ``dim`` bytes after
     them its ``q``; a value is ``q * scale + bias``.
     """
@@ -39,11 +39,12 @@ def emit_row(src, src16, src8, s, first, out, out32, i, layout):
     elif layout == LAYOUT_FLOAT16:
         h0 = 2 * first
         for c in range(dim):
-            out32[i, c] = (np.uint32(src16[s, h0 + c]) & np.uint32(0x7FFF)) << np.uint32(13)
+            h = np.uint32(src16[s, h0 + c])
+            out32[i, c] = ((h & np.uint32(0x7FFF)) << np.uint32(13)) | (
+                (h & np.uint32(0x8000)) << np.uint32(16)
+            )
         for c in range(dim):
             out[i, c] *= _F16_RESCALE
-        for c in range(dim):
-            out32[i, c] |= (np.uint32(src16[s, h0 + c]) & np.uint32(0x8000)) << np.uint32(16)
     else:
         scale = src[s, first]
         bias = src[s, first + 1]
