@@ -5,7 +5,7 @@ int8 against float32 in the same run.
     python -m bench.ps.compact memory --rows 1000000 --dims 16,128 --tiers rocks_db,redis
     python -m bench.ps.compact speed --rows 2000000 --dims 16,128
 
-``memory`` loads the same table (scattered int64 keys, normal vectors) as float32, float16 and
+``memory`` loads the same table (``bench.ps.run``'s: scattered int64 keys) as float32, float16 and
 int8 into each tier and prints the tier's bytes per row and their ratio to float32's
 (the target: float16 <= 0.55x, int8 <= 0.35x), and the bytes over the raw float32 vectors
 (``rows x dim x 4``).  Bytes are: the hash map's arrays (``nbytes``); the /dev/shm map's
@@ -35,25 +35,10 @@ from tierserve.ps.row_codec import RowCodec
 from tierserve.ps.sparse_file import encode_rows
 from tierserve.ps.tier_registry import create_tier
 
-from .run import BATCH, make_batches
+from .run import BATCH, ROOT, log, make_batches, make_table
 
 TAG = "hps_et.bench.compact"
 DTYPES = ("float32", "float16", "int8")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def make_table(rows: int, dim: int, seed: int = 0):
-    """Scattered int64 keys; vectors N(0, 0.05) as trained embeddings are, in chunks."""
-    rng = np.random.default_rng(seed)
-    keys = rng.permutation(rows).astype(np.int64) * np.int64(0x9E3779B1) + np.int64(7)
-    emb = np.empty((rows, dim), dtype=np.float32)
-    for s in range(0, rows, 1 << 20):
-        emb[s : s + (1 << 20)] = rng.normal(0, 0.05, (min(1 << 20, rows - s), dim))
-    return keys, emb
 
 
 # --- memory ----------------------------------------------------------------------------------
