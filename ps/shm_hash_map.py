@@ -325,7 +325,8 @@ class SharedHashTable(HashTable):
 
 
 def fingerprint(keys: np.ndarray, embeddings: np.ndarray) -> int:
-    """A 63-bit digest of a table's rows: their count, shape, sums and a sample."""
+    """A 63-bit digest of a table's rows (stored words): their count, shape, sums and a
+    sample."""
     n = keys.shape[0]
     step = max(1, n // 4096)
     digest = hashlib.blake2b(digest_size=8)
@@ -334,7 +335,9 @@ def fingerprint(keys: np.ndarray, embeddings: np.ndarray) -> int:
         digest.update(np.ascontiguousarray(keys[::step]).tobytes())
         digest.update(np.ascontiguousarray(embeddings[::step]).tobytes())
         digest.update(np.asarray([keys.sum(dtype=np.int64)], np.int64).tobytes())
-        digest.update(np.asarray([embeddings.sum(dtype=np.float64)], np.float64).tobytes())
+        # the rows' bits, not their values: compact rows' words read as floats hold NaNs
+        bits = np.ascontiguousarray(embeddings, dtype=np.float32).view(np.uint32)
+        digest.update(np.asarray([bits.sum(dtype=np.uint64)], np.uint64).tobytes())
     return int.from_bytes(digest.digest(), "little") >> 1 or 1
 
 
