@@ -48,6 +48,17 @@ def _folder_bytes(path: Path, pattern: str = "*") -> int:
     return sum(p.stat().st_size for p in path.rglob(pattern) if p.is_file())
 
 
+def _settled_used_memory(raw) -> int:
+    """``used_memory`` once Redis has freed what earlier runs' tables held (a dropped
+    table's hashes are freed in the background: UNLINK)."""
+    for _ in range(600):
+        info = raw.info("memory")
+        if int(info.get("lazyfree_pending_objects", 0)) == 0:
+            return int(info["used_memory"])
+        time.sleep(0.05)
+    raise RuntimeError("redis did not finish freeing dropped tables in 30 s")
+
+
 @contextlib.contextmanager
 def _tier(kind: str, tmp: Path, redis_url: str | None):
     from tierserve.ps.hash_map import HashMapConfig
@@ -78,7 +89,7 @@ def _tier(kind: str, tmp: Path, redis_url: str | None):
         import redis
 
         raw = redis.Redis.from_url(redis_url)
-        base = int(raw.info("memory")["used_memory"])
+        base = _settled_used_memory(raw)
         yield client, lambda: int(raw.info("memory")["used_memory"]) - base
         raw.close()
     tier.drop_table(TAG)

@@ -329,7 +329,8 @@ def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
 def test_updates_to_a_compact_table_are_quantized_on_apply(tmp_path, kafka_broker, dtype):
     """float32 on the wire, stored as the table's storage_dtype; a message the layout cannot
-    hold (NaN) is rejected alone and changes nothing."""
+    hold (beyond float16's range; a row wider than float32's range for int8) is rejected
+    alone and changes nothing (NaN does not pass the wire format: malformed)."""
     from tierserve.ps.row_codec import RowCodec
 
     name = _name("m")
@@ -344,7 +345,9 @@ def test_updates_to_a_compact_table_are_quantized_on_apply(tmp_path, kafka_broke
     try:
         before = ps.lookup(name, "sparse_embedding1", [7])
         good = np.random.default_rng(1).standard_normal((3, DIM)).astype(np.float32)
-        bad = np.full((1, DIM), np.nan, np.float32)
+        bad = np.full((1, DIM), 1e6, np.float32)
+        if dtype == "int8":
+            bad[0, :2] = [-3.4e38, 3.4e38]
         with UpdateProducer(kafka_broker.bootstrap) as producer:
             producer.publish(name, "sparse_embedding1", [1, 50, 1000], good)
             producer.publish(name, "sparse_embedding1", [7], bad)
