@@ -49,7 +49,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .partition import FMIX_C1, FMIX_C2, SPLITMIX_M1, SPLITMIX_M2
-from .row_kernels import emit_row, views
+from .row_kernels import LAYOUT_FLOAT16, LAYOUT_FLOAT32, LAYOUT_INT8, emit_row, views
 
 EMPTY_TAG = 0
 DELETED_TAG = 1
@@ -198,7 +198,9 @@ def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, f
     """Copy the vectors of ``keys`` into ``out``; set ``found``; return how many were found.
 
     ``layout`` (:mod:`tierserve.ps.row_kernels`) decodes compact stored rows into float32
-    ``out`` as they are copied (0: the stored words are the float32 values).
+    ``out`` as they are copied (0: the stored words are the float32 values).  Float32 tables
+    get a body per statistic as before; compact ones a body per layout, the statistic
+    branched on (a body per pair would double the compile time again).
 
     With ``indexed`` only the keys ``keys[pos[j]]`` are looked up, their rows written to
     ``out[pos[j]]`` and their flags to ``found[j]`` (one partition's share of a request:
@@ -208,23 +210,35 @@ def lookup(keys, pos, indexed, tags, rows, cap, seed, stats, track, tick, out, f
     2 counts the access.  Three stages run ``_AHEAD`` keys apart: prefetch the home tag,
     probe the tags (and prefetch the row found), check the key and copy the row.
     """
+    if layout == LAYOUT_FLOAT16:  # compact rows: the layout fixed, the statistic not
+        if indexed:
+            return _lookup(keys, pos, True, tags, rows, cap, seed, stats, track, tick, out,
+                           found, LAYOUT_FLOAT16)  # fmt: skip
+        return _lookup(keys, pos, False, tags, rows, cap, seed, stats, track, tick, out, found,
+                       LAYOUT_FLOAT16)  # fmt: skip
+    if layout == LAYOUT_INT8:
+        if indexed:
+            return _lookup(keys, pos, True, tags, rows, cap, seed, stats, track, tick, out,
+                           found, LAYOUT_INT8)  # fmt: skip
+        return _lookup(keys, pos, False, tags, rows, cap, seed, stats, track, tick, out, found,
+                       LAYOUT_INT8)  # fmt: skip
     if indexed:
         if track == TRACK_RECENCY:
             return _lookup(keys, pos, True, tags, rows, cap, seed, stats, TRACK_RECENCY, tick,
-                           out, found, layout)  # fmt: skip
+                           out, found, LAYOUT_FLOAT32)  # fmt: skip
         if track == TRACK_FREQUENCY:
             return _lookup(keys, pos, True, tags, rows, cap, seed, stats, TRACK_FREQUENCY, tick,
-                           out, found, layout)  # fmt: skip
+                           out, found, LAYOUT_FLOAT32)  # fmt: skip
         return _lookup(keys, pos, True, tags, rows, cap, seed, stats, _TRACK_NONE, tick, out,
-                       found, layout)  # fmt: skip
+                       found, LAYOUT_FLOAT32)  # fmt: skip
     if track == TRACK_RECENCY:
         return _lookup(keys, pos, False, tags, rows, cap, seed, stats, TRACK_RECENCY, tick, out,
-                       found, layout)  # fmt: skip
+                       found, LAYOUT_FLOAT32)  # fmt: skip
     if track == TRACK_FREQUENCY:
         return _lookup(keys, pos, False, tags, rows, cap, seed, stats, TRACK_FREQUENCY, tick,
-                       out, found, layout)  # fmt: skip
+                       out, found, LAYOUT_FLOAT32)  # fmt: skip
     return _lookup(keys, pos, False, tags, rows, cap, seed, stats, _TRACK_NONE, tick, out,
-                   found, layout)  # fmt: skip
+                   found, LAYOUT_FLOAT32)  # fmt: skip
 
 
 @nb.njit(nogil=True, cache=True)
