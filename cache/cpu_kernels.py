@@ -112,6 +112,8 @@ def _gather(values, ticks, slots, hit, out, tick, layout):
     for i in range(n + PREFETCH):
         if i < n and hit[i]:
             _prefetch(flat, slots[i] * dim)
+            if layout != LAYOUT_FLOAT32:  # compact rows (e.g. 24 bytes) may straddle two lines
+                _prefetch(flat, slots[i] * dim + dim - 1)
             if stamp and (i & mask) == phase:
                 _prefetch_write(ticks, slots[i])
         j = i - PREFETCH
