@@ -238,8 +238,13 @@ def write_rows(folder: str | os.PathLike, keys: np.ndarray, words: np.ndarray, c
 def convert_sparse_model(src: str | os.PathLike, dst: str | os.PathLike, storage_dtype,
                          embedding_vec_size: int | None = None, progress=None) -> Path:  # fmt: skip
     """Convert a float32 sparse model folder ``src`` into ``dst`` for ``storage_dtype``
-    (``tierserve convert --storage-dtype``); ``progress(done, total)`` is called per chunk."""
+    (``tierserve convert --storage-dtype``); ``progress(done, total)`` is called per chunk.
+    The rows file keeps the source's modification time (the update replay reads it)."""
     table = read_sparse_model(src, embedding_vec_size)
     codec = RowCodec(storage_dtype, table.dim)
     words = encode_rows(codec, table.embeddings, str(src), progress)
-    return write_rows(dst, table.keys, words, codec, table.slot_ids)
+    out = write_rows(dst, table.keys, words, codec, table.slot_ids)
+    # the rows are as old as their source: online-update replay starts from that time
+    made = os.stat(Path(src) / VECTOR_FILE)
+    os.utime(out / compact_vector_file(codec), ns=(made.st_atime_ns, made.st_mtime_ns))
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ def test_convert_writes_the_rows_the_server_would_store(tmp_path, dtype, capsys)
     keys = rng.permutation(1000).astype(np.int64)
     emb = rng.standard_normal((1000, 12)).astype(np.float32)
     src = write_sparse_model(tmp_path / "t0_sparse_0.model", keys, emb)
+    os.utime(src / "emb_vector", ns=(10**18, 10**18))  # older than anything written now
     dst = tmp_path / "out" / "t0_sparse_0.model"
     assert main(["convert", "--storage-dtype", dtype, "--quiet", str(src), str(dst)]) == 0
     assert f"({dtype} rows)" in capsys.readouterr().out
@@ -27,6 +29,11 @@ def test_convert_writes_the_rows_the_server_would_store(tmp_path, dtype, capsys)
     np.testing.assert_array_equal(got_keys, keys)
     np.testing.assert_array_equal(np.asarray(words).view(np.uint32), codec.encode(emb).view(np.uint32))
     assert (dst / f"emb_vector.{dtype}").stat().st_size == 1000 * codec.words * 4
+    # as old as its source: the update replay starts from when the rows were taken
+    assert (dst / f"emb_vector.{dtype}").stat().st_mtime_ns == (src / "emb_vector").stat().st_mtime_ns
+    from tierserve.ps.update_replay import _creation_ms
+
+    assert _creation_ms([str(dst)]) == _creation_ms([str(src)]) > 0
 
 
 def test_convert_refuses_what_the_layout_cannot_hold(tmp_path):
