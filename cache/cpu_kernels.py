@@ -33,6 +33,13 @@ from numba import njit
 from tierserve.ps.hash_kernels import prefetch as _prefetch
 from tierserve.ps.hash_kernels import prefetch_write as _prefetch_write
 from tierserve.ps.partition import FMIX_C1, FMIX_C2
+from tierserve.ps.row_kernels import (
+    LAYOUT_FLOAT16,
+    LAYOUT_FLOAT32,
+    LAYOUT_INT8,
+    emit_row,
+    views,
+)
 
 from .set_associative import EMPTY, STAMP_ALL, STAMP_STRIDE
 
@@ -91,14 +98,12 @@ def probe(keys, table_keys, slots, hit):
     return hits
 
 
-@njit(nogil=True, cache=True)
-def gather(values, ticks, slots, hit, out, tick):
-    """Copy the cached row of every hit into ``out`` (misses are left untouched) and stamp
-    the hit slots' ``ticks`` with ``tick`` (none when ``tick < 0``); in batches of more than
-    ``STAMP_ALL`` keys only the hits at positions ``tick % STAMP_STRIDE``, then every
-    ``STAMP_STRIDE``-th, are stamped (as the ``xp`` path; ``STAMP_STRIDE`` is a power of 2)."""
+@njit(inline="always")
+def _gather(values, ticks, slots, hit, out, tick, layout):
+    """The body of :func:`gather`, inlined with a constant ``layout``."""
     flat = values.reshape(-1)
     dim = values.shape[1]
+    values16, values8, out32 = views(values, out)
     n = slots.size
     mask = STAMP_STRIDE - 1 if n > STAMP_ALL else 0
     phase = tick & mask
@@ -107,26 +112,45 @@ def gather(values, ticks, slots, hit, out, tick):
     for i in range(n + PREFETCH):
         if i < n and hit[i]:
             _prefetch(flat, slots[i] * dim)
+            if layout != LAYOUT_FLOAT32:  # compact rows (e.g. 24 bytes) may straddle two lines
+                _prefetch(flat, slots[i] * dim + dim - 1)
             if stamp and (i & mask) == phase:
                 _prefetch_write(ticks, slots[i])
         j = i - PREFETCH
         if j >= 0 and hit[j]:
             slot = slots[j]
-            for c in range(dim):
-                out[j, c] = values[slot, c]
+            emit_row(values, values16, values8, slot, 0, out, out32, j, layout)
             if stamp and (j & mask) == phase:
                 ticks[slot] = now
 
 
 @njit(nogil=True, cache=True)
-def lookup(keys, table_keys, ticks, values, out, hit, slots, misses, tick):
+def gather(values, ticks, slots, hit, out, tick, layout=LAYOUT_FLOAT32):
+    """Copy the cached row of every hit into ``out`` (misses are left untouched), decoded
+    when ``layout`` says the table holds compact rows (:func:`tierserve.ps.row_kernels.
+    emit_row`; ``out`` is then ``[n, the decoded dim]``), and stamp
+    the hit slots' ``ticks`` with ``tick`` (none when ``tick < 0``); in batches of more than
+    ``STAMP_ALL`` keys only the hits at positions ``tick % STAMP_STRIDE``, then every
+    ``STAMP_STRIDE``-th, are stamped (as the ``xp`` path; ``STAMP_STRIDE`` is a power of 2).
+    A body per layout: a branch per row costs float32 rows their vectorised copy."""
+    if layout == LAYOUT_FLOAT16:
+        _gather(values, ticks, slots, hit, out, tick, LAYOUT_FLOAT16)
+    elif layout == LAYOUT_INT8:
+        _gather(values, ticks, slots, hit, out, tick, LAYOUT_INT8)
+    else:
+        _gather(values, ticks, slots, hit, out, tick, LAYOUT_FLOAT32)
+
+
+@njit(nogil=True, cache=True)
+def lookup(keys, table_keys, ticks, values, out, hit, slots, misses, tick,
+           layout=LAYOUT_FLOAT32):
     """Probe and gather (see both): cached rows into ``out``, flags into ``hit``, slots read
     into ``slots``, and, when ``misses`` has room for every key, the positions of the misses
     into ``misses[:n - hits]``; return the number of hits."""
     n = keys.size
     hits = probe(keys, table_keys, slots, hit)
     if hits:
-        gather(values, ticks, slots, hit, out, tick)
+        gather(values, ticks, slots, hit, out, tick, layout)
     if hits < n and misses.size >= n:
         m = 0
         for i in range(n):  # branch-free: write always, advance on a miss

@@ -18,6 +18,12 @@ through :meth:`~EmbeddingCache.on_update` before the update returns (see
 :class:`~tierserve.cache.protocols.UpdateNotifier`), and :class:`~tierserve.cache.freshness.
 UpdateLog` keeps a vector fetched before an update from being inserted after it.  So a
 query that starts after an update was applied never returns the old vector.
+
+Compact rows.  With ``storage_dtype`` ``float16`` or ``int8`` the table holds each row as
+the parameter server's tiers do (:class:`~tierserve.ps.row_codec.RowCodec` words): vectors
+are encoded as they enter (fetched, updated, refreshed) and a query decodes its hits (on the
+GPU with cupy there).  An int8 row re-encoded from the served float32 values decodes to them
+within float32 rounding.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import numpy as np
 
 from tierserve.ps.errors import ConfigError, InvalidInputError
 from tierserve.ps.keys import MAX_KEY32, as_keys
+from tierserve.ps.row_codec import RowCodec
 
 from . import cpu_kernels
 from .cpu_kernels import distinct_by_count
@@ -66,7 +73,8 @@ class EmbeddingCache:
     the parameter server.  ``on_update_mode`` says what an update does to a cached row:
     ``"overwrite"`` it with the new vector or ``"invalidate"`` it.  When the parameter
     server is an :class:`~tierserve.cache.protocols.UpdateNotifier` and ``listen`` is true,
-    the cache registers itself for updates.
+    the cache registers itself for updates.  ``storage_dtype`` stores rows compact (see the
+    module's notes); queries answer float32 either way.
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class EmbeddingCache:
         static_keys: np.ndarray | None = None,
         on_update_mode: Literal["overwrite", "invalidate"] = "overwrite",
         listen: bool = True,
+        storage_dtype: str = "float32",
     ) -> None:
         if cache_type not in ("dynamic", "static"):
             raise ConfigError(f"embedding_cache_type must be 'dynamic' or 'static', got {cache_type!r}")
@@ -106,6 +115,7 @@ class EmbeddingCache:
         self.model = model
         self.table = table
         self.dim = int(dim)
+        self.codec = RowCodec(storage_dtype, self.dim)
         self.cache_type = cache_type
         self.refresh_interval, self.refresh_delay = float(refresh_interval), float(refresh_delay)
         self.hit_rate_threshold = float(hit_rate_threshold)
@@ -133,11 +143,11 @@ class EmbeddingCache:
                     raise ConfigError("a static embedding cache needs the table's keys (static_keys)")
                 keys = self._as_keys(static_keys, "static_keys")
                 self._table = StaticTable(
-                    keys, np.zeros((keys.size, self.dim), np.float32), capacity, self.xp,
+                    keys, np.zeros((keys.size, self.codec.words), np.float32), capacity, self.xp,
                     what=f"table {table!r} of model {model!r}",
                 )
             else:
-                self._table = SetAssociativeTable(capacity, self.dim, ways, self.xp)
+                self._table = SetAssociativeTable(capacity, self.codec.words, ways, self.xp)
             if self.xp is not np and use_kernel is not False:
                 from .kernels import load_lookup_kernel
 
@@ -247,17 +257,20 @@ class EmbeddingCache:
         return cpu_kernels.touched(slots, hit, np.concatenate(written))
 
     def _lookup(self, keys, tick: int):
-        """``(embeddings, hit, hits, slots, misses)``: ``slots`` the slots read and
-        ``misses`` the positions of the misses, where known (else ``None``)."""
+        """``(embeddings, hit, hits, slots, misses)``: float32 embeddings (decoded),
+        ``slots`` the slots read and ``misses`` the positions of the misses, where known
+        (else ``None``)."""
         if self.cache_type == "dynamic":
             if self._kernel is not None:
-                return (*self._kernel.lookup(self._table, keys, tick), None, None)
-            if self.xp is np:
+                out, hit, hits = self._kernel.lookup(self._table, keys, tick)
+                return self.codec.decode(out, self.xp), hit, hits, None, None
+            if self.xp is np:  # the CPU kernel decodes as it copies
                 slots = np.empty(keys.size, dtype=np.int64)
                 misses = np.empty(keys.size, dtype=np.int64)
-                out, hit, hits = self._table.lookup(keys, tick, slots, misses)
+                out, hit, hits = self._table.lookup(keys, tick, slots, misses, self.codec)
                 return out, hit, hits, slots, misses[: keys.size - hits]
-        return (*self._table.lookup(keys, tick), None, None)
+        out, hit, hits = self._table.lookup(keys, tick)
+        return self.codec.decode(out, self.xp), hit, hits, None, None
 
     def _fetch(self, keys: np.ndarray) -> np.ndarray:
         vectors = np.asarray(self._ps.lookup(self.model, self.table, keys), dtype=np.float32)
@@ -267,6 +280,10 @@ class EmbeddingCache:
                 f"{self.table!r}; expected ({keys.size}, {self.dim})"
             )
         return vectors
+
+    def _encode(self, vectors: np.ndarray) -> np.ndarray:
+        """Host float32 vectors as the table's stored rows."""
+        return self.codec.encode(vectors, f"vectors of table {self.table!r}")
 
     def _account(self, n: int, hits: int) -> None:
         with self._stats:
@@ -314,7 +331,7 @@ class EmbeddingCache:
             if not keys.size:
                 return
             inserted, evicted = self._table.insert(
-                xp.asarray(keys), xp.asarray(vectors), self._tick, self._changing
+                xp.asarray(keys), xp.asarray(self._encode(vectors)), self._tick, self._changing
             )
         with self._stats:
             self._inserted += inserted
@@ -359,7 +376,7 @@ class EmbeddingCache:
             if vectors is None:
                 self._table.invalidate(keys_d, self._changing)
             else:
-                self._table.overwrite(keys_d, xp.asarray(vectors), self._changing)
+                self._table.overwrite(keys_d, xp.asarray(self._encode(vectors)), self._changing)
         with self._stats:
             self._updates += 1
 
@@ -401,7 +418,7 @@ class EmbeddingCache:
                     if fresh is not None:  # updated since: the cache already has newer rows
                         keys, vectors = keys[fresh], vectors[fresh]
                     total += self._table.overwrite(
-                        xp.asarray(keys), xp.asarray(vectors), self._changing
+                        xp.asarray(keys), xp.asarray(self._encode(vectors)), self._changing
                     )
         with self._stats:
             self._refreshed += total
@@ -429,7 +446,7 @@ class EmbeddingCache:
                 if fresh is not None:
                     self._table.invalidate(self.xp.asarray(chunk[~fresh]))
                     chunk, vectors = chunk[fresh], vectors[fresh]
-                self._table.overwrite(self.xp.asarray(chunk), self.xp.asarray(vectors))
+                self._table.overwrite(self.xp.asarray(chunk), self.xp.asarray(self._encode(vectors)))
 
     # --- housekeeping -----------------------------------------------------------------------
 

@@ -225,6 +225,7 @@ def CreateEmbeddingCache(  # noqa: N802 - HugeCTR's name
                     device_id=cuda_dev_id,
                     i64_input_key=i64_input_key,
                     static_keys=static_keys,
+                    storage_dtype=config.storage_dtype[i],
                     **cache_options,
                 )
             )

@@ -122,21 +122,25 @@ class SetAssociativeTable:
             hit &= keys != _EMPTY  # the empty marker matches empty slots: never a hit
         return slots, hit
 
-    def lookup(self, keys, tick: int | None = None, slots=None, misses=None):
+    def lookup(self, keys, tick: int | None = None, slots=None, misses=None, codec=None):
         """``(embeddings, hit, hits)``: each key's cached vector (garbage where ``hit`` is
         False) and the number of hits.  With ``tick`` (the batch number), hit slots are
         stamped with it, sampled in large batches (see the module doc).  On numpy, int64
         arrays of ``len(keys)`` receive the slot each hit was read from (``slots``) and the
-        positions of the misses (``misses[:len(keys) - hits]``)."""
+        positions of the misses (``misses[:len(keys) - hits]``).  With ``codec`` (a
+        :class:`~tierserve.ps.row_codec.RowCodec` of the compact rows this table holds) the
+        embeddings come decoded, ``[len(keys), codec.dim]`` float32."""
         if self._cpu is None:
-            return self.lookup_xp(keys, tick)
-        out = np.empty((keys.size, self.dim), dtype=np.float32)
+            out, hit, hits = self.lookup_xp(keys, tick)
+            return (out if codec is None else codec.decode(out, self.xp)), hit, hits
+        width, layout = (self.dim, 0) if codec is None else (codec.dim, codec.layout)
+        out = np.empty((keys.size, width), dtype=np.float32)
         hit = np.empty(keys.size, dtype=bool)
         if slots is None:
             slots = np.empty(keys.size, dtype=np.int64)
         hits = self._cpu.lookup(keys, self.keys, self.ticks, self.values, out, hit, slots,
                                 _NONE if misses is None else misses,
-                                -1 if tick is None else int(tick))
+                                -1 if tick is None else int(tick), layout)
         return out, hit, int(hits)
 
     def lookup_xp(self, keys, tick: int | None = None):

@@ -1,7 +1,13 @@
-"""``tierserve convert``: turn a Criteo Kaggle CSV/TSV click log into a Norm or Parquet dataset.
+"""``tierserve convert``: turn a Criteo Kaggle CSV/TSV click log into a Norm or Parquet dataset,
+or (``--storage-dtype``) a sparse model folder into the compact rows a table is served from.
 
-Writes the train split (the first ``--train-rows`` rows) and the eval split (the rest), their
-file lists, and ``slot_size_array.json`` with the slot sizes and the reader settings to use.
+Criteo: writes the train split (the first ``--train-rows`` rows) and the eval split (the
+rest), their file lists, and ``slot_size_array.json`` with the slot sizes and the reader
+settings to use.
+
+Sparse models: ``tierserve convert --storage-dtype int8 SRC.model DST.model`` writes DST with
+SRC's keys and its rows as ``storage_dtype`` stores them (``emb_vector.int8``), so a server
+whose ``ps.json`` gives that ``storage_dtype`` loads them without converting.
 """
 
 from __future__ import annotations
@@ -15,8 +21,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="convert a Criteo Kaggle CSV/TSV file into Norm or Parquet training data",
         description=__doc__,
     )
-    parser.add_argument("input", help="Criteo CSV or TSV file (label, I1..I13, C1..C26)")
+    parser.add_argument(
+        "input", help="Criteo CSV or TSV file (label, I1..I13, C1..C26), or with --storage-dtype "
+        "a sparse model folder (key, emb_vector)"
+    )
     parser.add_argument("output", help="output folder")
+    parser.add_argument(
+        "--storage-dtype", choices=["float16", "int8"], default=None,
+        help="convert the sparse model folder INPUT into OUTPUT with rows stored as this "
+        "(ps.json's storage_dtype) instead of converting Criteo data",
+    )
     parser.add_argument(
         "--format", choices=["norm", "parquet"], default="norm", help="output format"
     )
@@ -60,6 +74,15 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.storage_dtype is not None:
+        return _convert_rows(args)
+    from pathlib import Path
+
+    if (Path(args.input) / "key").is_file():
+        raise SystemExit(
+            f"tierserve convert: {args.input} is a sparse model folder; give --storage-dtype "
+            "float16 or int8 to convert its rows"
+        )
     from tierserve.trainer.data.criteo import convert_criteo
 
     result = convert_criteo(
@@ -80,4 +103,24 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {result.train_rows} train rows ({result.train_source}) and {result.eval_rows} "
         f"eval rows ({result.eval_source}); slot sizes in {result.slot_size_file}"
     )
+    return 0
+
+
+def _convert_rows(args: argparse.Namespace) -> int:
+    import sys
+
+    from tierserve.ps.errors import TierserveError
+    from tierserve.ps.sparse_file import convert_sparse_model
+
+    def progress(done: int, total: int) -> None:
+        if not args.quiet:
+            print(f"\r{args.input}: {done:,}/{total:,} rows", end="", file=sys.stderr, flush=True)
+
+    try:
+        out = convert_sparse_model(args.input, args.output, args.storage_dtype, progress=progress)
+    except TierserveError as exc:
+        raise SystemExit(f"tierserve convert: {exc}") from None
+    if not args.quiet:
+        print(file=sys.stderr)
+    print(f"wrote {out} ({args.storage_dtype} rows)")
     return 0

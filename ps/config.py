@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .config_base import (
     DisabledConfig,
@@ -40,6 +40,7 @@ from .errors import ConfigError
 from .hash_map import ParallelHashMapConfig
 from .kafka_source import KafkaUpdateSourceConfig
 from .rocksdb_tier import RocksDBConfig
+from .row_codec import STORAGE_DTYPES, StorageDtype
 from .table_tag import NAME_PATTERN
 from .tier_registry import PersistentDBConfig, VolatileDBConfig
 
@@ -90,6 +91,10 @@ class ModelConfig(StrictModel):
     use_mixed_precision: bool = False
     label_dim: PositiveInt = 1
     slot_num: PositiveInt = 10
+    #: How each table's rows are stored in every tier and the embedding cache (one value for
+    #: all tables, or one per table): ``float32``, ``float16`` or ``int8`` (row-wise scale and
+    #: bias); see :mod:`tierserve.ps.row_codec`.  Lookups answer float32 either way.
+    storage_dtype: StorageDtype | list[StorageDtype] = StorageDtype.float32
 
     @property
     def num_tables(self) -> int:
@@ -102,6 +107,17 @@ class ModelConfig(StrictModel):
         return validate(ModelConfig, {**self.model_dump(exclude_unset=True), **changes},
                         source, names)  # fmt: skip
 
+    @field_validator("storage_dtype", mode="before")
+    @classmethod
+    def _known_storage_dtypes(cls, value):
+        for v in value if isinstance(value, list) else [value]:
+            if not isinstance(v, StorageDtype) and v not in STORAGE_DTYPES:
+                raise ValueError(
+                    f"{v!r} is not a storage_dtype: give one of {', '.join(STORAGE_DTYPES)} "
+                    "(default float32), for all tables or as a list with one per table"
+                )
+        return value
+
     @model_validator(mode="after")
     def _per_table_lists(self) -> ModelConfig:
         n = len(self.sparse_files)
@@ -112,8 +128,11 @@ class ModelConfig(StrictModel):
         if self.embedding_table_names is None:
             names = [f"sparse_embedding{i + 1}" for i in range(n)]
             object.__setattr__(self, "embedding_table_names", names)
+        if not isinstance(self.storage_dtype, list):
+            object.__setattr__(self, "storage_dtype", [self.storage_dtype] * n)
         for field in (
             "default_value_for_each_table",
+            "storage_dtype",
             "maxnum_catfeature_query_per_table_per_sample",
             "embedding_vecsize_per_table",
             "embedding_table_names",

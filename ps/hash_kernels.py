@@ -58,6 +58,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
 from .partition import FMIX_C1, FMIX_C2, SPLITMIX_M1, SPLITMIX_M2
+from .row_kernels import LAYOUT_FLOAT32, emit_row, views
 
 #: The index's marks of an empty and of a deleted slot (keys no table may hold).
 EMPTY_KEY = np.int64(-(2**63))
@@ -264,16 +265,19 @@ _NO_SLOT = -1  # stage 2 found the key absent; below -1: -2 - the next bucket to
 
 @nb.njit(inline="always")
 def _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out, found,
-            line_dim, d):  # fmt: skip
-    """The body of the lookup kernels, inlined with constant ``indexed``, ``track`` and
-    ``line_dim`` (the dim when the kernel is compiled for one, else 0), stages ``d`` keys
-    apart (at most ``_RING / 2 - 1``).
+            line_dim, d, layout):  # fmt: skip
+    """The body of the lookup kernels, inlined with constant ``indexed``, ``track``,
+    ``layout`` and ``line_dim`` (the dim when the kernel is compiled for one, else 0), stages
+    ``d`` keys apart (at most ``_RING / 2 - 1``).  A compact ``layout`` decodes each row's
+    stored words (``rows.shape[1]`` of them) into ``out``'s float32 values as it copies.
 
     The loop keeps to a few instructions per stage, as the lookup of rows the caches hold is
     bound by them: no calls (an inlined function taking an array costs reference counting
     calls, and the registers they clobber), one compare per stage's bounds, unsigned indices
     where they cannot be negative (no wraparound code)."""
     dim = line_dim if line_dim else out.shape[1]
+    width = dim if layout == LAYOUT_FLOAT32 else rows.shape[1]  # stored words a row
+    rows16, rows8, out32 = views(rows, out)
     at = address_of(index)
     flat = rows.reshape(-1)
     flat_out = out.reshape(-1)
@@ -298,7 +302,7 @@ def _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out,
             hit = bucket_matches(at, s, k) if k > DELETED_KEY else 0  # marks are no keys
             if hit:
                 s += trailing_zeros(hit)
-                _prefetch_row(flat, s, dim, False)
+                _prefetch_row(flat, s, width, False)
             elif k <= DELETED_KEY or bucket_matches(at, s, EMPTY_KEY):
                 s = _NO_SLOT
             else:
@@ -315,7 +319,10 @@ def _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out,
             elif s >= 0 and index[s] != k:  # moved since stage 2: probe again
                 s = _probe(k, s - s % BUCKET, at)
             if s >= 0:
-                _copy_row(flat_out, i * dim, flat, s * dim, dim)
+                if layout == LAYOUT_FLOAT32:
+                    _copy_row(flat_out, i * dim, flat, s * dim, dim)
+                else:
+                    emit_row(rows, rows16, rows8, s, 0, out, out32, i, layout)
                 found[uj] = True
                 hits += 1
                 if track == TRACK_RECENCY:
@@ -334,7 +341,8 @@ LINE_DIMS = frozenset(range(16, 513, 16))
 
 
 @functools.cache
-def _lookup_kernel(indexed: bool, track: int, line_dim: int, ahead: int = _LOOKUP_AHEAD):
+def _lookup_kernel(indexed: bool, track: int, line_dim: int, ahead: int = _LOOKUP_AHEAD,
+                   layout: int = LAYOUT_FLOAT32):
     """The compiled lookup of one case, made on first use.
 
     A function of its own per case (indexed or not, which statistic), as the six cases
@@ -347,13 +355,18 @@ def _lookup_kernel(indexed: bool, track: int, line_dim: int, ahead: int = _LOOKU
     @nb.njit(nogil=True, cache=True)
     def kernel(keys, pos, index, rows, cap, seed, stats, tick, out, found):
         return _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out,
-                       found, line_dim, ahead)  # fmt: skip
+                       found, line_dim, ahead, layout)  # fmt: skip
 
     return kernel
 
 
-def lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out, found):
+def lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out, found,
+           layout=LAYOUT_FLOAT32):  # fmt: skip
     """Copy the vectors of ``keys`` into ``out``; set ``found``; return how many were found.
+
+    ``layout`` (:mod:`tierserve.ps.row_kernels`) decodes compact stored rows into float32
+    ``out`` as they are copied (0: the stored words are the float32 values); each layout is a
+    kernel of its own, like each case below.
 
     With ``indexed`` only the keys ``keys[pos[j]]`` are looked up, their rows written to
     ``out[pos[j]]`` and their flags to ``found[j]`` (one partition's share of a request:
@@ -365,7 +378,8 @@ def lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out, 
     C-contiguous.  Releases the GIL.
     """
     dim = out.shape[1]
-    kernel = _lookup_kernel(bool(indexed), int(track), dim if dim in LINE_DIMS else 0)
+    line_dim = dim if dim in LINE_DIMS and layout == LAYOUT_FLOAT32 else 0
+    kernel = _lookup_kernel(bool(indexed), int(track), line_dim, layout=int(layout))
     return kernel(keys, pos, index, rows, cap, seed, stats, tick, out, found)
 
 

@@ -126,21 +126,33 @@ class HashMapTier(Tier):
 
     def lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
         parts = self._parts(tag)
-        keys = as_keys(keys)
+        return self._lookup(parts, as_keys(keys), parts[0].dim, 0)
+
+    def lookup_decoded(self, tag: str, keys, codec) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`Tier.lookup_decoded`: the kernels decode the rows as they copy them."""
+        parts = self._parts(tag)
+        if parts[0].dim != codec.words:
+            raise InvalidInputError(f"table {tag} holds rows of {parts[0].dim} words, not {codec}")
+        return self._lookup(parts, as_keys(keys), codec.dim, codec.layout)
+
+    def _lookup(self, parts: list[HashTable], keys: np.ndarray, width: int, layout: int):
+        """``(rows [n, width], found)``; ``layout`` decodes stored rows (0: as stored)."""
         with self.stats.timed("lookup"):
             if len(parts) == 1:
-                emb = cache_aligned((keys.size, parts[0].dim), np.float32)
+                emb = cache_aligned((keys.size, width), np.float32)
                 found = np.empty(keys.size, dtype=bool)
-                hits = parts[0].lookup_into(keys, None, emb, found, self.refresh_after_fetch)
+                hits = parts[0].lookup_into(keys, None, emb, found, self.refresh_after_fetch,
+                                            layout)  # fmt: skip
             else:
-                emb, found, hits = self._lookup_partitioned(parts, keys)
+                emb, found, hits = self._lookup_partitioned(parts, keys, width, layout)
             self.stats.hits += hits
             self.stats.misses += keys.size - hits
             return emb, found
 
-    def _lookup_partitioned(self, parts: list[HashTable], keys: np.ndarray):
+    def _lookup_partitioned(self, parts: list[HashTable], keys: np.ndarray, width: int,
+                            layout: int):  # fmt: skip
         order, bounds = group_by_partition(keys, len(parts))
-        emb = cache_aligned((keys.size, parts[0].dim), np.float32)
+        emb = cache_aligned((keys.size, width), np.float32)
         grouped = np.empty(keys.size, dtype=bool)  # found flags in partition order
         hits = [0] * len(parts)
 
@@ -149,7 +161,7 @@ class HashMapTier(Tier):
             a, b = bounds[p], bounds[p + 1]
             if b > a:
                 hits[p] = parts[p].lookup_into(keys, order[a:b], emb, grouped[a:b],
-                                               self.refresh_after_fetch)
+                                               self.refresh_after_fetch, layout)
 
         self._map(work, len(parts))
         found = np.empty(keys.size, dtype=bool)

@@ -201,13 +201,16 @@ class HashTable:
         return emb, found
 
     def lookup_into(
-        self, keys: np.ndarray, pos, out: np.ndarray, found: np.ndarray, refresh: bool = True
+        self, keys: np.ndarray, pos, out: np.ndarray, found: np.ndarray, refresh: bool = True,
+        layout: int = 0,
     ) -> int:
         """Look up ``keys[pos]`` (all keys when ``pos`` is None): rows into ``out[pos]``, flags
         into ``found[: pos.size]`` (in the order of ``pos``).  ``refresh``: a recency table
         stamps the rows found with the access time (HugeCTR's ``refresh_time_after_fetch``).
 
-        ``keys`` must be contiguous int64 and ``out`` contiguous float32.  Returns the hits.
+        ``keys`` must be contiguous int64 and ``out`` contiguous float32.  ``layout`` decodes
+        compact stored rows into ``out`` (:mod:`tierserve.ps.row_kernels`; ``out`` is then
+        ``[n, dim of the decoded rows]``).  Returns the hits.
         """
         st = self._state
         tick = 0
@@ -220,7 +223,7 @@ class HashTable:
                 track = _k._TRACK_NONE
         hits = _k.lookup(
             keys, _NO_POS if pos is None else pos, pos is not None, st.index, st.rows, st.cap,
-            st.seed, st.stats, track, tick, out, found,
+            st.seed, st.stats, track, tick, out, found, layout,
         )  # fmt: skip
         if tick >= _TICK_REBASE:
             self._rebase()

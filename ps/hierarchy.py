@@ -24,6 +24,12 @@ staged while updates flow misses none.  A version's storage names stay its own u
 is done: a version staged while an older one is still read (replaced or unloaded, requests in
 flight) or being dropped takes new names.  Shared tiers record the committed storage name under
 ``active/<tag>`` (:meth:`Tier.set_meta`) for processes that attach later.
+
+Compact rows: each table's rows are stored as its ``storage_dtype`` says (:class:`~tierserve.
+ps.row_codec.RowCodec`): tiers hold the encoded rows as ``codec.words`` 4-byte words; this
+class encodes on load and on insert (online updates included) and decodes on lookup, so
+callers always see float32.  A table's layout is recorded beside it (``layout/<storage>``),
+and attaching to a table stored in another layout is refused.
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ from .errors import (
 )
 from .keys import as_keys
 from .rocksdb_tier import RocksDBConfig
-from .sparse_file import read_sparse_model
+from .row_codec import RowCodec
+from .sparse_file import read_rows
 from .table_tag import parse_table_tag, table_tag
 from .tier import Tier
 from .tier_registry import create_tier
@@ -71,6 +78,12 @@ class TableSpec:
     storage: str
     dim: int
     default: float
+    #: How the table's rows are stored (float32 unless ``storage_dtype`` says otherwise).
+    codec: RowCodec = None
+
+    def __post_init__(self) -> None:
+        if self.codec is None:
+            object.__setattr__(self, "codec", RowCodec("float32", self.dim))
 
 
 class ServedModel:
@@ -224,10 +237,13 @@ class HierarchicalParameterServer:
                     storage = self._attached_storage(tag)
                 else:
                     storage = f"{tag}@{gen}" if live or tag in busy else tag
-                spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i])
+                codec = RowCodec(config.storage_dtype[i], dim)
+                spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i],
+                                 codec)  # fmt: skip
                 if attach:
                     for tier in self.tiers.values():
-                        tier.create_table(storage, dim)
+                        _check_layout(tier, spec)
+                        tier.create_table(storage, codec.words)
                 else:
                     keys, emb = tables[i]
                     self._fill(spec, keys, emb, created)
@@ -306,18 +322,20 @@ class HierarchicalParameterServer:
         return VersionView(self, served)
 
     def _read_tables(self, config: ModelConfig) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Open every sparse file first, so a corrupt one fails before any tier changes."""
+        """Open every sparse file first, so a corrupt one fails before any tier changes;
+        each table's rows as its ``storage_dtype`` stores them (converted here if need be)."""
         out = []
         for i, path in enumerate(config.sparse_files):
-            table = read_sparse_model(path, int(config.embedding_vecsize_per_table[i]))
-            keys = np.asarray(table.keys)
+            codec = RowCodec(config.storage_dtype[i], int(config.embedding_vecsize_per_table[i]))
+            keys, rows = read_rows(path, codec)
+            keys = np.asarray(keys)
             if not self.config.supportlonglong:
                 try:
                     keys = as_keys(keys, 32, f"{path}")
                 except InvalidInputError as exc:
                     raise ConfigError(f"{exc} (supportlonglong is false)") from None
             _warn_repeated_keys(keys, path)
-            out.append((keys, table.embeddings))
+            out.append((keys, rows))
         return out
 
     def _fill(self, spec: TableSpec, keys, emb, created: list) -> None:
@@ -326,8 +344,9 @@ class HierarchicalParameterServer:
             if level == "persistent" and tier.read_only:
                 continue
             tier.drop_table(spec.storage)  # what an earlier run or interrupted load left
-            tier.create_table(spec.storage, spec.dim)
+            tier.create_table(spec.storage, spec.codec.words)
             created.append((tier, spec.storage))
+            tier.set_meta(f"layout/{spec.storage}", spec.codec.dtype.value)
             if level == "volatile" and self.persistent is not None:
                 count = min(n, int(math.ceil(self._initial_cache_rate * n)))
             else:
@@ -426,18 +445,26 @@ class HierarchicalParameterServer:
         finally:
             m.release()
 
-    def _tier_lookup(self, tier: Tier, storage: str, keys: np.ndarray, dim: int):
+    def _tier_lookup(self, tier: Tier, storage: str, keys: np.ndarray, width: int,
+                     codec: RowCodec | None = None):  # fmt: skip
+        """``(rows [n, width], found)`` from one tier: stored rows, or decoded by ``codec``
+        (then ``width`` is its dim); a tier that cannot be reached finds nothing."""
         try:
+            if codec is not None and not codec.identity:
+                return tier.lookup_decoded(storage, keys, codec)
             return tier.lookup(storage, keys)
         except BackendUnavailableError as exc:
             tier.stats.errors += 1
             log.warning("%s tier unavailable for %s, falling through: %s", tier.kind, storage, exc)
-            return np.zeros((keys.size, dim), np.float32), np.zeros(keys.size, dtype=bool)
+            return np.zeros((keys.size, width), np.float32), np.zeros(keys.size, dtype=bool)
 
     def _lookup(self, spec: TableSpec, keys: np.ndarray) -> np.ndarray:
+        """float32 embeddings: the volatile tier's rows (decoded as they are read), then the
+        persistent tier's stored rows (decoded; copied up as they are stored), then defaults."""
         n = keys.size
+        codec = spec.codec
         if self.volatile is not None:
-            out, found = self._tier_lookup(self.volatile, spec.storage, keys, spec.dim)
+            out, found = self._tier_lookup(self.volatile, spec.storage, keys, spec.dim, codec)
             if found.all():
                 return out
             missing = np.flatnonzero(~found)
@@ -446,12 +473,12 @@ class HierarchicalParameterServer:
             missing = np.arange(n)
         if self.persistent is not None and missing.size:
             mkeys = keys[missing]
-            emb, found = self._tier_lookup(self.persistent, spec.storage, mkeys, spec.dim)
+            rows, found = self._tier_lookup(self.persistent, spec.storage, mkeys, codec.words)
             if found.any():
-                out[missing[found]] = emb[found]
+                out[missing[found]] = codec.decode(rows[found])
                 if self._cache_missed and self.volatile is not None:
                     try:
-                        self.volatile.insert(spec.storage, mkeys[found], emb[found])
+                        self.volatile.insert(spec.storage, mkeys[found], rows[found])
                     except BackendSkippedError:
                         pass  # the tier is known to be down: the lookup has its answer
                     except BackendUnavailableError as exc:  # the tier counted the failure
@@ -487,16 +514,17 @@ class HierarchicalParameterServer:
         m = self._acquire(model)
         staged = [s for s in self._staged.get(m.name, ()) if s.acquire()]
         try:
-            storages = list(dict.fromkeys(v.table(table).storage for v in (m, *staged)))
+            specs = list({v.table(table).storage: v.table(table) for v in (m, *staged)}.values())
             keys = self._keys(keys)
+            rows = _encode_for(specs, keys, embeddings, f"update of {m.name}.{table}")
             levels = [level] if level is not None else list(self.tiers)
             written = []
             for lv in levels:
                 if lv not in self._filters:
                     raise InvalidInputError(f"level must be volatile or persistent, got {lv!r}")
                 if self.accepts_updates(lv, m.name):
-                    for storage in storages:
-                        self.tiers[lv].insert(storage, keys, embeddings)
+                    for spec in specs:
+                        self.tiers[lv].insert(spec.storage, keys, rows[spec.codec.dtype])
                     written.append(lv)
         finally:
             for v in (m, *staged):
@@ -505,8 +533,10 @@ class HierarchicalParameterServer:
         if written:
             # Listeners get the new vectors only when lookup is sure to return them (every
             # tier written); otherwise they must drop the rows and read them again.
+            # They get what a lookup returns: the stored rows, decoded.
             full = set(written) == set(self.tiers)
-            self._notify(model, table, keys, np.asarray(embeddings, np.float32) if full else None)
+            stored = specs[0].codec.decode(rows[specs[0].codec.dtype]) if full else None
+            self._notify(model, table, keys, stored)
 
     update = insert
 
@@ -578,6 +608,33 @@ class HierarchicalParameterServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_layout(tier: Tier, spec: TableSpec) -> None:
+    """Refuse to attach to a table that ``tier`` stores in another layout than ``spec``'s."""
+    try:
+        stored = tier.get_meta(f"layout/{spec.storage}")
+    except BackendUnavailableError as exc:
+        log.warning("cannot read the layout of %s: %s", spec.storage, exc)
+        return
+    if stored is not None and stored != spec.codec.dtype.value:
+        raise ConfigError(
+            f"the {tier.kind} tier stores {spec.storage} as {stored}, but ps.json gives "
+            f"storage_dtype {spec.codec.dtype.value} for it: set storage_dtype to {stored}, "
+            "or load the table from its sparse files (initialize_after_startup true)"
+        )
+
+
+def _encode_for(specs: list[TableSpec], keys: np.ndarray, embeddings, what: str) -> dict:
+    """The stored rows of ``embeddings`` for each layout among ``specs`` (by dtype); a value
+    a layout cannot hold is refused before anything is written."""
+    emb = np.asarray(embeddings)
+    if emb.ndim != 2 or emb.shape[0] != keys.size:
+        raise InvalidInputError(
+            f"embeddings for {what} must have shape [{keys.size}, {specs[0].dim}], "
+            f"got {list(emb.shape)}"
+        )
+    return {s.codec.dtype: s.codec.encode(emb, what) for s in specs}
 
 
 def _warn_repeated_keys(keys: np.ndarray, path) -> None:

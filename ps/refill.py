@@ -33,7 +33,7 @@ from .errors import BackendUnavailableError, TierserveError
 from .partition import partition_of
 from .redis_tier import RedisTierConfig
 from .rocksdb_tier import RocksDBConfig
-from .sparse_file import read_sparse_model
+from .sparse_file import read_rows
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,8 @@ class Refiller:
                     written += int(found.sum())
             return written, f"the {persistent.kind} tier"
         path = model.config.sparse_files[index]
-        table = read_sparse_model(path, spec.dim)
-        keys = np.asarray(table.keys)
+        keys, rows = read_rows(path, spec.codec)  # as the table stores them
+        keys = np.asarray(keys)
         count = keys.shape[0]
         if persistent is not None:  # as at startup: the rest stays in the persistent tier
             count = min(count, int(math.ceil(self.initial_cache_rate * count)))
@@ -141,7 +141,7 @@ class Refiller:
             chunk = keys[c0:c1]
             mine = np.flatnonzero(np.isin(partition_of(chunk, n), empty))
             if mine.size:
-                self.tier.insert(spec.storage, chunk[mine], table.embeddings[c0:c1][mine])
+                self.tier.insert(spec.storage, chunk[mine], rows[c0:c1][mine])
                 written += int(mine.size)
         return written, f"the model files ({path})"
 

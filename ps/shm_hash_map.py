@@ -260,12 +260,12 @@ class SharedHashTable(HashTable):
     def __len__(self) -> int:
         return int(self.header[_LIVE])
 
-    def lookup_into(self, keys, pos, out, found, refresh: bool = True) -> int:
+    def lookup_into(self, keys, pos, out, found, refresh: bool = True, layout: int = 0) -> int:
         if int(self.header[_EPOCH]) != self._epoch:
             with self._lock:
                 if int(self.header[_EPOCH]) != self._epoch:
                     self._sync()
-        return super().lookup_into(keys, pos, out, found, refresh)
+        return super().lookup_into(keys, pos, out, found, refresh, layout)
 
     def keys(self) -> np.ndarray:
         with self._lock:
@@ -339,7 +339,9 @@ def fingerprint(keys: np.ndarray, embeddings: np.ndarray) -> int:
         digest.update(np.ascontiguousarray(keys[::step]).tobytes())
         digest.update(np.ascontiguousarray(embeddings[::step]).tobytes())
         digest.update(np.asarray([keys.sum(dtype=np.int64)], np.int64).tobytes())
-        digest.update(np.asarray([embeddings.sum(dtype=np.float64)], np.float64).tobytes())
+        # the rows' bits, not their values: compact rows' words read as floats hold NaNs
+        bits = np.ascontiguousarray(embeddings, dtype=np.float32).view(np.uint32)
+        digest.update(np.asarray([bits.sum(dtype=np.uint64)], np.uint64).tobytes())
     return int.from_bytes(digest.digest(), "little") >> 1 or 1
 
 

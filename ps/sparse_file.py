@@ -4,6 +4,11 @@ A folder ``<prefix><i>_sparse_<iter>.model/`` holds ``key`` (int64 LE, N x 8 byt
 ``emb_vector`` (float32 LE, N x dim, row-major, in key order) and, for localized-slot
 embeddings, ``slot_id`` (int64 LE, N).  The layout is HugeCTR's.  Keys are always stored as
 int64; int32 keys are widened on write and can be narrowed again on read.
+
+A folder converted for a compact ``storage_dtype`` (``tierserve convert --storage-dtype``)
+holds ``emb_vector.<dtype>`` instead of ``emb_vector``: the stored rows of
+:mod:`tierserve.ps.row_codec` (N rows of whole 4-byte words, in key order), which the server
+loads as they are.  :func:`read_rows` reads either for a table's codec.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 
 from .atomic import atomic_directory, write_file_synced
 from .errors import CorruptModelFileError, InvalidInputError
+from .row_codec import RowCodec
 
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"
@@ -159,3 +165,86 @@ def write_sparse_model(
 def _le_bytes(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The array's bytes in ``dtype`` (little-endian), without a copy when already so."""
     return np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8)
+
+
+#: Rows encoded per step when a float32 file is converted (bounds the temporaries).
+ENCODE_CHUNK = 1 << 18
+
+
+def compact_vector_file(codec: RowCodec) -> str:
+    """The file name of a folder's rows stored as ``codec`` stores them."""
+    return VECTOR_FILE if codec.identity else f"{VECTOR_FILE}.{codec.dtype.value}"
+
+
+def encode_rows(codec: RowCodec, embeddings: np.ndarray, what: str, progress=None) -> np.ndarray:
+    """float32 ``[n, dim]`` (e.g. a memory-mapped file) as ``codec``'s words, in chunks;
+    ``progress(done, total)`` is called after each."""
+    if codec.identity:
+        return embeddings
+    n = embeddings.shape[0]
+    words = np.empty((n, codec.words), dtype=np.float32)
+    for c0 in range(0, n, ENCODE_CHUNK):
+        c1 = min(n, c0 + ENCODE_CHUNK)
+        words[c0:c1] = codec.encode(embeddings[c0:c1], f"{what} rows {c0}..{c1 - 1}")
+        if progress is not None:
+            progress(c1, n)
+    return words
+
+
+def read_rows(folder: str | os.PathLike, codec: RowCodec, *, mmap: bool = True):
+    """``(keys, stored rows)`` of one sparse model folder for a table stored as ``codec``.
+
+    The folder's ``emb_vector.<dtype>`` (written by :func:`write_rows`) is taken as it is;
+    else its float32 ``emb_vector`` is encoded (once, here).  A folder converted for another
+    dtype only is refused, naming both.
+    """
+    folder = Path(folder)
+    compact = folder / compact_vector_file(codec)
+    if codec.identity or not compact.exists():
+        if not (folder / VECTOR_FILE).exists() and folder.is_dir():
+            others = sorted(p.name for p in folder.glob(f"{VECTOR_FILE}.*"))
+            if others:
+                raise CorruptModelFileError(
+                    f"sparse model folder {folder} holds {', '.join(others)} but the table's "
+                    f"storage_dtype is {codec.dtype.value}: convert its float32 {VECTOR_FILE} "
+                    f"for {codec.dtype.value} (tierserve convert --storage-dtype)"
+                )
+        table = read_sparse_model(folder, codec.dim, mmap=mmap)
+        return table.keys, encode_rows(codec, table.embeddings, str(folder / VECTOR_FILE))
+    n = _file_rows(folder / KEY_FILE, KEY_DTYPE.itemsize, "int64 key")
+    rows = _file_rows(compact, 4 * codec.words,
+                      f"{codec.dtype.value} row of dim {codec.dim} ({4 * codec.words} bytes)")  # fmt: skip
+    if rows != n:
+        raise CorruptModelFileError(f"{compact} holds {rows} rows for {n} keys")
+    keys = _map(folder / KEY_FILE, KEY_DTYPE, n, mmap)
+    words = _map(compact, VECTOR_DTYPE, n * codec.words, mmap).reshape(n, codec.words)
+    return keys, words
+
+
+def write_rows(folder: str | os.PathLike, keys: np.ndarray, words: np.ndarray, codec: RowCodec,
+               slot_ids: np.ndarray | None = None) -> Path:  # fmt: skip
+    """Write one table's stored rows as a converted sparse model folder, atomically."""
+    if codec.identity:
+        return write_sparse_model(folder, keys, words, slot_ids)
+    folder = Path(folder)
+    with atomic_directory(folder) as tmp:
+        write_file_synced(tmp / KEY_FILE, [_le_bytes(keys, KEY_DTYPE)])
+        write_file_synced(tmp / compact_vector_file(codec), [_le_bytes(words, VECTOR_DTYPE)])
+        if slot_ids is not None:
+            write_file_synced(tmp / SLOT_FILE, [_le_bytes(slot_ids, KEY_DTYPE)])
+    return folder
+
+
+def convert_sparse_model(src: str | os.PathLike, dst: str | os.PathLike, storage_dtype,
+                         embedding_vec_size: int | None = None, progress=None) -> Path:  # fmt: skip
+    """Convert a float32 sparse model folder ``src`` into ``dst`` for ``storage_dtype``
+    (``tierserve convert --storage-dtype``); ``progress(done, total)`` is called per chunk.
+    The rows file keeps the source's modification time (the update replay reads it)."""
+    table = read_sparse_model(src, embedding_vec_size)
+    codec = RowCodec(storage_dtype, table.dim)
+    words = encode_rows(codec, table.embeddings, str(src), progress)
+    out = write_rows(dst, table.keys, words, codec, table.slot_ids)
+    # the rows are as old as their source: online-update replay starts from that time
+    made = os.stat(Path(src) / VECTOR_FILE)
+    os.utime(out / compact_vector_file(codec), ns=(made.st_atime_ns, made.st_mtime_ns))
+    return out

@@ -69,6 +69,13 @@ class Tier(abc.ABC):
     def lookup(self, tag: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(embeddings float32 [n, dim], found bool [n])``; rows not found are unspecified."""
 
+    def lookup_decoded(self, tag: str, keys: np.ndarray, codec) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`lookup` of a table of compact rows, decoded by ``codec``
+        (:class:`~tierserve.ps.row_codec.RowCodec`): ``(float32 [n, codec.dim], found)``.
+        Tiers whose kernels can decode as they copy override it."""
+        rows, found = self.lookup(tag, keys)
+        return codec.decode(rows), found
+
     @abc.abstractmethod
     def insert(self, tag: str, keys: np.ndarray, embeddings: np.ndarray) -> None:
         """Insert or overwrite ``keys``; may evict others when a partition overflows."""

@@ -53,7 +53,8 @@ def version_time_ms(served) -> int:
 
 
 def _creation_ms(sparse_files: list[str]) -> int:
-    """The version folder's stamp, else its oldest ``emb_vector``'s mtime; 0 when neither."""
+    """The version folder's stamp, else its oldest ``emb_vector``'s mtime (a converted
+    folder's ``emb_vector.<dtype>``, which keeps its source's); 0 when neither."""
     if sparse_files:
         try:
             return int((Path(sparse_files[0]).parent / STAMP).read_text().strip())
@@ -61,10 +62,11 @@ def _creation_ms(sparse_files: list[str]) -> int:
             pass
     times = []
     for folder in sparse_files:
-        try:
-            times.append(os.stat(Path(folder) / "emb_vector").st_mtime_ns // 1_000_000)
-        except OSError:
-            continue
+        for path in (Path(folder) / "emb_vector", *Path(folder).glob("emb_vector.*")):
+            try:
+                times.append(os.stat(path).st_mtime_ns // 1_000_000)
+            except OSError:
+                continue
     return min(times, default=0)
 
 

@@ -83,6 +83,28 @@ def test_defaults_per_table_filled():
     ).models[0]
     assert m.default_value_for_each_table == [0.0, 0.0]
     assert m.embedding_table_names == ["sparse_embedding1", "sparse_embedding2"]
+    assert m.storage_dtype == ["float32", "float32"]
+
+
+def test_storage_dtype_for_all_tables_or_one_per_table():
+    data = example()
+    data["models"][0]["storage_dtype"] = "int8"
+    m = parse_ps_config(data).models[0]
+    assert m.storage_dtype == ["int8"] * m.num_tables
+    data["models"][0]["storage_dtype"] = ["float16", "int8"][: m.num_tables] + ["float32"] * (
+        m.num_tables - 2
+    )
+    assert parse_ps_config(data).models[0].storage_dtype[:2] == ["float16", "int8"]
+
+
+@pytest.mark.parametrize("value", ["bfloat16", "fp16", "INT8", ["int8", "int4"], 8])
+def test_unknown_storage_dtype_is_refused_naming_it(value):
+    """Refused with the values it takes (before, the field itself was unknown)."""
+    data = example()
+    data["models"][0]["storage_dtype"] = value
+    with pytest.raises(ConfigError, match=r"models\.0\.storage_dtype: .* is not a storage_dtype: "
+                       r"give one of float32, float16, int8 \(default float32\)"):  # fmt: skip
+        parse_ps_config(data)
 
 
 def _mutate(path, value):
@@ -120,6 +142,7 @@ def _mutate(path, value):
         (("models", 0, "embedding_table_names"), ["ok", "bad name"], "embedding_table_names"),
         (("models", 0, "embedding_vecsize_per_table"), [16], "embedding_vecsize_per_table has 1"),
         (("models", 0, "default_value_for_each_table"), [0.0], "default_value_for_each_table"),
+        (("models", 0, "storage_dtype"), ["int8"] * 9, "storage_dtype has 9 entries"),
         (("models", 0, "sparse_files"), [], "sparse_files"),
         (("models", 0, "gpucacheper"), 2.0, "gpucacheper"),
         # a default key limit no INT32 ROWINDEX can reach, and a request size nobody means

@@ -391,3 +391,41 @@ def test_an_unreachable_tier_is_retried_after_the_growing_backoff(tmp_path, kafk
             assert consumer.stats.retries == 3
             assert backoff.asked == [1, 2, 3]
             np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [5, 6]), new)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_updates_to_a_compact_table_are_quantized_on_apply(tmp_path, kafka_broker, dtype):
+    """float32 on the wire, stored as the table's storage_dtype; a message the layout cannot
+    hold (beyond float16's range; a row wider than float32's range for int8) is rejected
+    alone and changes nothing (NaN does not pass the wire format: malformed)."""
+    from tierserve.ps.row_codec import RowCodec
+
+    name = _name("m")
+    tag = table_tag(name, "sparse_embedding1")
+    _create_topic(kafka_broker, tag)
+    model = write_model(tmp_path / name, name, [(np.arange(100), DIM)])
+    model["storage_dtype"] = dtype
+    ps = HierarchicalParameterServer(parse_ps_config({
+        "volatile_db": {"type": "hash_map", "update_filters": [name]}, "models": [model],
+    }))  # fmt: skip
+    consumer = UpdateConsumer(ps, _config(kafka_broker), "volatile", replica=_name("r")).start()
+    try:
+        before = ps.lookup(name, "sparse_embedding1", [7])
+        good = np.random.default_rng(1).standard_normal((3, DIM)).astype(np.float32)
+        bad = np.full((1, DIM), 1e6, np.float32)
+        if dtype == "int8":
+            bad[0, :2] = [-3.4e38, 3.4e38]
+        with UpdateProducer(kafka_broker.bootstrap) as producer:
+            producer.publish(name, "sparse_embedding1", [1, 50, 1000], good)
+            producer.publish(name, "sparse_embedding1", [7], bad)
+        s = consumer.stats
+        assert until(lambda: s.messages == 1 and s.rejected == 1), s
+        codec = RowCodec(dtype, DIM)
+        np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [1, 50, 1000]),
+                                      codec.decode(codec.encode(good)))  # fmt: skip
+        np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [7]), before)
+        storage = ps.model(name).table("sparse_embedding1").storage
+        assert ps.volatile.dim(storage) == codec.words  # stored compact
+    finally:
+        consumer.close()
+        ps.close()

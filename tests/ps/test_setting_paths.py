@@ -213,6 +213,8 @@ MODEL_ROUTES = {
     "use_mixed_precision": R(True, WARNS),
     "label_dim": R(2, REFUSED),  # the graph's label is 1 wide
     "slot_num": R(5, REFUSED),  # the graph has 4 slots
+    "storage_dtype": R(["int8"], "ps",
+                       lambda ps, e: [s.codec.dtype.value for s in ps.model("m32").tables.values()]),
 }
 PS_ROUTES = {
     "supportlonglong": R(False, "ps", lambda ps, e: e.refuses_wide_keys(ps), True),

@@ -165,3 +165,19 @@ def test_ps_json_names_it_as_hugectr_does(tmp_path):
     )
     with pytest.raises(ConfigError, match="initialize_after_startup false is not available"):
         load_ps_config(path)
+
+
+def test_fingerprints_tell_compact_rows_apart():
+    """Compact rows are words that may read as NaN: the digest must still see every row."""
+    from tierserve.ps.row_codec import RowCodec
+    from tierserve.ps.shm_hash_map import fingerprint
+
+    codec = RowCodec("int8", 16)
+    rng = np.random.default_rng(0)
+    keys = np.arange(8192, dtype=np.int64)
+    emb = rng.standard_normal((8192, 16)).astype(np.float32)
+    a = codec.encode(emb)
+    emb[1] *= 3  # row 1 is not among the sampled rows (every 2nd from 0)
+    b = codec.encode(emb)
+    assert np.isnan(a).any()  # some words read as NaN
+    assert fingerprint(keys, a) != fingerprint(keys, b)
