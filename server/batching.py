@@ -103,6 +103,11 @@ class DynamicBatcher:
         self._leader: _Pending | None = None
         self._closed = False
 
+    @property
+    def running(self) -> bool:
+        """Whether an execution is in the executor now (tests wait on it)."""
+        return self._running is not None
+
     async def submit(self, unit: Any) -> dict[str, np.ndarray]:
         """Run one prepared unit, merged with whatever else is ready; returns its outputs."""
         loop = asyncio.get_running_loop()
