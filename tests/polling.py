@@ -27,3 +27,23 @@ async def until_async(
             return True
         await asyncio.sleep(interval)
     return False
+
+
+def settled(
+    read: Callable[[], float],
+    tolerance: float,
+    samples: int = 5,
+    interval: float = 0.1,
+    timeout: float = 30.0,
+) -> float:
+    """Poll ``read()`` until ``samples`` readings in a row lie within ``tolerance`` of each
+    other (a value that stopped moving, e.g. a process's memory once its work is done);
+    returns the last one.  Raises AssertionError naming the readings after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    recent = [read()]
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        recent = [*recent[-(samples - 1) :], read()]
+        if len(recent) == samples and max(recent) - min(recent) <= tolerance:
+            return recent[-1]
+    raise AssertionError(f"still moving after {timeout} s: {recent}")
