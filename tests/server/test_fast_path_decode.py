@@ -124,7 +124,7 @@ def test_a_lone_execution_under_load_does_not_stop_batching(monkeypatch):
         )
 
     async def later(i, seconds):
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)  # its arrival time is the scenario
         return await batcher.submit(unit(i))
 
     async def main():

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import uvicorn
 from doubler_model import binary_body, doubler_loader, write_doubler_repository
-from polling import until
+from polling import until, until_async
 from uvicorn.server import ServerState
 
 from tierserve.server.app import BackgroundServer, create_app
@@ -173,10 +173,7 @@ def test_infer_is_answered_by_the_protocol_not_the_app(repo):
             body = _json_body(DES, CAT)
             protocol.data_received(_request("/v2/models/m/infer", body))
             protocol.data_received(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            for _ in range(500):
-                if transport.data.count(b"HTTP/1.1") == 2:
-                    break
-                await asyncio.sleep(0.01)
+            assert await until_async(lambda: transport.data.count(b"HTTP/1.1") == 2)
             protocol.connection_lost(None)
             return transport.data
 

@@ -33,7 +33,7 @@ def test_one_write_per_loop_step_and_close_flushes():
         t.write(b"HTTP/1.1 200 OK\r\n\r\n")
         t.write(b"body")
         assert raw.writes == []
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step: the gathered writes go out at its end
         assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
         big = b"x" * LARGE
         t.write(b"head")

@@ -324,7 +324,7 @@ while not stop:
     assert c.getresponse().status == 200
     c.close()
     took.append((time.perf_counter() - started) * 1000)
-    time.sleep(0.02)
+    time.sleep(0.02)  # the probes' pace
 print(json.dumps(took))
 """
 
@@ -348,7 +348,7 @@ class _Probe:
     def _sample(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, self.server.rss())
-            time.sleep(0.02)
+            time.sleep(0.02)  # the sampling interval
 
     def stop(self) -> list[float]:
         self._stop.set()
