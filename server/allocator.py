@@ -15,7 +15,10 @@ anyway, so the usual batch sizes keep their warm heap.
 not the free top of an inference thread's own arena, where a large batch's blocks end up
 when nothing was allocated above them; glibc trims that top only when a block is freed on
 that arena and the top is over the trim threshold.  :func:`release_thread_arena`, called on
-the thread that ran a large batch, frees one block there under a low threshold.
+the thread that ran a large batch, frees one block there under a low threshold.  The batch's
+outputs stay above its freed temporaries until the response is sent, and freed then they make
+a free top again: :meth:`Trimmer.after_batch` also holds a block of that arena, which the
+trim frees under the low threshold once the request is done.
 """
 
 from __future__ import annotations
@@ -79,13 +82,24 @@ _LOW_THRESHOLD = 128 << 10
 def release_thread_arena() -> bool:
     """Give the free top of the calling thread's malloc arena back to the OS (see the module
     docstring); False, doing nothing, unless :func:`tune_malloc` raised the trim threshold."""
+    block = hold_arena_block()
+    return block is not None and free_arena_block(block)
+
+
+def hold_arena_block() -> int | None:
+    """A block of the calling thread's malloc arena, for :func:`free_arena_block` to trim
+    that arena's top later from any thread (glibc frees a block into the arena it came
+    from); None, allocating nothing, unless :func:`tune_malloc` raised the trim threshold."""
     if _tuned_threshold is None or _malloc is None or _free is None:
-        return False
+        return None
+    return _malloc(_PROBE_BYTES) or None
+
+
+def free_arena_block(block: int) -> bool:
+    """Free a :func:`hold_arena_block` block under glibc's default trim threshold: its
+    arena's free top goes back to the OS."""
     # one thread at a time: another's restore must not land between this lower and free
     with _release_lock:
-        block = _malloc(_PROBE_BYTES)
-        if not block:
-            return False
         _mallopt(M_TRIM_THRESHOLD, _LOW_THRESHOLD)
         try:
             _free(block)
@@ -110,6 +124,7 @@ class Trimmer:
         self._lock = threading.Lock()
         self._pending = False
         self._last = 0.0
+        self._held: list[int] = []  # blocks of inference threads' arenas (hold_arena_block)
 
     def after_request(self, inputs: dict, body_bytes: int) -> None:
         """:meth:`after` for a request's decoded ``inputs`` (its longest first dimension)."""
@@ -118,9 +133,17 @@ class Trimmer:
 
     def after_batch(self, rows: int) -> None:
         """Call on the thread that just ran a batch of ``rows`` rows: after a large one, that
-        thread's arena gives its free top back (:func:`release_thread_arena`)."""
-        if rows >= LARGE_ROWS:
-            release_thread_arena()
+        thread's arena gives its free top back now (:func:`release_thread_arena`) and again
+        at the trim, once the request's outputs, freed after the response into that arena's
+        top, are gone too."""
+        if rows < LARGE_ROWS or self._trim is None:
+            return
+        release_thread_arena()
+        block = hold_arena_block()
+        if block is not None:
+            with self._lock:
+                self._held.append(block)
+        self.after(rows, 0)
 
     def after(self, rows: int, body_bytes: int) -> None:
         """Note a finished request of ``rows`` rows and ``body_bytes`` bytes; trims soon when
@@ -139,6 +162,10 @@ class Trimmer:
         with self._lock:
             self._pending = False
         self._trim(0)
+        with self._lock:
+            held, self._held = self._held, []
+        for block in held:
+            free_arena_block(block)
         self._last = time.monotonic()
         self.trims += 1
 

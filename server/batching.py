@@ -103,6 +103,20 @@ class DynamicBatcher:
         self._leader: _Pending | None = None
         self._closed = False
 
+    @property
+    def running(self) -> bool:
+        """Whether an execution is in the executor now (tests wait on it)."""
+        return self._running is not None
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch (tests wait on it)."""
+        return len(self._pending)
+
+    def waiting(self) -> int:
+        """Queued requests whose client still waits for them (tests wait on it)."""
+        return sum(not p.cancelled() for p in list(self._pending))
+
     async def submit(self, unit: Any) -> dict[str, np.ndarray]:
         """Run one prepared unit, merged with whatever else is ready; returns its outputs."""
         loop = asyncio.get_running_loop()

@@ -61,6 +61,7 @@ class InferenceModel:
     ) -> None:
         p = inference_params
         config, graph, network = read_params(model_config_path, p)
+        network.keep_tensors = True  # HugeCTR's InferenceModel: check_out_tensor
         ps_config = None
         if parameter_server is not None:
             from tierserve.ps.compat import warn_once
@@ -377,8 +378,16 @@ class InferenceModel:
 
     def check_out_tensor(self, tensor_name: str) -> np.ndarray:
         """HugeCTR's ``InferenceModel.check_out_tensor``: a host copy of tensor
-        ``tensor_name`` (an embedding's output or a layer's top) of the last predicted batch."""
-        tensors = getattr(self.network, "last_tensors", None)
+        ``tensor_name`` (an embedding's output or a layer's top) of the last predicted batch.
+        A model loaded by :meth:`from_config` (as ``tierserve serve`` loads one) keeps no
+        tensors of its batches: it refuses."""
+        if not self.network.keep_tensors:
+            raise ConfigError(
+                "check_out_tensor: this model keeps no tensors of its batches (loaded from a "
+                "ps.json entry, as the server loads one); create it with "
+                "InferenceModel(graph, InferenceParams(...)) to check tensors out"
+            )
+        tensors = self.network.last_tensors
         if tensors is None:
             raise ConfigError("check_out_tensor: nothing has been predicted yet")
         if tensor_name not in tensors:

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from cache_helpers import DIM, MODEL, TABLE, vectors_for
+from polling import until
 
 from tierserve.cache import EmbeddingCache
 from tierserve.cache.device import to_host
@@ -35,7 +36,7 @@ def _hammer(ps, cache, seconds=2.0, readers=4):
             keys = np.unique(rng.zipf(1.2, 32) % ROWS).astype(np.int64)
             ps.insert(MODEL, TABLE, keys, vectors_for(keys, version))
             applied[keys] = version
-            time.sleep(0.0005)
+            time.sleep(0.0005)  # the updates' pace
 
     def reader(i):
         rng = np.random.default_rng(i)
@@ -55,7 +56,8 @@ def _hammer(ps, cache, seconds=2.0, readers=4):
     ]
     for t in threads:
         t.start()
-    time.sleep(seconds)
+    time.sleep(seconds)  # the length of the hammering
+    until(lambda: min(counts) > 0, timeout=60)  # every reader got its turns on a busy machine
     stop.set()
     for t in threads:
         t.join(20)

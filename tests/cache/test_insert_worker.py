@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
+from polling import until
 
 from tierserve.cache.insert_worker import InsertWorker
 
@@ -21,8 +21,7 @@ def test_queued_batches_are_merged_deduplicated_and_keep_the_last_vector():
     worker = InsertWorker(insert, max_queued=8)
     try:
         worker.submit(np.array([100]), np.array([[0.0]]), 1)  # taken at once, waits on gate
-        while worker.depth:
-            time.sleep(0.001)
+        assert until(lambda: worker.depth == 0, timeout=10, interval=0.001)
         worker.submit(np.array([7, 3]), np.array([[1.0], [1.0]]), 5)
         worker.submit(np.array([3, 9]), np.array([[2.0], [2.0]]), 4)
         gate.set()

@@ -257,7 +257,7 @@ while running[0]:
     except Exception as exc:
         failures.append(f"{type(exc).__name__}: {exc}")
     turn += 1
-    time.sleep(0.05)
+    time.sleep(0.05)  # the probes' pace
 print(json.dumps({"latencies": latencies, "failures": failures}))
 """
 
@@ -292,6 +292,8 @@ def test_chaos(versions, redis_cluster, kafka_broker, tmp_path):
         started = time.monotonic()
 
         def wait_until(fraction: float) -> None:
+            # the timeline of faults under sustained traffic is the test: each fault comes
+            # at its point of the run, whatever happened before it
             time.sleep(max(0.0, started + fraction * SECONDS - time.monotonic()))
 
         def publish(seed: int) -> None:
@@ -324,7 +326,7 @@ def test_chaos(versions, redis_cluster, kafka_broker, tmp_path):
             wait_until(at[6])
             kafka_broker.stop()
             try:
-                time.sleep(0.05 * SECONDS)
+                time.sleep(0.05 * SECONDS)  # the outage's length is the fault
             finally:
                 kafka_broker.start()
             wait_until(at[7])
@@ -700,11 +702,12 @@ def test_a_load_unload_storm_answers_only_with_the_version_it_names(versions, tm
     settings = Settings.build(model_repository=repo, http_port=0, grpc_port=0,
                               poll_interval_s=0.2)  # fmt: skip
     with BackgroundServer(settings) as server, Storm(server, "dlrm", des, cat) as storm:
-        time.sleep(seconds / 2)
+        time.sleep(seconds / 2)  # the storm before the swap (its length is the test's)
+        assert until(lambda: {v for v, _, _ in storm.answers} >= {"1"}, timeout=60)
         write_repository(v2, tmp_path / "staging", version=2)
         shutil.move(tmp_path / "staging" / "dlrm" / "2", repo / "dlrm" / "2")
         assert until(lambda: {v for v, _, _ in storm.answers} >= {"2"}, timeout=60)
-        time.sleep(seconds / 2)
+        time.sleep(seconds / 2)  # and after it
     storm.check(expected)
 
 

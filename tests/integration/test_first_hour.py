@@ -11,7 +11,7 @@ tritonserver.  Ports are moved to free ones; a line marked ``# not run in CI: wh
 
 Then what a user runs into with that install: the demo on a busy port, a broken ``ps.json``
 under ``--workers 2``, and the first request after the server says ready (within 3x the
-median of the next 100).
+median CPU time of the next 100).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from polling import until
+from serve_process import cpu_seconds
 from services.install import cache_root
 from services.triton import ensure_tritonserver
 
@@ -262,7 +263,11 @@ def test_a_broken_ps_json_is_refused_in_one_line_with_two_workers(first_hour, tm
 PAUSE_S = 0.05
 
 
-def _first_and_next(http_port: int, body: bytes, count: int = 100) -> tuple[float, list[float]]:
+def _first_and_next(
+    http_port: int, pid: int, body: bytes, count: int = 100
+) -> tuple[float, list[float]]:
+    """The server's CPU time (:func:`cpu_seconds`) for its first infer request after ready
+    and for the ``count`` after it."""
     client = http.client.HTTPConnection("127.0.0.1", http_port, timeout=30)
 
     def ready() -> bool:
@@ -278,12 +283,12 @@ def _first_and_next(http_port: int, body: bytes, count: int = 100) -> tuple[floa
     assert until(ready, timeout=300, interval=0.1)
 
     def infer() -> float:
-        started = time.perf_counter()
+        started = cpu_seconds(pid)
         client.request("POST", "/v2/models/dlrm/infer", body, {"Content-Type": "application/json"})
         reply = client.getresponse()
         reply.read()
         assert reply.status == 200
-        return time.perf_counter() - started
+        return cpu_seconds(pid) - started
 
     try:
         first = infer()
@@ -297,15 +302,16 @@ def _first_and_next(http_port: int, body: bytes, count: int = 100) -> tuple[floa
 
 
 def test_the_first_request_after_ready_is_as_fast_as_the_rest(first_hour):
-    """Within 3x the median of the next 100.  Each try is a fresh server process: were the
-    model's first-run costs left to the first request, it would take 10 to 7,000 times the
-    median (numba's kernels loaded from their disk cache, or compiled), in every try.
+    """The server's CPU time for its first request is within 3x the median of the next 100.
+    Each try is a fresh server process: were the model's first-run costs left to the first
+    request, it would take 10 to 7,000 times the median (numba's kernels loaded from their
+    disk cache, or compiled; 12-13x in CPU time with the warm-up removed), in every try.
 
-    The next 100 are sent as the first was, after a pause: on a shared machine a request
-    that follows a pause pays for caches other processes took over meanwhile (on this 2-core
-    VM about 1 ms of CPU per thread, and a wait for a core), which back-to-back requests do
-    not; the pause makes the comparison about the server's first request, not the machine.
-    Up to three tries, as a single request may still wait several ms for a core."""
+    CPU time, not wall clock: on a loaded machine a single request's wall time is mostly
+    its wait for a core (0.1x to 4.7x the median with two busy loops beside it, the CPU time
+    1.0x to 1.6x).  The next 100 are sent as the first was, after a pause: a request that
+    follows a pause pays for caches other processes took over meanwhile (about 1 ms of CPU
+    per thread on this 2-core VM), which back-to-back requests do not.  Up to three tries."""
     body = json.dumps({"inputs": [
         {"name": "DES", "datatype": "FP32", "shape": [1, 13], "data": [0.5] * 13},
         {"name": "CATCOLUMN", "datatype": "INT64", "shape": [1, 8],
@@ -321,7 +327,7 @@ def test_the_first_request_after_ready_is_as_fast_as_the_rest(first_hour):
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
-            first, rest = _first_and_next(port, body)
+            first, rest = _first_and_next(port, server.pid, body)
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)

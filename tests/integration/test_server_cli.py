@@ -87,7 +87,7 @@ def test_serve_subprocess_with_config(demo, tmp_path):
             except httpx.TransportError:
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.2)
+            time.sleep(0.2)  # the readiness poll's pace
         assert httpx.get(f"{url}/v2/models/dlrm").json()["versions"] == ["1"]
         r = httpx.post(f"{url}/v2/repository/models/dlrm/unload")
         assert r.status_code == 401

@@ -25,7 +25,7 @@ def test_lines_of_a_facility_are_rate_limited_with_a_count(caplog):
     for _ in range(50):  # what confluent-kafka calls for each librdkafka line
         log.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "refused")
     log.log(logging.INFO, "%s [%s] %s", "JOIN", "rdkafka#consumer-1", "joining")
-    time.sleep(0.25)
+    time.sleep(0.25)  # the 0.2 s interval passing is the behaviour
     log.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "refused")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["t: FAIL [rdkafka#consumer-1] refused",
@@ -40,7 +40,7 @@ def test_one_failed_connection_is_no_outage_a_lasting_one_is_logged_once(caplog,
     log = KafkaLog("t")
     log.error(_refused())
     assert not log.down  # as while a broker starts
-    time.sleep(0.15)
+    time.sleep(0.15)  # the outage outlasting OUTAGE_AFTER_S is the behaviour
     for _ in range(20):
         log.error(_refused())
     assert log.down and log.outages == 1

@@ -53,9 +53,10 @@ def test_socket_timeout_and_retries_come_from_the_config(own_redis):
         assert kwargs["socket_timeout"] == 0.3 and kwargs["socket_connect_timeout"] == 0.25
         with frozen(own_redis):
             took, found = _timed_lookup(tier, tag, keys)
-        # Three tries of 0.3 s (and 10 + 20 ms between them), never the old fixed 5 s.
+        # Three tries of 0.3 s (and 10 + 20 ms between them), never the old fixed 5 s (the
+        # upper bound leaves a loaded machine room; one try of the old timeout is 5 s).
         assert not found.any()
-        assert 0.85 < took < 2.5, took
+        assert 0.85 < took < 4.0, took
         assert tier.stats.errors == 1
         took, found = _timed_lookup(tier, tag, keys)
         assert found.all() and took < 0.3
@@ -84,26 +85,28 @@ def test_a_frozen_node_is_skipped_after_the_threshold_then_probed(own_redis):
                 took, found = _timed_lookup(tier, tag, keys)
                 assert took >= 0.19 and not found.any()
             assert breaker.state == "open" and tier.stats.errors == 2
-            took, found = _timed_lookup(tier, tag, keys)
-            assert took < 0.1 and not found.any()  # skipped: not asked at all
+            _, found = tier.lookup(tag, keys)
+            # skipped: not asked at all (asked, it would have timed out: a third error)
+            assert not found.any()
             assert tier.stats.skipped == keys.size and tier.stats.errors == 2
             assert tier.stats.misses == 3 * keys.size
             # After the back-off one lookup probes (and waits); one beside it still skips.
-            time.sleep(0.65)
+            time.sleep(0.65)  # the 600 ms back-off passing is the behaviour
             probe = threading.Thread(target=tier.lookup, args=(tag, keys))
             probe.start()
             assert until(lambda: breaker.state == "half_open", timeout=2)
-            took, found = _timed_lookup(tier, tag, keys)
-            assert took < 0.1 and not found.any()
+            _, found = tier.lookup(tag, keys)
+            assert not found.any()
             probe.join()
+            # the probe's timeout is the one new error: the lookup beside it asked nothing
             assert breaker.state == "open" and tier.stats.errors == 3
-            # Writes to a skipped node fail at once with a retryable error.
-            started = time.monotonic()
+            # Writes to a skipped node fail at once with a retryable error (sent, they would
+            # have timed out: a new error).
             with pytest.raises(BackendUnavailableError, match="skipped after repeated failures"):
                 tier.insert(tag, keys[:3], expected(keys[:3], 4))
             with pytest.raises(BackendUnavailableError, match="skipped"):
                 tier.evict(tag, keys[:3])
-            assert time.monotonic() - started < 0.1 and tier.stats.errors == 3
+            assert tier.stats.errors == 3
         # Thawed: after the back-off the next lookup's probe succeeds and closes the circuit.
         assert until(lambda: tier.lookup(tag, keys)[1].all(), timeout=5)
         assert breaker.state == "closed"
@@ -130,12 +133,11 @@ def test_hierarchy_falls_through_to_rocksdb_while_redis_is_skipped(
     with HierarchicalParameterServer(config) as ps, caplog.at_level(logging.WARNING):
         with frozen(own_redis):
             np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", keys), truth)
-            started = time.monotonic()
             for _ in range(5):
                 got = ps.lookup(name, "sparse_embedding1", keys)
                 np.testing.assert_array_equal(got, truth)
-            # No timeouts: the tier is skipped (so is copying the misses up into it).
-            assert time.monotonic() - started < 0.5
+            # No timeouts: the tier is skipped (so is copying the misses up into it); the
+            # one error below is the lookup that opened the circuit.
         stats = ps.tier_stats()
         # One real failure (the lookup that timed out and opened the circuit), whether or
         # not misses are copied up: a copy-up refused by the open circuit is no new error.

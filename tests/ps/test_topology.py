@@ -13,16 +13,18 @@ from tierserve.ps.topology import TopologyRefresher
 
 
 class _Counting:
-    """A refresh that records when it ran; fails while ``failing`` is set."""
+    """A refresh that records when it ran; fails while ``failing`` is set; with a ``hold``
+    event, runs until it is set."""
 
-    def __init__(self, duration: float = 0.0) -> None:
+    def __init__(self, hold: threading.Event | None = None) -> None:
         self.times: list[float] = []
         self.failing = False
-        self.duration = duration
+        self.hold = hold
 
     def __call__(self) -> None:
         self.times.append(time.monotonic())
-        time.sleep(self.duration)
+        if self.hold is not None:
+            self.hold.wait(60)
         if self.failing:
             raise ConnectionError("no node answers")
 
@@ -32,7 +34,7 @@ def test_requests_coalesce_into_at_most_one_refresh_per_interval():
     refresher = TopologyRefresher(refresh, 0.3, "test")
     try:
         started = time.monotonic()
-        while time.monotonic() - started < 1.0:
+        while time.monotonic() - started < 1.0:  # a second of requests is the load
             refresher.request()  # as every failed call would
             time.sleep(0.001)
         assert until(lambda: len(refresh.times) >= 1)
@@ -44,15 +46,19 @@ def test_requests_coalesce_into_at_most_one_refresh_per_interval():
 
 
 def test_a_request_never_waits_for_the_refresh():
-    refresh = _Counting(duration=1.0)
+    hold = threading.Event()
+    refresh = _Counting(hold)
     refresher = TopologyRefresher(refresh, 0.05, "test")
+    watchdog = threading.Timer(30, hold.set)  # a request that waited would wait this long
+    watchdog.start()
     try:
         refresher.request()
         assert until(lambda: refresh.times)
-        started = time.monotonic()
         refresher.request()  # while the first refresh runs
-        assert time.monotonic() - started < 0.1
+        assert not hold.is_set()  # it returned while the refresh was still held
     finally:
+        watchdog.cancel()
+        hold.set()
         refresher.close()
 
 

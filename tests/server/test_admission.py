@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from polling import until, until_async
 
 from tierserve.server.admission import Admission, BurstTrim, LocalBudget, ServerBusyError
 from tierserve.server.allocator import trimmer
@@ -43,17 +44,17 @@ def test_waiters_get_room_in_order_and_are_refused_after_the_timeout(kind):
             order.append(name)
 
         second = asyncio.ensure_future(request("second", 50))
-        await asyncio.sleep(0.01)
+        assert await until_async(lambda: len(admission.waiters) == 1)
         third = asyncio.ensure_future(request("third", 10))  # fits, but waits its turn
-        await asyncio.sleep(0.01)
-        assert order == [] and len(admission.waiters) == 2
+        assert await until_async(lambda: len(admission.waiters) == 2)
+        assert order == []
         admission.give(1, 60)
         await asyncio.gather(second, third)
         assert order == ["second", "third"]
         with pytest.raises(ServerBusyError) as refused:
             big = asyncio.ensure_future(admission.take(1, 60))
-            while not big.done():
-                await asyncio.sleep(0.05)
+            while not big.done():  # refused once its 0.3 s admission timeout passed
+                await asyncio.sleep(0.05)  # the sweep's pace
                 admission.waiters.admit()  # what the HTTP sweep does
             await big
         assert refused.value.http_status == 503 and "max_inflight_bytes" in str(refused.value)
@@ -69,7 +70,7 @@ def test_a_request_that_gives_up_while_waiting_keeps_nothing(kind, room_first):
         admission = _admission(kind)
         await admission.take(3, 0)  # every call taken
         waiting = asyncio.ensure_future(admission.take(1, 10))
-        await asyncio.sleep(0.01)
+        assert await until_async(lambda: len(admission.waiters) == 1)
         # room comes just as it gives up, before or after: nothing is kept either way
         if room_first:
             admission.give(1, 0)
@@ -97,9 +98,4 @@ def test_the_heap_is_trimmed_once_a_burst_is_over(kind):
     assert trim.check()
     assert not trim.check()  # once
     if trimmer._trim is not None:  # glibc
-        import time
-
-        deadline = time.monotonic() + 10
-        while trimmer.trims == before and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert trimmer.trims > before
+        assert until(lambda: trimmer.trims > before, timeout=30)

@@ -83,3 +83,54 @@ def test_release_does_nothing_without_tuning():
     code = "from tierserve.server import allocator; print(allocator.release_thread_arena())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not _GLIBC, reason="arenas and trimming are glibc's")
+def test_a_large_batchs_arena_gives_back_what_its_outputs_held_at_the_top():
+    # The batch's temporaries are freed on the inference thread, but its outputs sit above
+    # them at the top of that thread's arena until the response is sent: freed then (on the
+    # event loop), they join everything below into a free top that malloc_trim leaves alone
+    # and that the 1 GiB threshold keeps.  The trim after the request frees a block of that
+    # arena held since the batch, under the low threshold: the top goes back.
+    code = """
+import ctypes, json, os, threading, time
+from tierserve.server import allocator
+from tierserve.server.allocator import LARGE_ROWS
+
+def rss_anon_mib():
+    fd = os.open("/proc/self/statm", os.O_RDONLY)
+    fields = os.read(fd, 200).split()
+    os.close(fd)
+    return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+assert allocator.tune_malloc()
+trimmer = allocator.Trimmer()
+out = {}
+
+def batch():
+    temporaries = [allocator._malloc(4 << 20) for _ in range(10)]  # 40 MiB
+    for block in temporaries:
+        ctypes.memset(block, 1, 4 << 20)
+    out["output"] = allocator._malloc(256 << 10)  # above them: the arena's top
+    ctypes.memset(out["output"], 1, 256 << 10)
+    out["peak"] = rss_anon_mib()
+    for block in temporaries:
+        allocator._free(block)
+    trimmer.after_batch(LARGE_ROWS)  # as the data plane calls it after a batch
+
+thread = threading.Thread(target=batch)
+thread.start()
+thread.join()
+allocator._free(out.pop("output"))  # the response is sent
+trimmer.after(LARGE_ROWS, 0)  # as the REST route calls it after the request
+deadline = time.monotonic() + 30
+while trimmer.trims == 0 and time.monotonic() < deadline:
+    time.sleep(0.05)
+out["trims"] = trimmer.trims
+out["after"] = rss_anon_mib()
+print(json.dumps(out))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    rss = json.loads(out.stdout)
+    assert rss["trims"] >= 1, rss
+    assert rss["after"] < rss["peak"] - 30, rss

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tierserve.ps.errors import InvalidInputError
-from tierserve.server import tensors
+from tierserve.server import batching, tensors
 from tierserve.server.batching import DynamicBatcher
 from tierserve.server.servables import RankingServable
 from tierserve.server.tensors import TensorSpec, check_inputs, decode_rest_request
@@ -102,10 +102,17 @@ class Doubler:
         return (2 * batch.dense.sum(1) + keys)[:, None].astype(np.float32)
 
 
-def test_a_lone_execution_under_load_does_not_stop_batching():
+def test_a_lone_execution_under_load_does_not_stop_batching(monkeypatch):
     """Where requests arrive one per loop step (grpc.aio hands them over so), executions
     alternate between one request and a few; one execution of a single request must not
-    make the next requests run unmerged while clients are concurrent."""
+    make the next requests run unmerged while clients are concurrent.
+
+    "Concurrent" is "an execution merged requests within the last MERGED_WINDOW_S"; the
+    window is widened here so that the steps below fit in it on a loaded machine (at 0.1 s,
+    two executions in the thread pool and their loop hops overran it and request 4 ran
+    alone).  Request 5 joins request 4 by timer order, not by speed: its 5 ms timer is due
+    before the leader's 50 ms one whatever the load."""
+    monkeypatch.setattr(batching, "MERGED_WINDOW_S", 60.0)
     servable = RankingServable("m", "1", Doubler())
     executions = []
     batcher = DynamicBatcher(servable, ThreadPoolExecutor(1), max_delay_s=0.05,
@@ -117,7 +124,7 @@ def test_a_lone_execution_under_load_does_not_stop_batching():
         )
 
     async def later(i, seconds):
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)  # its arrival time is the scenario
         return await batcher.submit(unit(i))
 
     async def main():

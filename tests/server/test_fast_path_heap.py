@@ -8,6 +8,7 @@ import gc
 import weakref
 
 import pytest
+from polling import until_async
 
 from tierserve.server import heap
 
@@ -48,11 +49,11 @@ def test_a_retired_version_is_collected_after_a_swap_and_the_heap_freezes_again(
         assert gc.get_freeze_count() == 0
         gc.collect()
         assert gone() is None
-        await asyncio.sleep(0.2)
-        assert gc.get_freeze_count() > 0  # frozen again once the swap is over
+        # frozen again once the swap is over
+        assert await until_async(lambda: gc.get_freeze_count() > 0, timeout=30)
         refreezer.version_changed()
         refreezer.close()  # a pending freeze is cancelled
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # twice the 50 ms delay passes: that nothing happens is the test
         assert gc.get_freeze_count() == 0
 
     asyncio.run(main())

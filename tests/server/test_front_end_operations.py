@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -150,16 +151,16 @@ def _closed_by_server(s: socket.socket) -> bool:
 def test_slow_and_silent_connections_are_closed_and_good_requests_answer(tiny_repository):
     settings = Settings.build(
         model_repository=tiny_repository(), http_port=0, grpc_port=None, poll_interval_s=0,
-        header_timeout_s=1.0, body_timeout_s=1.0,
+        header_timeout_s=3.0, body_timeout_s=3.0,
     )  # fmt: skip
     with BackgroundServer(settings) as server:
         host, port = server.http_url.split(":")
         socks = _slow_clients((host, int(port)), 300)
         try:
-            started = time.perf_counter()
             r = httpx.post(f"http://{server.http_url}/v2/models/dlrm/infer", json=GOOD, timeout=5)
-            assert r.status_code == 200 and time.perf_counter() - started < 1.0
-            assert until(lambda: all(_closed_by_server(s) for s in socks), timeout=10)
+            # answered while the slow connections are held, not once their timeouts freed them
+            assert r.status_code == 200 and not select.select(socks, [], [], 0)[0]
+            assert until(lambda: all(_closed_by_server(s) for s in socks), timeout=30)
             # a kept-alive connection that starts a request and stalls is closed too
             with socket.create_connection((host, int(port)), timeout=5) as s:
                 body = json.dumps(GOOD).encode()
@@ -174,7 +175,7 @@ def test_slow_and_silent_connections_are_closed_and_good_requests_answer(tiny_re
         # a good request that takes its time within the limits still answers
         with socket.create_connection((host, int(port)), timeout=5) as s:
             s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
-            time.sleep(0.5)
+            time.sleep(0.5)  # the client's pause is the behaviour: well within the 3 s limits
             s.sendall(b"Host: x\r\n\r\n")
             assert s.recv(1024).startswith(b"HTTP/1.1 200")
 

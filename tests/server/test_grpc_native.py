@@ -190,16 +190,11 @@ def test_admin_calls_read_the_authorization_metadata(tmp_path):
         )
 
 
-class _Slow(Doubler):
-    def predict_batch(self, batch):
-        time.sleep(0.6)
-        return super().predict_batch(batch)
-
-
 @needs_native
 def test_stop_answers_the_calls_in_flight(tmp_path):
     settings = _settings(tmp_path, "native", shutdown_grace_s=10)
-    server = BackgroundServer(settings, lambda n, v, d, c: RankingServable(n, v, _Slow())).start()
+    model = _Gate()
+    server = BackgroundServer(settings, lambda n, v, d, c: RankingServable(n, v, model)).start()
     request = _request(2, 3, "in-flight")
     answer: dict = {}
 
@@ -214,6 +209,9 @@ def test_stop_answers_the_calls_in_flight(tmp_path):
     caller.start()
     transport = server.app.state.grpc_server.transport
     assert until(lambda: transport.in_flight > 0, timeout=30, interval=0.005)
+    # the call runs on until the stop has begun
+    threading.Thread(target=lambda: until(lambda: server._server.should_exit, interval=0.005)
+                     and model.release.set(), daemon=True).start()  # fmt: skip
     server.stop()
     caller.join(timeout=30)
     assert "ok" in answer, answer
@@ -320,16 +318,18 @@ def test_a_failing_model_is_an_internal_error_in_the_metrics(tmp_path, transport
 
 
 class _Gate(Doubler):
-    """A Doubler whose executions take 0.6 s and are recorded (rows of each)."""
+    """A Doubler whose executions are recorded (rows of each) and wait until the test
+    sets ``release``."""
 
     def __init__(self) -> None:
         self.running = threading.Event()
+        self.release = threading.Event()
         self.rows: list[int] = []
 
     def predict_batch(self, batch):
         self.rows.append(batch.batch_size)
         self.running.set()
-        time.sleep(0.6)
+        assert self.release.wait(60)
         return super().predict_batch(batch)
 
 
@@ -346,12 +346,16 @@ def test_calls_whose_client_gave_up_do_not_run(tmp_path, transport):
         grpc.insecure_channel(server.grpc_url) as channel,
     ):
         infer = _call(channel, "ModelInfer")
+        batcher = server.plane.repository.entries["m"].handle.extras["batcher"]
         first = infer.future(_request(16, 1), timeout=30)  # a whole batch: it runs alone
         assert model.running.wait(30)
-        late = infer.future(_request(2, 2), timeout=0.2)  # expires while the first runs
+        late = infer.future(_request(2, 2), timeout=2)  # expires while the first runs
         gone = infer.future(_request(3, 3), timeout=30)
-        time.sleep(0.05)
+        assert until(lambda: batcher.queued == 2, timeout=30)  # both wait behind the first
         gone.cancel()
+        late.exception()  # its deadline passed
+        assert until(lambda: batcher.waiting() == 0, timeout=30)  # the server saw both go
+        model.release.set()
         np.testing.assert_allclose(_output(first.result()), _expected(_request(16, 1)), rtol=1e-6)
         assert late.exception().code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert gone.cancelled()
@@ -380,9 +384,11 @@ def test_the_transport_answers_a_passed_deadline_itself(tmp_path):
         for timeout in ("200m", "2x", "99999999H"):
             started = time.monotonic()
             answers[timeout] = (_raw_h2_call(host, int(port), framed, timeout), time.monotonic() - started)
+            model.release.set()  # the first run is held until its call was answered
         assert model.rows == [2, 2]  # the malformed one never reached the model
     (status, message), took = answers["200m"]
-    assert status == "4" and took < 0.5, (status, message, took)  # not after the 0.6 s run
+    # answered while its run was still held, at its deadline, not before
+    assert status == "4" and took >= 0.2, (status, message, took)
     (status, message), _ = answers["2x"]
     assert status == "13" and "grpc-timeout" in message, (status, message)
     (status, message), _ = answers["99999999H"]  # the longest there is: answered

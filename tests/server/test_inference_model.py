@@ -1,11 +1,14 @@
 """InferenceModel against the trainer that produced the model (same rows, same answers)."""
 
+import gc
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from tierserve.clients.demo_model import train_demo_model
+from tierserve.ps.config import load_ps_config
 from tierserve.ps.errors import ConfigError, CorruptModelFileError
 from tierserve.server.datasets import epoch_batches, wrapped_batches
 from tierserve.server.evaluation import auc, logloss
@@ -14,6 +17,7 @@ from tierserve.server.inference_model import (
     InferenceParams,
     InferenceSession,
 )
+from tierserve.server.loader import RepositoryLoader
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +154,42 @@ def test_tiers_in_the_params_warn_when_a_parameter_server_is_given(demo):
         other.close()
     finally:
         own.close()
+
+
+def _held_bytes(run) -> int:
+    """Bytes of Python and numpy memory still allocated after ``run()`` returned."""
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    run()
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0] - before
+
+
+def test_a_served_model_holds_no_memory_of_a_batch_it_answered(tiny_repository):
+    """A model as the server loads it (RepositoryLoader: ``InferenceModel.from_config``)
+    keeps none of a batch's tensors once it answered: a 4,096-row batch's intermediate
+    tensors (7.3 MiB here) stayed resident until the next batch replaced them, so one
+    large request kept the server at its peak memory.  check_out_tensor refuses there."""
+    repo = tiny_repository(max_batch_size=4096)
+    loader = RepositoryLoader()
+    servable = loader("dlrm", "1", repo / "dlrm" / "1", load_ps_config(repo / "ps.json"))
+    rng = np.random.default_rng(0)
+
+    def batch(rows: int) -> dict:
+        return {"DES": rng.random((rows, 13), dtype=np.float32),
+                "CATCOLUMN": rng.integers(0, 5000, (rows, 8)).astype(np.int64)}  # fmt: skip
+
+    large, small = batch(4096), batch(1)
+    tracemalloc.start()
+    try:
+        servable.execute(servable.prepare(large))  # the caches take in its keys
+        servable.execute(servable.prepare(small))
+        held = _held_bytes(lambda: servable.execute(servable.prepare(large)))
+        assert held < 256 << 10, f"{held / 2**20:.1f} MiB held after a 4,096-row batch"
+        with pytest.raises(ConfigError, match="keeps no tensors"):
+            servable.model.check_out_tensor(servable.model.table_names[0])
+    finally:
+        tracemalloc.stop()
+        servable.discard()
+        servable.close()
+        loader.close()

@@ -13,7 +13,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from polling import until
+from polling import settled, until
 
 from tierserve.server.app import free_port
 
@@ -43,7 +43,7 @@ class _PeakSampler(threading.Thread):
     def run(self) -> None:
         while not self._done.is_set():
             self.peak = max(self.peak, _rss_mib(self.pid))
-            time.sleep(0.002)
+            time.sleep(0.002)  # the sampling interval
 
     def stop(self) -> float:
         self._done.set()
@@ -88,8 +88,7 @@ def test_rss_falls_back_after_a_large_request(tiny_repository):
         assert until(ready, timeout=60)
         body, headers = _binary_request(2048)  # the usual sizes: warm, and nothing to give back
         assert httpx.post(url, content=body, headers=headers, timeout=60).status_code == 200
-        time.sleep(0.5)
-        warm = _rss_mib(server.pid)
+        warm = settled(lambda: _rss_mib(server.pid), tolerance=1.0)
         body, headers = _binary_request(65536)
         sampler = _PeakSampler(server.pid)
         sampler.start()

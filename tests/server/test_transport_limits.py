@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from hostile import H2Connection, ServerProcess
-from polling import until
+from polling import settled, until
 
 from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
 from tierserve.server.grpc_native import native_available
@@ -116,7 +116,7 @@ def test_a_request_head_that_never_ends_is_refused_at_the_limit(tiny_repository)
         def probe() -> None:
             while not stop.is_set():
                 probes.append(_health_ms(server))
-                time.sleep(0.02)
+                time.sleep(0.02)  # the probes' pace
 
         prober = threading.Thread(target=probe)
         prober.start()
@@ -155,7 +155,7 @@ def _endless_bodies(server: ServerProcess, connections: int, streams: int, size:
     opened = [(c, c.open(), 0) for c in conns for _ in range(streams)]
     sent = {(id(c), s): 0 for c, s, _ in opened}
     idle_since = time.monotonic()
-    while time.monotonic() - idle_since < 1.0:
+    while time.monotonic() - idle_since < 1.0:  # until the server reads no more for 1 s
         progress = 0
         for conn, stream, _ in opened:
             key = (id(conn), stream)
@@ -187,7 +187,7 @@ def test_grpc_bodies_that_never_end_hold_bounded_memory_and_time_out(tiny_reposi
         assert peak < 2 * 128 + 2 * 8 + 48, peak
         while time.monotonic() - started < timeout - 1:  # health answers meanwhile
             assert _health_ms(server) < 1000
-            time.sleep(0.1)
+            time.sleep(0.1)  # the probes' pace
         # every call is answered: RESOURCE_EXHAUSTED (no room in time) or DEADLINE_EXCEEDED
         # (its body stalled; with the connection's window full of what the server does not
         # read, most calls cannot even send their first bytes)
@@ -324,7 +324,7 @@ while not stop:
     assert c.getresponse().status == 200
     c.close()
     took.append((time.perf_counter() - started) * 1000)
-    time.sleep(0.02)
+    time.sleep(0.02)  # the probes' pace
 print(json.dumps(took))
 """
 
@@ -348,7 +348,7 @@ class _Probe:
     def _sample(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, self.server.rss())
-            time.sleep(0.02)
+            time.sleep(0.02)  # the sampling interval
 
     def stop(self) -> list[float]:
         self._stop.set()
@@ -363,8 +363,7 @@ def _warm(server: ServerProcess, message: bytes) -> float:
         infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         for _ in range(8):
             infer(message, timeout=60)
-    time.sleep(1)
-    return server.rss()
+    return settled(server.rss, tolerance=1.0)
 
 
 @pytest.mark.skipif(not native_available(), reason="the native transport is not built")

@@ -70,7 +70,14 @@ def test_auc_is_fast_on_a_million_samples():
 
     start = time.perf_counter()
     value = auc_score(labels, preds)
-    assert time.perf_counter() - start < 3.0
+    elapsed = time.perf_counter() - start
+    # Against one stable sort of the predictions, timed beside it (a loaded machine slows
+    # both): the AUC takes 0.3-0.6 such sorts here; any per-sample Python work would take
+    # many more.
+    start = time.perf_counter()
+    np.argsort(preds, kind="stable")
+    sort = time.perf_counter() - start
+    assert elapsed < 5 * sort, (elapsed, sort)
     assert abs(value - 0.5) < 0.01
 
 

@@ -45,7 +45,7 @@ def test_heartbeat_speaks_while_the_block_runs():
     with heartbeat("[demo] loading", file=stream, interval=0.05):
         assert until(lambda: stream.getvalue().count("\n") >= 2, timeout=10)
     said = stream.getvalue().count("\n")
-    time.sleep(0.2)
+    time.sleep(0.2)  # four of its intervals in which it must stay quiet
     assert stream.getvalue().count("\n") == said  # quiet once the block ended
     assert stream.getvalue().startswith("[demo] loading ... (")
 
