@@ -17,12 +17,8 @@ from shared_data import CRITEO_SAMPLE, require
 from tierserve.ps.config import PSConfig
 from tierserve.ps.hash_map import HashMapConfig
 from tierserve.ps.hierarchy import HierarchicalParameterServer
-from tierserve.server.inference_model import (
-    InferenceGraph,
-    InferenceModel,
-    InferenceParams,
-    model_config_from_params,
-)
+from tierserve.server.inference_model import InferenceGraph, InferenceModel, InferenceParams
+from tierserve.server.inference_params import model_config_from_params
 from tierserve.trainer.data.criteo import convert_criteo
 from tierserve.trainer.graph_json import load_graph_json
 
