@@ -3,7 +3,7 @@
 Each such parameter, when set to anything but its default, warns once per process with a
 :class:`HugeCTRCompatibilityWarning` naming the parameter and saying what happens instead.
 Parameters that cannot be honoured and would change results are refused with
-:class:`~tierserve.ps.errors.ConfigError` instead (see docs/hugectr.md).
+:class:`~tierserve.core.errors.ConfigError` instead (see docs/hugectr.md).
 """
 
 from __future__ import annotations

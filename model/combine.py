@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
-
-from ..cpu_kernels import unique_sum, use_kernels
+from tierserve.core.errors import InvalidInputError
+from tierserve.model.cpu_kernels import unique_sum, use_kernels
 
 COMBINERS = ("sum", "mean")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tierserve.core.errors import CorruptModelFileError, InvalidInputError
 from tierserve.ps.atomic import atomic_write_file
-from tierserve.ps.errors import CorruptModelFileError, InvalidInputError
 
 DENSE_DTYPE = np.dtype("<f4")
 NONTRAINABLE_SUFFIX = ".nontrainable"
@@ -82,7 +82,7 @@ def read_dense_file(
 ) -> list[np.ndarray]:
     """Split the file at ``path`` into writable arrays of ``shapes`` (in order); see
     :func:`read_dense_flat` for what is checked.  Serving reads through
-    :mod:`tierserve.trainer.served_weights`."""
+    :mod:`tierserve.model.served_weights`."""
     flat = read_dense_flat(path, shapes, what)
     return [a.astype(np.float32, copy=False) for a in split_flat(flat, shapes)]
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tierserve.core.errors import CorruptModelFileError
 from tierserve.ps.atomic import atomic_write_file
-from tierserve.ps.errors import CorruptModelFileError
 
 
 def as_list(value: str | list[str] | None) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 from .dense_file import NONTRAINABLE_SUFFIX, read_dense_file
 from .device import to_xp

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from tierserve.ps.errors import CorruptModelFileError, IncompleteModelError
+from tierserve.core.errors import CorruptModelFileError, IncompleteModelError
 
 #: Not a .json name: tools find a version's graph as its only *.json file.
 MANIFEST = "tierserve.manifest"

@@ -1,7 +1,7 @@
 """The dense network of a graph: layer objects in order, tensor shapes, forward and backward.
 
 Shared by training (:class:`tierserve.trainer.model.Model`) and inference
-(:mod:`tierserve.trainer.inference_graph`): the same layer objects, the same forward.
+(:mod:`tierserve.model.inference_graph`): the same layer objects, the same forward.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from .layers import Layer, Shape, build_layer
 

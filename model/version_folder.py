@@ -77,7 +77,7 @@ def write_ps_entry(repository: str | Path, entry: dict, *, supportlonglong: bool
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            from tierserve.ps.errors import ConfigError
+            from tierserve.core.errors import ConfigError
 
             raise ConfigError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
     else:

@@ -1,14 +1,6 @@
 """tierserve's hierarchical parameter server: tiers, formats, configuration and updates."""
 
-from .config import (
-    DatabaseOverflowPolicy_t,
-    DatabaseType_t,
-    PSConfig,
-    UpdateSourceType_t,
-    load_ps_config,
-    parse_ps_config,
-)
-from .errors import (
+from tierserve.core.errors import (
     BackendUnavailableError,
     ConfigError,
     CorruptModelFileError,
@@ -17,6 +9,15 @@ from .errors import (
     NotFoundError,
     NotReadyError,
     TierserveError,
+)
+
+from .config import (
+    DatabaseOverflowPolicy_t,
+    DatabaseType_t,
+    PSConfig,
+    UpdateSourceType_t,
+    load_ps_config,
+    parse_ps_config,
 )
 from .eviction import EvictionPolicy, make_policy
 from .hierarchy import CreateParameterServer, HierarchicalParameterServer, ServedModel, TableSpec

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import TierserveError
+from tierserve.core.errors import TierserveError
 
 
 def key_fields(keys: np.ndarray) -> list[bytes]:

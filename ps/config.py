@@ -2,7 +2,7 @@
 
 Field names and defaults are HugeCTR HPS's (DESIGN.md, Formats 4).  Each tier has its own
 model, chosen by its ``type`` field; unknown fields and impossible values are rejected with
-:class:`~tierserve.ps.errors.ConfigError` naming the field.  Relative paths in a file loaded
+:class:`~tierserve.core.errors.ConfigError` naming the field.  Relative paths in a file loaded
 with :func:`load_ps_config` are resolved against the file's folder.
 
 Beyond HugeCTR: ``type: "redis"`` is a standalone Redis server given by ``address`` (a
@@ -27,7 +27,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
+from tierserve.core.errors import ConfigError
+
 from .table_tag import NAME_PATTERN
 
 Name = Annotated[str, Field(pattern=rf"^{NAME_PATTERN}$")]
@@ -230,7 +231,7 @@ class _RedisBase(_VolatileBase):
     @model_validator(mode="after")
     def _sni(self) -> _RedisBase:
         if self.enable_tls and self.tls_server_name_identification != "redis.localhost":
-            from .compat import warn_once
+            from tierserve.core.compat import warn_once
 
             warn_once("tls_server_name_identification", "redis-py sends each node's host name "
                       "as the TLS server name; the setting is not used", stacklevel=2)
@@ -435,7 +436,7 @@ class ModelConfig(_Strict):
                 raise ValueError("use_static_table is true but embedding_cache_type is "
                                  f"{self.embedding_cache_type!r}; give one of them")
             object.__setattr__(self, "embedding_cache_type", "static")
-        from .compat import warn_once
+        from tierserve.core.compat import warn_once
 
         defaults = type(self).model_fields
         for name, instead in MODEL_NOT_HONOURED.items():

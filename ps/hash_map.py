@@ -17,9 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from tierserve.core.errors import InvalidInputError, NotFoundError
+
 from .aligned import cache_aligned
 from .config import UNBOUNDED, HashMapConfig, ParallelHashMapConfig
-from .errors import InvalidInputError, NotFoundError
 from .eviction import make_policy, resolution_size
 from .hash_kernels import group_by_partition
 from .hash_table import HashTable

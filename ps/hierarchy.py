@@ -38,8 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig, PSConfig, RocksDBConfig, load_ps_config
-from .errors import (
+from tierserve.core.errors import (
     BackendSkippedError,
     BackendUnavailableError,
     ConfigError,
@@ -48,6 +47,8 @@ from .errors import (
     NotReadyError,
     ReadOnlyError,
 )
+
+from .config import ModelConfig, PSConfig, RocksDBConfig, load_ps_config
 from .keys import as_keys
 from .sparse_file import read_sparse_model
 from .table_tag import parse_table_tag, table_tag

@@ -23,8 +23,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tierserve.core.errors import ConfigError
+
 from .config import ModelConfig, PSConfig, format_validation_errors, load_ps_config
-from .errors import ConfigError
 
 #: Layer types that are embedding tables (HugeCTR's names).
 EMBEDDING_TYPES = (

@@ -66,15 +66,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import update_replay
-from .config import KafkaUpdateSourceConfig
-from .errors import (
+from tierserve.core.errors import (
     BackendUnavailableError,
     ConfigError,
     InvalidInputError,
     NotFoundError,
     require_extra,
 )
+
+from . import update_replay
+from .config import KafkaUpdateSourceConfig
 from .kafka_catchup import CatchUp
 from .kafka_log import KafkaLog
 from .kafka_topics import TopicAdmin

@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from tierserve.core.errors import ConfigError
+
 from .config import (
     UNBOUNDED,
     DatabaseHashMapAlgorithm_t,
@@ -25,7 +27,6 @@ from .config import (
     default_num_partitions,
     format_validation_errors,
 )
-from .errors import ConfigError
 
 
 class ParamsModel(BaseModel):
@@ -67,7 +68,7 @@ class _TierParams(ParamsModel):
         default, disabled, persistent tier)."""
         fields = self.model_fields_set - {"type"}
         if self.type.value in ("disabled", "null"):
-            from .compat import warn_once
+            from tierserve.core.compat import warn_once
 
             for name in sorted(fields):
                 warn_once(f"{type(self).__name__}.{name}",

@@ -15,7 +15,7 @@ counter rises and a warning is logged.  Each node has a circuit breaker
 (:mod:`tierserve.ps.breaker`): after ``failure_threshold`` failed calls in a row the node is
 skipped for a back-off that grows while it stays down, then one call probes it: lookups
 report its keys as not found (counted as ``skipped``), inserts and evictions raise
-:class:`~tierserve.ps.errors.BackendUnavailableError` at once (retryable), as they do when
+:class:`~tierserve.core.errors.BackendUnavailableError` at once (retryable), as they do when
 the node cannot be reached.  So a lookup that copies missed vectors up
 (``cache_missed_embeddings``) does not wait on a frozen node either.
 
@@ -38,16 +38,17 @@ import time
 
 import numpy as np
 
-from .breaker import BreakerSet
-from .codec import decode_values, key_fields, vector_values
-from .config import RedisClusterConfig, RedisConfig
-from .errors import (
+from tierserve.core.errors import (
     BackendSkippedError,
     BackendUnavailableError,
     InvalidInputError,
     StorageFullError,
     require_extra,
 )
+
+from .breaker import BreakerSet
+from .codec import decode_values, key_fields, vector_values
+from .config import RedisClusterConfig, RedisConfig
 from .eviction import make_policy, resolution_size
 from .partition import as_keys, group_by_partition
 from .retry import ExponentialBackoff

@@ -29,8 +29,9 @@ import threading
 
 import numpy as np
 
+from tierserve.core.errors import BackendUnavailableError, TierserveError
+
 from .config import RedisClusterConfig, RedisConfig, RocksDBConfig
-from .errors import BackendUnavailableError, TierserveError
 from .partition import partition_of
 from .sparse_file import read_sparse_model
 

@@ -5,14 +5,14 @@ little-endian bytes; value = the vector's float32 bytes.  The vector length of e
 kept in the default column family under ``hps_meta/dim/<tag>`` so that a reopened database
 knows its tables.  Reads are multi-gets and writes are write batches, chunked at
 ``max_batch_size``.  ``read_only`` opens the database read-only; writes then raise
-:class:`~tierserve.ps.errors.ReadOnlyError`.  One process at a time may open a path for
+:class:`~tierserve.core.errors.ReadOnlyError`.  One process at a time may open a path for
 writing (RocksDB's ``LOCK`` file); a second one gets an error naming the lock and, where
 Linux tells, the process that holds it.
 
 A full disk is a fault that can go away: a bulk load that cannot fit in the free space is
 refused before anything is written, and a write that fails with an I/O error (a disk that
-filled meanwhile) raises :class:`~tierserve.ps.errors.StorageFullError` or
-:class:`~tierserve.ps.errors.BackendUnavailableError` (both retryable).  RocksDB refuses every
+filled meanwhile) raises :class:`~tierserve.core.errors.StorageFullError` or
+:class:`~tierserve.core.errors.BackendUnavailableError` (both retryable).  RocksDB refuses every
 write after such an error ("Writer has previous error") while reads go on, so the next write
 first reopens the database (once lookups in flight are done and some space is free again).
 """
@@ -28,15 +28,16 @@ import threading
 
 import numpy as np
 
-from .codec import decode_values, key_fields, vector_values
-from .config import RocksDBConfig
-from .errors import (
+from tierserve.core.errors import (
     BackendUnavailableError,
     InvalidInputError,
     ReadOnlyError,
     StorageFullError,
     require_extra,
 )
+
+from .codec import decode_values, key_fields, vector_values
+from .config import RocksDBConfig
 from .locks import describe_process, lock_holder
 from .partition import as_keys
 from .tier import Tier

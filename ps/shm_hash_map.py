@@ -35,9 +35,10 @@ from urllib.parse import quote
 
 import numpy as np
 
+from tierserve.core.errors import ConfigError, InvalidInputError
+
 from . import hash_kernels as _k
 from .config import UNBOUNDED, MultiProcessHashMapConfig
-from .errors import ConfigError, InvalidInputError
 from .hash_map import HashMapTier
 from .hash_table import _MAX_FILL, HashTable, _State
 from .partition import GOLDEN

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tierserve.core.errors import CorruptModelFileError, InvalidInputError
+
 from .atomic import atomic_directory, write_file_synced
-from .errors import CorruptModelFileError, InvalidInputError
 
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"

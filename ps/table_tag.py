@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,120}"
 TAG_PREFIX = "hps_et"

@@ -11,6 +11,8 @@ import abc
 
 import numpy as np
 
+from tierserve.core.errors import ConfigError, InvalidInputError, NotFoundError
+
 from .config import (
     DisabledConfig,
     HashMapConfig,
@@ -20,7 +22,6 @@ from .config import (
     RedisConfig,
     RocksDBConfig,
 )
-from .errors import ConfigError, InvalidInputError, NotFoundError
 from .partition import as_keys
 from .stats import TierStats
 
@@ -29,14 +30,14 @@ class Tier(abc.ABC):
     """A store of embedding tables.
 
     ``lookup`` never raises for unknown keys: it reports them in the ``found`` mask.  Tiers
-    that talk to a network raise :class:`~tierserve.ps.errors.BackendUnavailableError` for
+    that talk to a network raise :class:`~tierserve.core.errors.BackendUnavailableError` for
     connection faults on writes; on lookups they may instead report the unreachable keys as
     not found and count an error (the hierarchy then falls through to the next tier).
     """
 
     #: The ``ps.json`` type name of this tier.
     kind: str = ""
-    #: Whether writes are refused (:class:`~tierserve.ps.errors.ReadOnlyError`); a read-only
+    #: Whether writes are refused (:class:`~tierserve.core.errors.ReadOnlyError`); a read-only
     #: tier takes no online updates.
     read_only: bool = False
     #: Whether every replica of a server sees the same data (HugeCTR's ``is_shared``): then

@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from .errors import InvalidInputError, MalformedMessageError
+from tierserve.core.errors import InvalidInputError, MalformedMessageError
 
 MAGIC = b"HCTR"
 HEADER = struct.Struct("<4sI")

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from tierserve.ps.errors import CapacityExceededError
+from tierserve.core.errors import CapacityExceededError
 
 from .allocator import LARGE_BODY, trimmer
 from .settings import Settings

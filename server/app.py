@@ -24,7 +24,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.ps.table_tag import is_valid_name
 
 from . import heap, openapi

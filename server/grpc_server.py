@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from tierserve.ps.errors import InvalidInputError, TierserveError
+from tierserve.core.errors import InvalidInputError, TierserveError
 
 from .admission import Admission, max_descriptor, open_descriptors
 from .allocator import trimmer

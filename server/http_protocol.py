@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from tierserve.ps.errors import PayloadTooLargeError
+from tierserve.core.errors import PayloadTooLargeError
 
 from .admission import Admission, max_descriptor
 from .tensors import dump_json

@@ -1,7 +1,7 @@
 """HugeCTR's inference API: ``InferenceParams``, ``InferenceModel`` and ``InferenceSession``.
 
 ``InferenceModel(model_config_path, inference_params)`` reads the graph JSON and dense file
-into the trainer's forward-only :class:`~tierserve.trainer.inference_graph.InferenceGraph`
+into the trainer's forward-only :class:`~tierserve.model.inference_graph.InferenceGraph`
 (the same layers as training), puts the sparse model folders into the hierarchical parameter
 server's tiers (``volatile_db``, ``persistent_db``), optionally fronted by the embedding cache,
 and predicts: per table, the batch's keys are looked up once each (unique), the vectors are
@@ -25,6 +25,12 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tierserve.core.errors import ConfigError, InvalidInputError
+from tierserve.model.batch import Batch, SparseInput
+from tierserve.model.combine import combine
+from tierserve.model.device import to_numpy, to_xp
+from tierserve.model.graph_json import Graph, load_graph_json
+from tierserve.model.inference_graph import EmbeddingSpec, InferenceGraph
 from tierserve.ps.config import (
     DisabledConfig,
     ModelConfig,
@@ -34,14 +40,8 @@ from tierserve.ps.config import (
     VolatileDBConfig,
     format_validation_errors,
 )
-from tierserve.ps.errors import ConfigError, InvalidInputError
 from tierserve.ps.keys import as_keys
 from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
-from tierserve.trainer.data.batch import Batch, SparseInput
-from tierserve.trainer.device import to_numpy, to_xp
-from tierserve.trainer.embedding.combine import combine
-from tierserve.trainer.graph_json import Graph, load_graph_json
-from tierserve.trainer.inference_graph import EmbeddingSpec, InferenceGraph
 
 log = logging.getLogger("tierserve.server.inference_model")
 
@@ -161,7 +161,7 @@ def check_params_against_graph(
     """HugeCTR's ``InferenceParams`` repeat what the graph defines (table names, vector sizes,
     slots, label and dense widths): when given, they must agree with ``graph_path``; and the
     switches of :data:`PARAMS_NOT_HONOURED` warn once when given."""
-    from tierserve.ps.compat import warn_once
+    from tierserve.core.compat import warn_once
 
     tables = list(network.embeddings)
     graph = {
@@ -507,7 +507,7 @@ class InferenceModel:
     def _batches(
         self, num_batches: int, source, data_reader_type, check_type, slot_size_array
     ) -> Iterator[Batch]:
-        from .datasets import wrapped_batches
+        from tierserve.trainer.hugectr.inference_data import wrapped_batches
 
         return wrapped_batches(
             self.graph,
@@ -552,7 +552,7 @@ class InferenceModel:
         for b in self._batches(num_batches, source, data_reader_type, check_type, slot_size_array):
             preds.append(self.predict_batch(b))
             labels.append(b.label)
-        from .evaluation import auc
+        from tierserve.trainer.evaluation import auc
 
         return auc(np.concatenate(labels), np.concatenate(preds))
 

@@ -16,7 +16,7 @@ as an embedding-lookup model (``KEYS``, ``NUMKEYS``).
 
 A version is *complete* when every file its manifest lists is there with its recorded size
 and every file its ``ps.json`` entry names (graph, dense file, sparse folders) is found; an
-incomplete one is refused (:class:`~tierserve.ps.errors.IncompleteModelError`) before anything
+incomplete one is refused (:class:`~tierserve.core.errors.IncompleteModelError`) before anything
 is loaded, so a version whose graph is still being copied never serves as an embedding store.
 """
 
@@ -28,10 +28,10 @@ import re
 import threading
 from pathlib import Path
 
+from tierserve.core.errors import CorruptModelFileError, IncompleteModelError
+from tierserve.model import manifest
+from tierserve.model.dense_file import NONTRAINABLE_SUFFIX
 from tierserve.ps.config import ModelConfig, PSConfig
-from tierserve.ps.errors import CorruptModelFileError, IncompleteModelError
-from tierserve.trainer import manifest
-from tierserve.trainer.dense_file import NONTRAINABLE_SUFFIX
 
 from .inference_model import InferenceModel
 from .servables import EmbeddingLookupServable, RankingServable, Servable, warm_up

@@ -37,16 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tierserve.ps.config import PSConfig, load_ps_config
-from tierserve.ps.errors import (
+from tierserve.core.errors import (
     BackendUnavailableError,
     InvalidInputError,
     NotFoundError,
     NotReadyError,
     TierserveError,
 )
+from tierserve.model.version_folder import version_number
+from tierserve.ps.config import PSConfig, load_ps_config
 from tierserve.ps.table_tag import check_name, is_valid_name
-from tierserve.trainer.version_folder import version_number
 
 from .servables import Servable
 

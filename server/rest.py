@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
-from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, TierserveError
+from tierserve.core.errors import InvalidInputError, PayloadTooLargeError, TierserveError
 
 from . import openapi as docs
 from .admission import Admission, ServerBusyError

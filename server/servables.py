@@ -35,9 +35,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
+from tierserve.model.batch import Batch, SparseInput
 from tierserve.ps.keys import as_keys
-from tierserve.trainer.data.batch import Batch, SparseInput
 
 from .tensors import TensorSpec, check_finite, check_inputs, check_int_range
 

@@ -21,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps.config import format_validation_errors
-from tierserve.ps.errors import ConfigError
 
 Port = Annotated[int, Field(ge=0, le=65535)]
 

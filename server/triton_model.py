@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from tierserve.core.errors import ConfigError, TierserveError
 from tierserve.ps.config import load_ps_config
-from tierserve.ps.errors import ConfigError, TierserveError
 
 from .loader import RepositoryLoader
 from .servables import Servable

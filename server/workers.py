@@ -29,7 +29,7 @@ own copy; with ``multi_process_hash_map`` (:mod:`tierserve.ps.shm_hash_map`) the
 one copy in ``/dev/shm`` (the first to load a version's table fills it, the others attach;
 one worker applies each Kafka update to it and every worker's cache hears of it; a table
 stays while any worker uses it).  Dense weights are read into a file of ``/dev/shm`` per
-version that every worker maps (:mod:`tierserve.trainer.served_weights`; the parent removes
+version that every worker maps (:mod:`tierserve.model.served_weights`; the parent removes
 what is left when it stops), never mapped from the model's own files.  Each worker polls the
 repository on its own and stages a new version when it sees it; a staged version then waits (:meth:`PoolState.wait_for_peers`)
 until every running worker has staged it too, and the workers commit it together, within
@@ -66,8 +66,8 @@ import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps.config import PSConfig, load_ps_config
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.retry import ExponentialBackoff
 
 from .settings import Settings
@@ -350,7 +350,7 @@ class WorkerPool:
     def run(self) -> int:
         """Start the workers and keep them running until SIGTERM or SIGINT (exit status 0),
         or until one keeps failing to start (1)."""
-        from tierserve.trainer.served_weights import SHARED_ENV, remove_shared
+        from tierserve.model.served_weights import SHARED_ENV, remove_shared
 
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         os.environ[SHARED_ENV] = self.shared_dense  # workers share their dense weights

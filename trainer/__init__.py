@@ -7,11 +7,47 @@ imported on first use, so importing the trainer does not import the server.
 
 from typing import Any
 
+from tierserve.model.inference_graph import InferenceGraph
 from tierserve.ps.config import (
     DatabaseHashMapAlgorithm_t,
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
     UpdateSourceType_t,
+)
+from tierserve.trainer.hugectr.layer_specs import (
+    Activation_t,
+    DenseLayer,
+    ElementWiseMultiply,
+    FcPosition_t,
+    GroupDenseLayer,
+    GroupLayer_t,
+    Initializer_t,
+    Input,
+    Layer_t,
+    Regularizer_t,
+    SparseEmbedding,
+    Tensor_t,
+)
+from tierserve.trainer.hugectr.mlperf import (
+    CommunicationType,
+    CreateETC,
+    HybridEmbeddingParam,
+    HybridEmbeddingType,
+    TrainPSType_t,
+)
+from tierserve.trainer.hugectr.session import (
+    ModelOversubscriber,
+    Session,
+    SolverParser,
+    get_learning_rate_scheduler,
+    solver_parser_helper,
+)
+from tierserve.trainer.hugectr.solver import (
+    AllReduceAlgo,
+    CreateSolver,
+    DeviceLayout,
+    LrPolicy_t,
+    Solver,
 )
 
 # estimator: the Estimator API (tf.estimator / tf.feature_column names); importing it also
@@ -29,40 +65,10 @@ from .data.params import (
 )
 from .embedding import Embedding_t
 from .etc import CreateHMemCache
-from .inference_graph import InferenceGraph
-from .layer_specs import (
-    Activation_t,
-    DenseLayer,
-    ElementWiseMultiply,
-    FcPosition_t,
-    GroupDenseLayer,
-    GroupLayer_t,
-    Initializer_t,
-    Input,
-    Layer_t,
-    Regularizer_t,
-    SparseEmbedding,
-    Tensor_t,
-)
 from .lr_scheduler import LearningRateScheduler
 from .metrics import MetricsType
-from .mlperf import (
-    CommunicationType,
-    CreateETC,
-    HybridEmbeddingParam,
-    HybridEmbeddingType,
-    TrainPSType_t,
-)
 from .model import Model
 from .optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t
-from .session import (
-    ModelOversubscriber,
-    Session,
-    SolverParser,
-    get_learning_rate_scheduler,
-    solver_parser_helper,
-)
-from .solver import AllReduceAlgo, CreateSolver, DeviceLayout, LrPolicy_t, Solver
 
 #: HugeCTR's reader classes by key width: the object ``get_data_reader_train`` returns.
 DataReader64 = DataReader32

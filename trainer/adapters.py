@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
+from tierserve.trainer.hugectr.layer_specs import Input
 
 from .data.params import DataReaderSparseParam
 from .data.reader import create_data_reader
-from .layer_specs import Input
 
 
 class ReaderHandle:

@@ -50,11 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from tierserve.core.errors import ConfigError
+from tierserve.model.device import to_numpy
 from tierserve.ps.atomic import atomic_directory
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.sparse_file import KEY_FILE, SLOT_FILE, VECTOR_FILE, SparseTable
-
-from .device import to_numpy
 
 #: Rows moved between the working table and the parameter server per call.
 CHUNK_ROWS = 1 << 13
@@ -90,7 +89,7 @@ def CreateHMemCache(num_blocks: int = 1, target_hit_rate: float | None = None,  
     cache evicts its least used rows whenever it is full and never freezes.  Either way every
     row is read from and written back to the RocksDB table, so the trained values are the
     same; only the disk traffic differs."""
-    from .compat import warn_once
+    from tierserve.core.compat import warn_once
 
     if target_hit_rate is not None:
         if not 0.0 <= float(target_hit_rate) <= 1.0:

@@ -1,9 +1,9 @@
 """HugeCTR's ``Model``: build a graph with ``add``, ``compile``, train with ``fit`` (or the
 low-level ``train`` / ``eval`` loop), save and load model files.
 
-One training step: read a :class:`~tierserve.trainer.data.batch.Batch`, look the sparse
+One training step: read a :class:`~tierserve.model.batch.Batch`, look the sparse
 inputs up in the embedding tables, run the dense network forward and backward
-(:class:`~tierserve.trainer.network.DenseNetwork`), update dense parameters with the dense
+(:class:`~tierserve.model.network.DenseNetwork`), update dense parameters with the dense
 optimizer and each table with its sparse optimizer.  Everything runs on ``xp`` (numpy, or
 cupy when ``vvgpu`` names a visible GPU).
 """
@@ -19,26 +19,37 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
-from tierserve.ps.sparse_file import sparse_model_name, sparse_optimizer_name
-
-from . import adapters, manifest
-from .data.source import check_data_source, local_copy
-from .dense_file import (
+from tierserve.core.errors import ConfigError
+from tierserve.model import manifest
+from tierserve.model.dense_file import (
     NONTRAINABLE_SUFFIX,
     dense_model_name,
     dense_optimizer_name,
     read_dense_file,
     write_dense_file,
 )
-from .device import is_gpu, select_xp, to_numpy, to_xp
-from .graph_json import Graph, load_graph_json, save_graph_json
-from .inference_graph import EMBEDDING_TYPES, graph_inputs, input_shapes, label_layout
-from .layer_specs import DenseLayer, GroupDenseLayer, Input, SparseEmbedding
+from tierserve.model.device import is_gpu, select_xp, to_numpy, to_xp
+from tierserve.model.graph_json import Graph, load_graph_json, save_graph_json
+from tierserve.model.inference_graph import (
+    EMBEDDING_TYPES,
+    graph_inputs,
+    input_shapes,
+    label_layout,
+)
+from tierserve.model.network import DenseNetwork
+from tierserve.ps.sparse_file import sparse_model_name, sparse_optimizer_name
+from tierserve.trainer.hugectr.layer_specs import (
+    DenseLayer,
+    GroupDenseLayer,
+    Input,
+    SparseEmbedding,
+)
+from tierserve.trainer.hugectr.solver import Solver
+
+from . import adapters
+from .data.source import check_data_source, local_copy
 from .metrics import Metrics
-from .network import DenseNetwork
 from .optimizers import OptParamsPy, make_optimizer
-from .solver import Solver
 
 
 class Model:
@@ -60,7 +71,7 @@ class Model:
         self._etc_params = etc
         self._etc = None
         if etc is None and getattr(reader_params, "keyset", None):
-            from .compat import warn_once
+            from tierserve.core.compat import warn_once
 
             warn_once("DataReaderParams.keyset", "keyset files are read only by the embedding "
                       "training cache: build the Model with etc=CreateETC(...) to train each "
@@ -268,7 +279,7 @@ class Model:
             self._train_reader = KeysetReader(inner, self._etc)
             source = None
         elif keyset:
-            from .compat import warn_once
+            from tierserve.core.compat import warn_once
 
             warn_once("Model.set_source.keyset", "keyset files are read only by the embedding "
                       "training cache (Model(..., etc=CreateETC(...))); this Model has none, so "
@@ -337,7 +348,7 @@ class Model:
         return True
 
     def train_on_batch(self, batch) -> float:
-        """One iteration on ``batch`` (a :class:`~tierserve.trainer.data.batch.Batch`) at the
+        """One iteration on ``batch`` (a :class:`~tierserve.model.batch.Batch`) at the
         current learning rate; returns its loss.  A tierserve addition to HugeCTR's API, for
         callers that bring their own batches."""
         self._require_compiled("train_on_batch")

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 from ..graph_json import as_list
 

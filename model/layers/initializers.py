@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 INITIALIZER_NAMES = ("Default", "Uniform", "XavierNorm", "XavierUniform", "Zero")
 

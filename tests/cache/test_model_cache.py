@@ -10,8 +10,8 @@ from cache_helpers import DIM, MODEL, TABLE, make_ps_config, vectors_for
 
 from tierserve.cache import CreateEmbeddingCache, EmbeddingCache, ModelEmbeddingCache
 from tierserve.cache.device import to_host
+from tierserve.core.errors import CapacityExceededError, CorruptModelFileError, NotFoundError
 from tierserve.ps.config import dump_ps_config
-from tierserve.ps.errors import CapacityExceededError, CorruptModelFileError, NotFoundError
 from tierserve.ps.hierarchy import HierarchicalParameterServer
 
 

@@ -55,6 +55,7 @@ from serve_process import (
 )
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
+from tierserve.model.batch import Batch, SparseInput
 from tierserve.ps.kafka_updates import REPLICA_ENV, UpdateProducer
 from tierserve.ps.redis_tier import value_hash
 from tierserve.ps.sparse_file import read_sparse_model
@@ -62,7 +63,6 @@ from tierserve.server.app import BackgroundServer, free_port
 from tierserve.server.inference_model import InferenceModel, InferenceParams
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.settings import Settings
-from tierserve.trainer.data.batch import Batch, SparseInput
 
 pytestmark = pytest.mark.slow
 

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps.config import (
     UNBOUNDED,
     DatabaseOverflowPolicy_t,
@@ -17,7 +18,6 @@ from tierserve.ps.config import (
     load_ps_config,
     parse_ps_config,
 )
-from tierserve.ps.errors import ConfigError
 
 EXAMPLE = Path(__file__).parent / "data" / "ps.json"
 

@@ -1,6 +1,6 @@
 import pytest
 
-from tierserve.ps import errors
+from tierserve.core import errors
 
 
 def test_statuses_and_retryable():

@@ -1,5 +1,6 @@
 import pytest
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps import (
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
@@ -14,7 +15,6 @@ from tierserve.ps.config import (
     RedisClusterConfig,
     RocksDBConfig,
 )
-from tierserve.ps.errors import ConfigError
 
 
 def test_hugectr_attribute_style():

@@ -16,8 +16,8 @@ import pytest
 from polling import until
 from ps_helpers import expected
 
+from tierserve.core.errors import BackendUnavailableError
 from tierserve.ps.config import RedisClusterConfig
-from tierserve.ps.errors import BackendUnavailableError
 from tierserve.ps.partition import partition_of
 from tierserve.ps.redis_tier import value_hash
 from tierserve.ps.tier import create_tier

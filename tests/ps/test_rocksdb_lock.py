@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+from tierserve.core.errors import BackendUnavailableError
 from tierserve.ps.config import RocksDBConfig
-from tierserve.ps.errors import BackendUnavailableError
 from tierserve.ps.tier import create_tier
 
 HOLDER = """

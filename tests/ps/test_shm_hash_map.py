@@ -10,9 +10,9 @@ import uuid
 import numpy as np
 import pytest
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps import shm_hash_map
 from tierserve.ps.config import MultiProcessHashMapConfig, load_ps_config
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.tier import create_tier
 
 TAG = "hps_et.m.t@2"

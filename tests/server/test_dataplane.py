@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import InvalidInputError, NotFoundError, NotReadyError
+from tierserve.core.errors import InvalidInputError, NotFoundError, NotReadyError
 from tierserve.server.dataplane import DataPlane
 from tierserve.server.metrics import ServerMetrics
 from tierserve.server.repository import ModelRepository

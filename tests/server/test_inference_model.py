@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from tierserve.clients.demo_model import train_demo_model
-from tierserve.ps.errors import ConfigError, CorruptModelFileError
-from tierserve.server.datasets import epoch_batches, wrapped_batches
-from tierserve.server.evaluation import auc, logloss
+from tierserve.core.errors import ConfigError, CorruptModelFileError
 from tierserve.server.inference_model import (
     InferenceModel,
     InferenceParams,
     InferenceSession,
 )
+from tierserve.trainer.evaluation import auc, logloss
+from tierserve.trainer.hugectr.inference_data import epoch_batches, wrapped_batches
 
 
 @pytest.fixture(scope="module")

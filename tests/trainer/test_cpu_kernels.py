@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.trainer import cpu_kernels as K
-from tierserve.trainer.embedding.combine import CsrLayout, embedding_gradients
+from tierserve.model import cpu_kernels as K
+from tierserve.model.combine import CsrLayout, embedding_gradients
 from tierserve.trainer.optimizers import CreateOptimizer, make_optimizer
 
 DTYPES = [np.float32, np.float64]

@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tierserve.ps.errors import CorruptModelFileError
-from tierserve.trainer.dense_file import (
+from tierserve.core.errors import CorruptModelFileError
+from tierserve.model.dense_file import (
     dense_model_name,
     dense_optimizer_name,
     read_dense_file,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from keyset_data import keyset_parts
 
 import tierserve.trainer as hugectr
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.ps.sparse_file import read_sparse_model
 from tierserve.trainer.etc import read_keyset, write_keyset
 

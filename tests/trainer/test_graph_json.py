@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from tierserve.ps.errors import CorruptModelFileError
-from tierserve.trainer.graph_json import Graph, load_graph_json, save_graph_json
+from tierserve.core.errors import CorruptModelFileError
+from tierserve.model.graph_json import Graph, load_graph_json, save_graph_json
 
 WDL = {
     "solver": {"batchsize": 1024, "model_name": "wdl"},

@@ -11,12 +11,12 @@ import pytest
 from keyset_data import keyset_parts
 
 import tierserve.trainer as hugectr
-from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
-from tierserve.ps.errors import ConfigError
+from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.errors import ConfigError
+from tierserve.model.layers import build_layer
 from tierserve.trainer.data.errors import DataFileError
 from tierserve.trainer.data.records import Records, SlotLayout
 from tierserve.trainer.embedding.table import EmbeddingTable
-from tierserve.trainer.layers import build_layer
 
 SLOTS = 4
 DIM = 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
-from tierserve.trainer.layers import build_layer
+from tierserve.core.errors import ConfigError
+from tierserve.model.layers import build_layer
 
 
 def _layer(config, shapes, tops=1):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierserve.trainer.layers import build_layer
+from tierserve.model.layers import build_layer
 
 from .layer_cases import CASES, layer_config, num_tops
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.trainer.layers import build_layer
+from tierserve.model.layers import build_layer
 
 from .layer_cases import CASES, layer_config, num_tops
 

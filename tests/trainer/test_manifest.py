@@ -7,10 +7,10 @@ import json
 import pytest
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
-from tierserve.ps.errors import CorruptModelFileError
+from tierserve.core.errors import CorruptModelFileError
+from tierserve.model import manifest
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.repository import ModelRepository
-from tierserve.trainer import manifest
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierserve.trainer.version_folder import new_version, next_version
+from tierserve.model.version_folder import new_version, next_version
 
 
 def test_a_version_appears_whole_and_numbers_count_up(tmp_path):

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 from .csv_decode import CSVRecordError, DecodeCSVError
 from .dataset_blocks import (

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 CHUNK = 1024  # rows per block when nothing downstream asks for fewer
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 from .dataset import AUTOTUNE, Dataset, _FlatMapIter
 from .dataset_blocks import _LEAF, _as_array, _Block, _BlockIter, _SliceIter

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, TierserveError
+from tierserve.core.errors import ConfigError, TierserveError
 
 #: Environment variables in which launchers give the world size and this process's rank
 #: (MPICH/hydra, Open MPI, PMIx, Slurm's PMI2).

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 from .allreduce import allreduce_gradients
 from .metrics import _average_loss

@@ -36,7 +36,7 @@ import os
 import sys
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from .input_fn import build_input_fn, check_data_set
 
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tierserve.trainer
     """``python -m tierserve.trainer.elastic --conf module.TrainConf`` (DLRover's
     ``python -m dlrover.trainer --conf ...`` form, with its ``--platform``, ``--worker_num``
     and ``--ps_num``); exit status 2 on a bad conf."""
-    from tierserve.ps.errors import TierserveError
+    from tierserve.core.errors import TierserveError
 
     parser = argparse.ArgumentParser(prog=prog)
     _arguments(parser)

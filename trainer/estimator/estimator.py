@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 from . import checkpoint as ckpt
 from .graph import LABEL, FeatureTensor, Graph, LabelTensor, Tensor, building
@@ -734,7 +734,7 @@ class Estimator:
                 hit = stored[order][pos] == keys
                 out[hit] = np.asarray(data["values"])[order[pos[hit]]]
             return out
-        from ..device import to_numpy
+        from tierserve.model.device import to_numpy
 
         rows = to_numpy(table._index.lookup(table.xp.asarray(keys)))
         values = to_numpy(table.values)

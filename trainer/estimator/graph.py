@@ -4,7 +4,7 @@ A ``model_fn`` body calls the functional API (:mod:`.layers`, :mod:`.losses`,
 :mod:`tierserve.trainer.feature_column`); each call appends graph-JSON layer dicts
 (``InnerProduct``, ``ReLU``, ``Concat``, ...) to the current :class:`Graph` and returns a
 :class:`Tensor` naming the layer's output.  The graph is then run by the trainer's own
-:class:`~tierserve.trainer.network.DenseNetwork` (forward and backward of each layer: that is
+:class:`~tierserve.model.network.DenseNetwork` (forward and backward of each layer: that is
 the automatic differentiation), and the same layer dicts are what an export writes, so the
 server runs exactly the network that was trained.
 """
@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 _local = threading.local()
 

@@ -3,7 +3,7 @@ example-weighted cross-entropy losses, and those of the TensorFlow ops a ``model
 (:mod:`tierserve.trainer.tf`): ``ArgMax``, ``OneHot``, ``Variable``,
 ``SoftmaxCrossEntropyLoss``, ``ReduceMeanLoss``.
 
-They implement the trainer's layer contract (:mod:`tierserve.trainer.layers.base`) and are
+They implement the trainer's layer contract (:mod:`tierserve.model.layers.base`) and are
 registered in its registry, so the inference server builds them from an exported graph like
 any other layer (``tierserve.trainer`` imports this module).  ``MeanSquaredErrorLoss``
 predicts its input unchanged: an export ends in it over whatever tensor the model serves.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layers.base import Layer, Shape, register
-from ..layers.loss import LossLayer
+from tierserve.model.layers.base import Layer, Shape, register
+from tierserve.model.layers.loss import LossLayer
 
 
 @register
@@ -89,7 +89,7 @@ class WeightedBinaryCrossEntropyLoss(LossLayer):
         return [(w * loss).sum() / norm], (x, y, w, norm)
 
     def backward(self, xp, grad_outputs, ctx, params):
-        from ..layers.activation import sigmoid
+        from tierserve.model.layers.activation import sigmoid
 
         x, y, w, norm = ctx
         g = (sigmoid(xp, x) - y) * w * (grad_outputs[0] / norm)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from .graph import Tensor, as_tensor, current_graph
 

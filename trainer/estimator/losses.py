@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from .graph import Graph, LabelTensor, Tensor, as_tensor, current_graph
 

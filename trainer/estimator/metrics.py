@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 from ..metrics import AUC
 from .graph import Tensor, as_tensor

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from ..optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t, make_optimizer
 

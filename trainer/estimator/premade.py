@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.compat import warn_once
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 from .. import feature_column as fc
-from ..compat import warn_once
 from . import layers as L
 from . import losses, metrics
 from .estimator import Estimator, check_labels

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 _UNSET: Any = object()
 

@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..data.batch import SparseInput
-from ..embedding import EmbeddingTable, combine
+from tierserve.model import combine
+from tierserve.model.batch import SparseInput
+
+from ..embedding import EmbeddingTable
 
 
 class ColumnTable(EmbeddingTable):

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
+from tierserve.model.device import to_numpy
 from tierserve.ps.sparse_file import SparseTable
 
-from ..device import to_numpy
 from .tables import ColumnTable
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.ps.partition import mix64
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from .. import hybrid
 from ..estimator.graph import (
@@ -52,7 +52,7 @@ def _check_features(features: Any, columns: list[FeatureColumn], what: str) -> N
     for col in columns:
         for key in col.input_keys:
             if key not in features:
-                from tierserve.ps.errors import InvalidInputError
+                from tierserve.core.errors import InvalidInputError
 
                 raise InvalidInputError(
                     f"feature column {col.name!r} needs feature {key!r}, which the input_fn "

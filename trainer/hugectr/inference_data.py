@@ -10,11 +10,11 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tierserve.trainer.data.batch import Batch
+from tierserve.model.batch import Batch
+from tierserve.model.graph_json import Graph
+from tierserve.model.inference_graph import label_layout
 from tierserve.trainer.data.params import DataReaderSparseParam
 from tierserve.trainer.data.reader import DataReader
-from tierserve.trainer.graph_json import Graph
-from tierserve.trainer.inference_graph import label_layout
 
 
 def _enum_name(value: Any) -> str:

@@ -1,6 +1,6 @@
 """HugeCTR's layer description objects — ``Input``, ``SparseEmbedding``, ``DenseLayer``,
 ``GroupDenseLayer`` — and their enums.  ``Model.add`` turns each into graph-JSON layer
-dicts (DESIGN.md, Formats 3); :mod:`tierserve.trainer.layers` runs them.
+dicts (DESIGN.md, Formats 3); :mod:`tierserve.model.layers` runs them.
 """
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
-
-from .layers import LAYER_TYPES
+from tierserve.core.errors import ConfigError
+from tierserve.model.layers import LAYER_TYPES
 
 
 class Layer_t(enum.Enum):  # noqa: N801 - HugeCTR's name
@@ -207,7 +206,7 @@ class SparseEmbedding:
         self.slot_size_array = list(slot_size_array or [])
         self.optimizer = optimizer
         if hybrid_embedding_param is not None:
-            from .compat import warn_once
+            from tierserve.core.compat import warn_once
 
             warn_once("SparseEmbedding.hybrid_embedding_param", "HugeCTR's MLPerf hybrid "
                       "embedding (frequent keys replicated, the rest model-parallel) is a "
@@ -280,7 +279,7 @@ class DenseLayer:
         if kwargs:
             raise ConfigError(f"DenseLayer got unknown arguments {sorted(kwargs)}")
         if _name(pos_type) != "Non":
-            from .compat import warn_once
+            from tierserve.core.compat import warn_once
 
             warn_once("DenseLayer.pos_type", "HugeCTR's MLPerf chain of fused layers is not "
                       "used; each FusedInnerProduct computes act(x W + b) on its own (the same "

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import enum
 
-from tierserve.ps.errors import ConfigError
-
-from .etc import CreateETC, TrainPSType_t  # noqa: F401 - re-exported (HugeCTR's names)
+from tierserve.core.errors import ConfigError
+from tierserve.trainer.etc import CreateETC, TrainPSType_t  # noqa: F401 - re-exported (HugeCTR's names)
 
 
 class CommunicationType(enum.Enum):

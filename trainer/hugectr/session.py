@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
+from tierserve.trainer.data.params import Check_t, DataReaderParams, DataReaderType_t
+from tierserve.trainer.lr_scheduler import LearningRateScheduler
+from tierserve.trainer.model import Model
+from tierserve.trainer.optimizers import OptParamsPy
 
-from .data.params import Check_t, DataReaderParams, DataReaderType_t
-from .lr_scheduler import LearningRateScheduler
-from .model import Model
-from .optimizers import OptParamsPy
 from .solver import CreateSolver
 
 

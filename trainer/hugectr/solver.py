@@ -6,7 +6,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 
 class LrPolicy_t(enum.Enum):  # noqa: N801 - HugeCTR's name
@@ -100,13 +100,13 @@ NOT_HONOURED = {
 
 
 def _warn_not_honoured(kwargs: dict[str, Any], solver: Solver) -> None:
-    from .compat import warn_once
+    from tierserve.core.compat import warn_once
 
     for name, instead in NOT_HONOURED.items():
         if name in kwargs:
             warn_once(f"CreateSolver.{name}", instead, stacklevel=4)
     devices = [d for node in solver.vvgpu for d in (node if isinstance(node, list) else [node])]
-    from .distributed.comm import launched_size
+    from tierserve.trainer.distributed.comm import launched_size
 
     if len(devices) > 1 and launched_size() == 1:  # under mpiexec each rank is one device
         warn_once("CreateSolver.vvgpu", f"training runs on one device, the first of "
@@ -137,14 +137,14 @@ def CreateSolver(**kwargs: Any) -> Solver:  # noqa: N802 - HugeCTR's name
     if solver.use_mixed_precision and float(solver.scaler) not in _SCALERS:
         raise ConfigError(f"scaler must be one of {_SCALERS[1:]} with mixed precision")
     if "metrics_spec" not in kwargs or not solver.metrics_spec:
-        from .metrics import MetricsType
+        from tierserve.trainer.metrics import MetricsType
 
         solver.metrics_spec = {MetricsType.AUC: 1.0}
     if solver.warmup_steps < 0 or solver.decay_start < 0 or solver.decay_steps < 1:
         raise ConfigError("warmup_steps and decay_start must be >= 0, decay_steps >= 1")
     _warn_not_honoured(kwargs, solver)
     if solver.is_dlrm:
-        from .compat import warn_once
+        from tierserve.core.compat import warn_once
 
         warn_once("CreateSolver.is_dlrm", "HugeCTR's MLPerf optimisations are not used here",
                   stacklevel=3)

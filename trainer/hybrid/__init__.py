@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
-
-from .compat import warn_once
+from tierserve.core.compat import warn_once
+from tierserve.core.errors import ConfigError
 
 OPTIONS = ("emb_device", "emb_dtype", "emb_unique", "emb_pad", "emb_segment_rank",
            "emb_num_groups", "emb_wire_dtype", "emb_buffer_size", "emb_backend")
@@ -182,7 +181,7 @@ def function(fn: Any = None, **options: Any):
 
 def dense_features(features: dict, feature_columns: Any, **options: Any):
     """``hb.dense_features``: the dense tensor of ``feature_columns`` (one DenseFeatures)."""
-    from .feature_column import DenseFeatures
+    from ..feature_column import DenseFeatures
 
     return DenseFeatures(feature_columns, **options)(features)
 
@@ -191,7 +190,7 @@ def wraps(cls: Any = None, **_: Any):
     """``hb.wraps``: give an Estimator class (a subclass of this package's Estimator, or
     any class taking ``model_fn``) ``train_and_evaluate(train_spec, eval_spec,
     eval_every_n_iter=None)``; usable as ``@hb.wraps`` or ``hb.wraps(MyEstimator)(...)``."""
-    from .estimator import Estimator as _Estimator
+    from ..estimator import Estimator as _Estimator
 
     def wrap(c):
         if isinstance(c, type) and issubclass(c, _Estimator):
@@ -204,7 +203,7 @@ def wraps(cls: Any = None, **_: Any):
 
 
 def _keras_namespace() -> types.SimpleNamespace:
-    from .feature_column import DenseFeatures
+    from ..feature_column import DenseFeatures
 
     return types.SimpleNamespace(layers=types.SimpleNamespace(DenseFeatures=DenseFeatures))
 
@@ -241,13 +240,13 @@ class _Context:
 
     @property
     def rank(self) -> int:
-        from .distributed.comm import launched_rank, launched_size
+        from ..distributed.comm import launched_rank, launched_size
 
         return launched_rank() if launched_size() > 1 else 0
 
     @property
     def world_size(self) -> int:
-        from .distributed.comm import launched_size
+        from ..distributed.comm import launched_size
 
         return launched_size()
 
@@ -260,7 +259,7 @@ def auc(labels: Any, predictions: Any, weights: Any = None, num_thresholds: int 
         name: str | None = None, summation_method: str = "trapezoidal") -> Any:
     """``hb.metrics.auc``: the ROC AUC over every evaluated example of every rank (see
     :func:`tierserve.trainer.estimator.metrics.auc`)."""
-    from .estimator.metrics import auc as _auc
+    from ..estimator.metrics import auc as _auc
 
     return _auc(labels, predictions, weights=weights, num_thresholds=num_thresholds,
                 metrics_collections=metrics_collections,
@@ -269,8 +268,8 @@ def auc(labels: Any, predictions: Any, weights: Any = None, num_thresholds: int 
 
 
 def _data_namespace() -> types.SimpleNamespace:
-    from .data import Dataset, make_one_shot_iterator
-    from .data.tabular import Field, from_parquet
+    from ..data import Dataset, make_one_shot_iterator
+    from ..data.tabular import Field, from_parquet
 
     class HbDataset(Dataset):
         """``hb.data.Dataset``: ``tf.data.Dataset`` with ``from_parquet``."""
@@ -283,19 +282,19 @@ def _data_namespace() -> types.SimpleNamespace:
 
 def __getattr__(name: str) -> Any:
     if name == "estimator":
-        from . import estimator
+        from .. import estimator
 
         return estimator
     if name == "keras":
         return _keras_namespace()
     if name == "feature_column":
-        from . import feature_column
+        from .. import feature_column
 
         return feature_column
     if name == "data":
         return _data_namespace()
     if name == "metrics":
-        from .estimator.metrics import accuracy
+        from ..estimator.metrics import accuracy
 
         return types.SimpleNamespace(auc=auc, accuracy=accuracy)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,10 +28,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from tierserve.core.compat import warn_once
+
 from .. import data as _data
 from .. import estimator as _estimator
 from .. import feature_column as _feature_column
-from ..compat import warn_once
 from ..data.iterator import OutOfRangeError
 from ..estimator import hooks as _hooks
 from ..estimator import layers as _layers

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from ..estimator import layers as _layers
 from ..estimator.graph import DENSE, LabelTensor, Tensor, as_tensor, current_graph

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from ..estimator.graph import Tensor, current_graph
 from .ops import _add, dense_input

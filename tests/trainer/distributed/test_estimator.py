@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.ps.partition import partition_of
 from tierserve.trainer.distributed import LocalComm
 from tierserve.trainer.distributed.estimator import EstimatorRun, InputContext

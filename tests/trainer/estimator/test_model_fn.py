@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.trainer import estimator
 from tierserve.trainer import feature_column as fc
 from tierserve.trainer.estimator import layers, losses, metrics, train
