@@ -7,13 +7,10 @@ import pytest
 
 from tierserve.clients.demo_model import train_demo_model
 from tierserve.core.errors import ConfigError, CorruptModelFileError
-from tierserve.server.inference_model import (
-    InferenceModel,
-    InferenceParams,
-    InferenceSession,
-)
+from tierserve.server.inference_model import InferenceParams
 from tierserve.trainer.evaluation import auc, logloss
 from tierserve.trainer.hugectr.inference_data import epoch_batches, wrapped_batches
+from tierserve.trainer.hugectr.inference_model import InferenceModel, InferenceSession
 
 
 @pytest.fixture(scope="module")

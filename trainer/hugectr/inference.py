@@ -23,7 +23,9 @@ from tierserve.ps.config import (
 from tierserve.ps.hierarchy import CreateParameterServer
 from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
 from tierserve.server.hps import HPS, ParameterServerConfig
-from tierserve.server.inference_model import InferenceModel, InferenceParams, InferenceSession
+from tierserve.server.inference_model import InferenceParams
+
+from .inference_model import InferenceModel, InferenceSession
 
 __all__ = [
     "CreateEmbeddingCache",
