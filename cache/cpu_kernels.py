@@ -34,7 +34,7 @@ from tierserve.ps.hash_kernels import prefetch as _prefetch
 from tierserve.ps.hash_kernels import prefetch_write as _prefetch_write
 from tierserve.ps.partition import FMIX_C1, FMIX_C2
 
-from .set_associative import EMPTY, STAMP_ALL, STAMP_STRIDE
+from .slots import EMPTY, STAMP_ALL, STAMP_STRIDE
 
 #: How many keys ahead the pipelined loops prefetch (on a 2-core EPYC, power-law batches:
 #: 32 is 5-8% faster than 16, 64 no better, 8 leaves misses exposed).

@@ -25,7 +25,8 @@ from .params import PersistentDatabaseParams, UpdateSourceParams, VolatileDataba
 from .sparse_file import SparseTable, read_sparse_model, write_sparse_model
 from .stats import LatencyHistogram, TierStats
 from .table_tag import parse_table_tag, table_tag
-from .tier import Tier, create_tier
+from .tier import Tier
+from .tiers import create_tier
 from .update_message import decode_update, encode_update
 
 __all__ = [

@@ -52,7 +52,8 @@ from .config import ModelConfig, PSConfig, RocksDBConfig, load_ps_config
 from .keys import as_keys
 from .sparse_file import read_sparse_model
 from .table_tag import parse_table_tag, table_tag
-from .tier import Tier, create_tier
+from .tier import Tier
+from .tiers import create_tier
 
 log = logging.getLogger(__name__)
 

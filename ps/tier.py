@@ -11,17 +11,8 @@ import abc
 
 import numpy as np
 
-from tierserve.core.errors import ConfigError, InvalidInputError, NotFoundError
+from tierserve.core.errors import InvalidInputError, NotFoundError
 
-from .config import (
-    DisabledConfig,
-    HashMapConfig,
-    MultiProcessHashMapConfig,
-    ParallelHashMapConfig,
-    RedisClusterConfig,
-    RedisConfig,
-    RocksDBConfig,
-)
 from .partition import as_keys
 from .stats import TierStats
 
@@ -142,26 +133,3 @@ class Tier(abc.ABC):
         if embeddings.dtype != np.float32 or not embeddings.flags.c_contiguous:
             embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
         return keys, embeddings
-
-
-def create_tier(config) -> Tier | None:
-    """Build the tier a ``volatile_db`` / ``persistent_db`` config selects (None: disabled)."""
-    if isinstance(config, DisabledConfig) or config is None:
-        return None
-    if isinstance(config, MultiProcessHashMapConfig):
-        from .shm_hash_map import SharedHashMapTier
-
-        return SharedHashMapTier(config)
-    if isinstance(config, (HashMapConfig, ParallelHashMapConfig)):
-        from .hash_map import HashMapTier
-
-        return HashMapTier(config)
-    if isinstance(config, (RedisClusterConfig, RedisConfig)):
-        from .redis_tier import RedisTier
-
-        return RedisTier(config)
-    if isinstance(config, RocksDBConfig):
-        from .rocksdb_tier import RocksDBTier
-
-        return RocksDBTier(config)
-    raise ConfigError(f"no tier implements {type(config).__name__}")

@@ -34,11 +34,11 @@ from .drain import Server
 from .grpc_native import NativeGrpcServer, check_native_transport, native_available
 from .grpc_server import create_grpc_server
 from .metrics import ServerMetrics
+from .pool_state import PoolState, reuse_port_socket
 from .repository import Loader, ModelRepository
 from .rest import InferFastPath, build_router, install_error_handler
 from .servables import RequestLimits
 from .settings import Settings
-from .workers import PoolState, reuse_port_socket
 
 log = logging.getLogger("tierserve.server")
 

@@ -42,7 +42,7 @@ from tierserve.ps.config import (
 from tierserve.ps.partition import group_by_partition
 from tierserve.ps.redis_tier import value_hash
 from tierserve.ps.sparse_file import read_sparse_model, write_sparse_model
-from tierserve.ps.tier import create_tier
+from tierserve.ps.tiers import create_tier
 
 BATCH = 26 * 1024
 TAG = "hps_et.bench.table"

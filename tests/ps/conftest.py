@@ -17,7 +17,7 @@ from tierserve.ps.config import (
     RedisConfig,
     RocksDBConfig,
 )
-from tierserve.ps.tier import create_tier
+from tierserve.ps.tiers import create_tier
 
 if str(Path(__file__).parent) not in sys.path:  # for `import ps_helpers`
     sys.path.append(str(Path(__file__).parent))

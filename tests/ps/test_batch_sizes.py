@@ -9,7 +9,7 @@ import pytest
 
 from tierserve.ps.config import RedisConfig, RocksDBConfig, parse_ps_config
 from tierserve.ps.params import PersistentDatabaseParams, VolatileDatabaseParams
-from tierserve.ps.tier import create_tier
+from tierserve.ps.tiers import create_tier
 
 pytestmark = pytest.mark.redis
 

@@ -55,7 +55,7 @@ def test_each_process_is_its_own_replica_unless_configured(monkeypatch):
 
 def test_tiers_say_whether_they_are_shared_and_read_only(tmp_path, redis_server):
     from tierserve.ps.config import HashMapConfig, RedisConfig, RocksDBConfig
-    from tierserve.ps.tier import create_tier
+    from tierserve.ps.tiers import create_tier
 
     path = str(tmp_path / "rdb")
     with create_tier(RocksDBConfig(path=path)) as rdb:

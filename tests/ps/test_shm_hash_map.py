@@ -13,7 +13,7 @@ import pytest
 from tierserve.core.errors import ConfigError
 from tierserve.ps import shm_hash_map
 from tierserve.ps.config import MultiProcessHashMapConfig, load_ps_config
-from tierserve.ps.tier import create_tier
+from tierserve.ps.tiers import create_tier
 
 TAG = "hps_et.m.t@2"
 DIM = 8
