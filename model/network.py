@@ -1,6 +1,6 @@
 """The dense network of a graph: layer objects in order, tensor shapes, forward and backward.
 
-Shared by training (:class:`tierserve.trainer.model.Model`) and inference
+Shared by training (:class:`tierserve.trainer.hugectr.model.Model`) and inference
 (:mod:`tierserve.model.inference_graph`): the same layer objects, the same forward.
 """
 

@@ -14,6 +14,8 @@ from tierserve.ps.config import (
     DatabaseType_t,
     UpdateSourceType_t,
 )
+from tierserve.trainer.hugectr.adapters import ReaderHandle as DataReader32
+from tierserve.trainer.hugectr.etc import CreateHMemCache
 from tierserve.trainer.hugectr.layer_specs import (
     Activation_t,
     DenseLayer,
@@ -35,6 +37,7 @@ from tierserve.trainer.hugectr.mlperf import (
     HybridEmbeddingType,
     TrainPSType_t,
 )
+from tierserve.trainer.hugectr.model import Model
 from tierserve.trainer.hugectr.session import (
     ModelOversubscriber,
     Session,
@@ -53,7 +56,6 @@ from tierserve.trainer.hugectr.solver import (
 # estimator: the Estimator API (tf.estimator / tf.feature_column names); importing it also
 # registers its layer types (Tanh, MeanSquaredErrorLoss, ...) that exported graphs use.
 from . import data, estimator, feature_column, tools
-from .adapters import ReaderHandle as DataReader32
 from .data.generator import DataGenerator, DataGeneratorParams, Distribution_t, PowerLaw_t
 from .data.params import (
     Alignment_t,
@@ -64,10 +66,8 @@ from .data.params import (
     DataReaderType_t,
 )
 from .embedding import Embedding_t
-from .etc import CreateHMemCache
 from .lr_scheduler import LearningRateScheduler
 from .metrics import MetricsType
-from .model import Model
 from .optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t
 
 #: HugeCTR's reader classes by key width: the object ``get_data_reader_train`` returns.

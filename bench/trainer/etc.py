@@ -39,7 +39,7 @@ def measure(folder: str, workspace_mb: float, cache_mb: float, passes: int,
     from tierserve.model.batch import Batch, SparseInput
     from tierserve.ps.config import HashMapConfig
     from tierserve.ps.hash_map import HashMapTier
-    from tierserve.trainer.etc import _bounded_rocksdb
+    from tierserve.trainer.hugectr.etc import _bounded_rocksdb
 
     etc = hugectr.CreateETC(
         ps_types=[hugectr.TrainPSType_t.Cached],

@@ -23,7 +23,7 @@ from keyset_data import keyset_parts
 import tierserve.trainer as hugectr
 from tierserve.core.errors import ConfigError
 from tierserve.ps.sparse_file import read_sparse_model
-from tierserve.trainer.etc import read_keyset, write_keyset
+from tierserve.trainer.hugectr.etc import read_keyset, write_keyset
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -237,10 +237,10 @@ def test_flush_writes_the_working_set_back_without_reloading_it(sources, tmp_pat
 
 
 def test_rocksdb_memory_is_counted_in_the_host_cache_budget(tmp_path):
-    from tierserve.trainer.etc import TableServer, TrainPSType_t, rocksdb_memory
+    from tierserve.trainer.hugectr.etc import TableServer, TrainPSType_t, rocksdb_memory
 
     model = _model("unused.txt")
-    from tierserve.trainer.etc import _RowLayout
+    from tierserve.trainer.hugectr.etc import _RowLayout
 
     layout = _RowLayout(model.tables[0])
     for mb in (0.5, 8, 32, 256):

@@ -29,7 +29,7 @@ from .devices import device_list, rank_device
 
 
 class Distributed:
-    """The hooks a :class:`~tierserve.trainer.model.Model` calls when it runs on several
+    """The hooks a :class:`~tierserve.trainer.hugectr.model.Model` calls when it runs on several
     ranks: built by :func:`for_solver` before compiling, :meth:`attach` after."""
 
     def __init__(self, comm: Any, solver: Any) -> None:

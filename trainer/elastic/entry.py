@@ -18,7 +18,7 @@ The conf is a class (DLRover's ``TrainConf``) whose attributes say what to train
 
 DLRover's launch arguments: ``--platform local`` (its Kubernetes and Ray platforms are
 refused by name), ``--worker_num N`` (N > 1: the command runs again under ``mpiexec -n N``,
-the distributed Estimator's ranks, :mod:`tierserve.trainer.distributed.estimator`),
+the distributed Estimator's ranks, :mod:`tierserve.trainer.estimator.distributed`),
 ``--ps_num`` 0 or 1 (the workers hold the parameters; more is refused).
 
 Training reports each step's batch to the train reader's shard client (DLRover's

@@ -45,11 +45,10 @@ from typing import Any
 import numpy as np
 
 from tierserve.core.errors import ConfigError, InvalidInputError
-
-from .allreduce import allreduce_gradients
-from .metrics import _average_loss
-from .reader import share
-from .sharded_table import ShardedTable
+from tierserve.trainer.distributed.allreduce import allreduce_gradients
+from tierserve.trainer.distributed.metrics import _average_loss
+from tierserve.trainer.distributed.reader import share
+from tierserve.trainer.distributed.sharded_table import ShardedTable
 
 log = logging.getLogger("tierserve.trainer.estimator")
 
@@ -370,7 +369,7 @@ def _cut(value: Any, lo: int, hi: int) -> Any:
 def for_estimator() -> EstimatorRun | None:
     """The Estimator's distributed context under an MPI launcher with several ranks, else
     None."""
-    from .comm import launched_size, world
+    from tierserve.trainer.distributed.comm import launched_size, world
 
     if launched_size() <= 1:
         return None

@@ -12,7 +12,7 @@ dataset) repeats that one batch while training and gives it once to ``evaluate``
 ``predict``; ``evaluate`` and ``predict`` read the newest checkpoint of ``model_dir``.
 
 Under ``mpiexec -n N`` (construct the Estimator on every rank) ``train``, ``evaluate`` and
-``train_and_evaluate`` run on the N ranks: :mod:`tierserve.trainer.distributed.estimator`.
+``train_and_evaluate`` run on the N ranks: :mod:`tierserve.trainer.estimator.distributed`.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class Estimator:
         self._config = config.replace(model_dir=self._model_dir)
         self._model_fn_impl = model_fn
         self._params = dict(params or {})
-        from ..distributed.estimator import for_estimator
+        from tierserve.trainer.estimator.distributed import for_estimator
 
         # under mpiexec with several ranks: how this rank takes part (None: one process)
         self._dist = for_estimator()
@@ -374,7 +374,7 @@ class Estimator:
         if self._dist is not None:  # this rank's share
             yield from self._dist.batches(self, input_fn, mode, repeat_single)
             return
-        from ..distributed.estimator import InputContext, takes_input_context
+        from tierserve.trainer.estimator.distributed import InputContext, takes_input_context
 
         # an input_fn that reads its share (input_context) is the only one in one process
         context = InputContext() if takes_input_context(input_fn) else None

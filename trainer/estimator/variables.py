@@ -43,7 +43,7 @@ class VariableStore:
     """Every variable of one Estimator (see the module docstring)."""
 
     #: Under mpiexec: ``(loss, param_grads, input_grads, n) -> loss`` averaging a step's
-    #: gradients over the ranks (:mod:`tierserve.trainer.distributed.estimator`).
+    #: gradients over the ranks (:mod:`tierserve.trainer.estimator.distributed`).
     reduce_step: Any = None
 
     def __init__(self, seed: int = 0) -> None:

@@ -15,9 +15,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from tierserve.core.compat import warn_once
 from tierserve.core.errors import ConfigError
 
-from .. import hybrid
 from ..estimator.graph import (
     DENSE,
     FeatureTensor,
@@ -27,6 +27,7 @@ from ..estimator.graph import (
     WeightedInput,
     current_graph,
 )
+from . import options as emb_options
 from .columns import (
     CategoricalColumn,
     DenseColumn,
@@ -104,7 +105,7 @@ def _lookup_groups(g: Graph, cols: list[EmbeddingColumn], call_options: dict, ca
     used: dict[str, tuple[SparseGroup, list[int]]] = {}
     order: list[str] = []
     for col in cols:
-        options = hybrid.resolve(col.name, col.options, call_options)
+        options = emb_options.resolve(col.name, col.options, call_options)
         dim = linear_units or col.dimension
         comb = combiner or col.combiner
         key = _group_key(col, dim, comb, options, call, g.current_scope)
@@ -148,8 +149,8 @@ def _lookup_groups(g: Graph, cols: list[EmbeddingColumn], call_options: dict, ca
 def _weighted_input(g: Graph, col: EmbeddingColumn, dim: int, combiner: str, options: dict,
                     zero_init: bool) -> Tensor:
     name = table_name(g, f"input_layer/{col.name}")
-    if hybrid.gpu_requested(options):
-        hybrid.warn_once("emb_device", "a weighted categorical column's table stays in host "
+    if emb_options.gpu_requested(options):
+        warn_once("emb_device", "a weighted categorical column's table stays in host "
                          "memory")
     w = WeightedInput(name=name, table=name, column=col.categorical_column, dim=dim,
                       combiner=combiner)
@@ -192,10 +193,10 @@ def build_dense_features(features: Any, feature_columns: Any, options: dict | No
     g = current_graph(what)
     cols = _columns(feature_columns, what)
     _check_features(features, cols, what)
-    call_options = hybrid.check_options(dict(options or {}), what)
+    call_options = emb_options.check_options(dict(options or {}), what)
     for i, c in enumerate(cols):
         if isinstance(c, CategoricalColumn) and not isinstance(c, DenseColumn):
-            hybrid.warn_once(f"{what} categorical column {c.name!r}",
+            warn_once(f"{what} categorical column {c.name!r}",
                              f"read as indicator_column({c.name!r}) (one-hot); wrap it in "
                              "indicator_column or embedding_column to say which")
             cols[i] = IndicatorColumn(c)
@@ -209,7 +210,7 @@ def build_dense_features(features: Any, feature_columns: Any, options: dict | No
     for col in weighted:
         by_name[col.name] = _weighted_input(
             g, col, col.dimension, col.combiner,
-            hybrid.resolve(col.name, col.options, call_options), zero_init=False)
+            emb_options.resolve(col.name, col.options, call_options), zero_init=False)
     group_tensor: dict[str, Tensor] = {}
     first_col: dict[str, str] = {}
     for group, slots in groups:
@@ -238,7 +239,7 @@ class DenseFeatures:
         _refuse(trainable, None, "DenseFeatures")
         self.feature_columns = _columns(feature_columns, "DenseFeatures")
         self.name = name
-        self.options = hybrid.check_options(options, "DenseFeatures")
+        self.options = emb_options.check_options(options, "DenseFeatures")
 
     def __call__(self, features: dict, cols_to_output_tensors: Any = None,
                  training: Any = None) -> Tensor:

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from tierserve.core.errors import ConfigError
+from tierserve.trainer.data.params import DataReaderSparseParam
+from tierserve.trainer.data.reader import create_data_reader
 from tierserve.trainer.hugectr.layer_specs import Input
-
-from .data.params import DataReaderSparseParam
-from .data.reader import create_data_reader
 
 
 class ReaderHandle:
@@ -57,13 +56,13 @@ def input_from_data_layer(data: dict[str, Any]) -> Input:
 
 def make_table(spec, opt_params, solver, xp):
     """The trainable table of one embedding layer of the graph."""
-    from .embedding.table import EmbeddingTable
+    from tierserve.trainer.embedding.table import EmbeddingTable
 
     slot_sizes = spec.hparam.get("slot_size_array") or None
     workspace = spec.hparam.get("workspace_size_per_gpu_in_mb")
     if workspace is None and "max_vocabulary_size_per_gpu" in spec.hparam:
         # older HugeCTR graphs give rows; turn them into the workspace that holds them
-        from .optimizers import make_optimizer
+        from tierserve.trainer.optimizers import make_optimizer
 
         copies = make_optimizer(opt_params).num_state_copies
         rows = int(spec.hparam["max_vocabulary_size_per_gpu"])
@@ -100,7 +99,7 @@ def incremental(table):
 # -- learning rate and metrics ------------------------------------------------------------------
 
 def make_scheduler(solver):
-    from .lr_scheduler import LearningRateScheduler
+    from tierserve.trainer.lr_scheduler import LearningRateScheduler
 
     return LearningRateScheduler(solver.lr, solver.warmup_steps, solver.decay_start,
                                  solver.decay_steps, solver.decay_power, solver.end_lr)

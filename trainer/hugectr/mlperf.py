@@ -1,6 +1,6 @@
 """HugeCTR's MLPerf-only objects, so scripts can build them: ``HybridEmbeddingParam`` (with
 ``CommunicationType`` and ``HybridEmbeddingType``).  ``CreateETC`` and ``TrainPSType_t`` (the
-embedding training cache) live in :mod:`tierserve.trainer.etc` and are re-exported here.
+embedding training cache) live in :mod:`tierserve.trainer.hugectr.etc` and are re-exported here.
 
 A ``HybridEmbeddingParam`` given to ``SparseEmbedding`` warns once (the table is trained as
 one table on one device, the same values).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 
 from tierserve.core.errors import ConfigError
-from tierserve.trainer.etc import CreateETC, TrainPSType_t  # noqa: F401 - re-exported (HugeCTR's names)
+from tierserve.trainer.hugectr.etc import CreateETC, TrainPSType_t  # noqa: F401 - re-exported (HugeCTR's names)
 
 
 class CommunicationType(enum.Enum):

@@ -38,6 +38,7 @@ from tierserve.model.inference_graph import (
 )
 from tierserve.model.network import DenseNetwork
 from tierserve.ps.sparse_file import sparse_model_name, sparse_optimizer_name
+from tierserve.trainer.data.source import check_data_source, local_copy
 from tierserve.trainer.hugectr.layer_specs import (
     DenseLayer,
     GroupDenseLayer,
@@ -45,11 +46,10 @@ from tierserve.trainer.hugectr.layer_specs import (
     SparseEmbedding,
 )
 from tierserve.trainer.hugectr.solver import Solver
+from tierserve.trainer.metrics import Metrics
+from tierserve.trainer.optimizers import OptParamsPy, make_optimizer
 
 from . import adapters
-from .data.source import check_data_source, local_copy
-from .metrics import Metrics
-from .optimizers import OptParamsPy, make_optimizer
 
 
 class Model:
@@ -131,7 +131,7 @@ class Model:
         """The embedding layer as HugeCTR's graph_to_json writes it: with
         ``max_vocabulary_size_global``, the rows the workspace holds on each device times
         the devices (tools such as hugectr2onnx size their tables by it)."""
-        from .embedding.table import max_rows_for_workspace
+        from tierserve.trainer.embedding.table import max_rows_for_workspace
 
         hparam = dict(layer["sparse_embedding_hparam"])
         if "workspace_size_per_gpu_in_mb" not in hparam:
@@ -152,7 +152,7 @@ class Model:
         multi-task model (by the loss layers' top or label names; default weight 1)."""
         graph = Graph(**_split(self._graph_dict()))
         self._check_bottoms(graph)
-        from .distributed import for_solver
+        from tierserve.trainer.distributed import for_solver
 
         self._dist = for_solver(self.solver)  # None unless mpiexec started several ranks
         self.xp = xp = select_xp(self._dist.devices if self._dist else self.solver.vvgpu)
@@ -536,8 +536,8 @@ class Model:
         at the end.  ``model_name`` is the served model's (default: the solver's)."""
         self._require_compiled("fit")
         check_data_source(data_source_params, "fit")
-        from .online import OnlineLoop
-        from .progress import PlainProgress, progress_bar
+        from tierserve.trainer.online import OnlineLoop
+        from tierserve.trainer.progress import PlainProgress, progress_bar
 
         online = None
         if update_source is not None or repository is not None or publish_interval \
@@ -609,7 +609,7 @@ class Model:
         """Send the rows changed since the last call to Kafka through ``producer`` (an
         ``UpdateProducer`` or :class:`~tierserve.trainer.online.UpdatePublisher`), as the
         served model ``model_name`` (default: the solver's); returns the rows sent."""
-        from .online import publish_updates
+        from tierserve.trainer.online import publish_updates
 
         return publish_updates(self, producer, model_name)
 
@@ -822,7 +822,7 @@ class Model:
         """Kept for HugeCTR scripts; evaluation reads the training weights directly."""
 
     def get_embedding_training_cache(self):
-        """The model's :class:`~tierserve.trainer.etc.EmbeddingTrainingCache` (``update``)."""
+        """The model's :class:`~tierserve.trainer.hugectr.etc.EmbeddingTrainingCache` (``update``)."""
         self._require_compiled("get_embedding_training_cache")
         if self._etc is None:
             raise ConfigError("get_embedding_training_cache: the model has no embedding "

@@ -1,7 +1,7 @@
 """HugeCTR's older, JSON-configured training API: ``solver_parser_helper``,
 ``get_learning_rate_scheduler(json)`` and ``Session``.
 
-A ``Session`` is a thin wrapper of :class:`~tierserve.trainer.model.Model`: the configuration
+A ``Session`` is a thin wrapper of :class:`~tierserve.trainer.hugectr.model.Model`: the configuration
 file (``{"solver", "optimizer", "layers"}``, the graph JSON ``Model.graph_to_json`` writes)
 gives the data layer (format, sources, check), the optimizer and the layers; the
 ``SolverParser`` gives batch sizes, seed, devices and the files to start from.  The older
@@ -19,8 +19,8 @@ from typing import Any
 
 from tierserve.core.errors import ConfigError
 from tierserve.trainer.data.params import Check_t, DataReaderParams, DataReaderType_t
+from tierserve.trainer.hugectr.model import Model
 from tierserve.trainer.lr_scheduler import LearningRateScheduler
-from tierserve.trainer.model import Model
 from tierserve.trainer.optimizers import OptParamsPy
 
 from .solver import CreateSolver

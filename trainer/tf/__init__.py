@@ -26,6 +26,8 @@ with what to use instead (:mod:`.refusals`).
 from __future__ import annotations
 
 import contextlib
+import sys
+import types
 from typing import Any
 
 from tierserve.core.compat import warn_once
@@ -156,7 +158,22 @@ def __getattr__(name: str) -> Any:
     raise unsupported(f"tf.{name}", _module_names(), instead=TF_HINTS.get(name))
 
 
-from . import compat  # noqa: E402 - it refers back to this module as v1
+def _compat_module() -> types.ModuleType:
+    """``tf.compat``: ``v1`` and ``v2`` are this module itself, so
+    ``from tierserve.trainer.tf.compat import v1 as tf`` stands for
+    ``import tensorflow.compat.v1 as tf``; ``module_wrapper`` holds TensorFlow's
+    deprecation-warning limit, which code sets to silence warnings this module never prints.
+    Built here, and registered as a module, because it is this module."""
+    module = types.ModuleType(f"{__name__}.compat", _compat_module.__doc__)
+    this = sys.modules[__name__]
+    module.v1 = module.v2 = this
+    module.module_wrapper = types.SimpleNamespace(_PER_MODULE_WARNING_LIMIT=0)
+    module.__all__ = ["module_wrapper", "v1", "v2"]
+    sys.modules[module.__name__] = module
+    return module
+
+
+compat = _compat_module()
 
 __all__ = [
     "AUTO_REUSE", "DType", "OutOfRangeError", "RefusedError", "UnsupportedError", "Variable",

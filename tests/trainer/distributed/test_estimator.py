@@ -13,7 +13,7 @@ import pytest
 from tierserve.core.errors import ConfigError
 from tierserve.ps.partition import partition_of
 from tierserve.trainer.distributed import LocalComm
-from tierserve.trainer.distributed.estimator import EstimatorRun, InputContext
+from tierserve.trainer.estimator.distributed import EstimatorRun, InputContext
 
 from .mpi_run import HERE, mpiexec, run
 
