@@ -16,12 +16,11 @@ embedding tables; an export is a model-repository version the server loads as it
 
 from typing import Any
 
+from ..graph import layers, losses  # estimator.layers, estimator.losses (tf.layers, tf.losses)
 from . import (
     export,
     hooks,
     layer_types,  # noqa: F401 - registers Tanh, MeanSquaredErrorLoss, ...
-    layers,
-    losses,
     metrics,
 )
 from . import optimizers as train

@@ -30,9 +30,16 @@ from typing import Any
 import numpy as np
 
 from tierserve.core.errors import ConfigError, InvalidInputError
+from tierserve.trainer.graph.tensors import (
+    LABEL,
+    FeatureTensor,
+    Graph,
+    LabelTensor,
+    Tensor,
+    building,
+)
 
 from . import checkpoint as ckpt
-from .graph import LABEL, FeatureTensor, Graph, LabelTensor, Tensor, building
 from .hooks import (
     CheckpointSaverHook,
     GraphSummaryHook,
@@ -828,7 +835,7 @@ def _fetch(fetches: Any, result: StepResult, step: int) -> Any:
             return result.tensors[fetches]
         raise InvalidInputError(f"hook fetch {fetches!r} names no tensor of the model")
     if isinstance(fetches, Tensor):
-        from .losses import Loss
+        from tierserve.trainer.graph.losses import Loss
 
         if isinstance(fetches, Loss):
             return result.loss

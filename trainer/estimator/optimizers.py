@@ -52,7 +52,7 @@ class Optimizer:
                  name: str | None = None) -> TrainOp:
         """The train op that updates ``var_list`` (variable names, or a name prefix such as
         ``'dnn/'``; default every variable) to lower ``loss``."""
-        from .losses import Loss
+        from tierserve.trainer.graph.losses import Loss
 
         if not isinstance(loss, Loss):
             raise ConfigError("minimize: loss must be a loss made by the losses module "

@@ -18,8 +18,8 @@ from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.model.batch import SparseInput
 from tierserve.model.device import to_numpy, to_xp
 from tierserve.model.network import DenseNetwork
+from tierserve.trainer.graph.tensors import DENSE, LABEL, Graph, SparseGroup, WeightedInput
 
-from .graph import DENSE, LABEL, Graph, SparseGroup, WeightedInput
 from .optimizers import GradientDescentOptimizer, TrainOp
 from .variables import TableInfo, VariableStore
 

@@ -621,7 +621,7 @@ def numeric_column(key: str, shape: Sequence[int] | int = (1,), default_value: A
 
 
 def bucketized_column(source_column: Any, boundaries: Sequence[float]) -> BucketizedColumn:
-    from ..estimator.graph import FeatureTensor
+    from tierserve.trainer.graph.tensors import FeatureTensor
 
     if isinstance(source_column, (str, FeatureTensor)):  # DLRover's example passes the tensor
         source_column = numeric_column(getattr(source_column, "key", source_column))

@@ -17,8 +17,7 @@ from typing import Any
 
 from tierserve.core.compat import warn_once
 from tierserve.core.errors import ConfigError
-
-from ..estimator.graph import (
+from tierserve.trainer.graph.tensors import (
     DENSE,
     FeatureTensor,
     Graph,
@@ -27,6 +26,7 @@ from ..estimator.graph import (
     WeightedInput,
     current_graph,
 )
+
 from . import options as emb_options
 from .columns import (
     CategoricalColumn,
@@ -273,7 +273,7 @@ def linear_model(features: dict, feature_columns: Any, units: int = 1,
     """``tf.feature_column.linear_model``: ``[batch, units]`` logits, a weight per id of each
     categorical column (one table, zero-initialised) plus a kernel over the dense columns and
     a bias (``linear_model/bias_weights``)."""
-    from ..estimator.layers import dense, reduce_sum, reshape
+    from tierserve.trainer.graph.layers import dense, reduce_sum, reshape
 
     _refuse(trainable, cols_to_vars, "linear_model")
     g = current_graph("linear_model")
@@ -306,7 +306,7 @@ def linear_model(features: dict, feature_columns: Any, units: int = 1,
         sums.append(_weighted_input(g, col, units, sparse_combiner, {}, zero_init=True))
     total = sums[0] if len(sums) == 1 else None
     if len(sums) > 1:
-        from ..estimator.layers import add
+        from tierserve.trainer.graph.layers import add
 
         total = add(sums, name="linear_model/weighted_sum")
     if dense_like:
@@ -315,7 +315,7 @@ def linear_model(features: dict, feature_columns: Any, units: int = 1,
                     bias_initializer="zeros")
         _rename_bias(g, out)
         if total is not None:
-            from ..estimator.layers import add
+            from tierserve.trainer.graph.layers import add
 
             out = add([out, total], name="linear_model/logits")
         return out

@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 
 from tierserve.core.errors import ConfigError
-
-from .graph import Tensor, as_tensor, current_graph
+from tierserve.trainer.graph.tensors import Tensor, as_tensor, current_graph
 
 _INITIALIZERS = {
     None: "Default", "default": "Default", "glorot_normal": "XavierNorm",

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tierserve.core.errors import ConfigError
-
-from .graph import Graph, LabelTensor, Tensor, as_tensor, current_graph
+from tierserve.trainer.graph.tensors import Graph, LabelTensor, Tensor, as_tensor, current_graph
 
 
 class Loss(Tensor):

@@ -3,7 +3,7 @@
 ``newaxis``, arithmetic with broadcasting, ``constant``.
 
 Each op appends one of the trainer's layers to the graph the ``model_fn`` builds
-(:mod:`tierserve.trainer.estimator.graph`), and that layer's forward and backward are what
+(:mod:`tierserve.trainer.graph.tensors`), and that layer's forward and backward are what
 training runs and the server serves: ``ArgMax``, ``OneHot``, ``Cast``, ``ReduceMean`` /
 ``ReduceSum``, ``Reshape``, ``Slice``, ``Add`` / ``Sub`` / ``ElementwiseMultiply``,
 ``Variable``, ``ReduceMeanLoss``.  Axes are TensorFlow's: axis 0 is the batch, which no op
@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from tierserve.core.errors import ConfigError
+from tierserve.trainer.graph.losses import Loss
+from tierserve.trainer.graph.tensors import DENSE, LabelTensor, Tensor, as_tensor, current_graph
 
-from ..estimator import layers as _layers
-from ..estimator.graph import DENSE, LabelTensor, Tensor, as_tensor, current_graph
-from ..estimator.losses import Loss
+from . import layers as _layers
 from .dtypes import as_dtype
 
 newaxis = None
@@ -351,3 +351,21 @@ __all__ = [
     "identity", "multiply", "newaxis", "one_hot", "reduce_mean", "reduce_sum", "reshape",
     "squeeze", "subtract", "to_float", "to_int32", "to_int64", "truediv",
 ]
+
+
+def _install_operators() -> None:
+    """Tensor's arithmetic and indexing operators, built by the ops above (numbers
+    become constants; shapes broadcast per sample), so model_fn bodies read as they do in
+    TensorFlow."""
+    Tensor.__add__ = lambda self, other: add(self, other)
+    Tensor.__radd__ = lambda self, other: add(other, self)
+    Tensor.__sub__ = lambda self, other: subtract(self, other)
+    Tensor.__rsub__ = lambda self, other: subtract(other, self)
+    Tensor.__mul__ = lambda self, other: multiply(self, other)
+    Tensor.__rmul__ = lambda self, other: multiply(other, self)
+    Tensor.__truediv__ = lambda self, other: divide(self, other)
+    Tensor.__neg__ = lambda self: multiply(self, -1.0)
+    Tensor.__getitem__ = lambda self, index: getitem(self, index)
+
+
+_install_operators()

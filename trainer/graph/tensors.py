@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,52 +49,8 @@ class Tensor:
     def __repr__(self) -> str:
         return f"Tensor({self.name!r}, shape=(None, {', '.join(map(str, self.shape))}))"
 
-    # arithmetic and indexing, so model_fn bodies read as they do in TensorFlow (numbers
-    # become constants; shapes broadcast per sample): tierserve.trainer.tf.ops builds them
-    def __add__(self, other: Any) -> Tensor:
-        from ..tf.ops import add
-
-        return add(self, other)
-
-    def __radd__(self, other: Any) -> Tensor:
-        from ..tf.ops import add
-
-        return add(other, self)
-
-    def __sub__(self, other: Any) -> Tensor:
-        from ..tf.ops import subtract
-
-        return subtract(self, other)
-
-    def __rsub__(self, other: Any) -> Tensor:
-        from ..tf.ops import subtract
-
-        return subtract(other, self)
-
-    def __mul__(self, other: Any) -> Tensor:
-        from ..tf.ops import multiply
-
-        return multiply(self, other)
-
-    def __rmul__(self, other: Any) -> Tensor:
-        from ..tf.ops import multiply
-
-        return multiply(other, self)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        from ..tf.ops import divide
-
-        return divide(self, other)
-
-    def __neg__(self) -> Tensor:
-        from ..tf.ops import multiply
-
-        return multiply(self, -1.0)
-
-    def __getitem__(self, index: Any) -> Tensor:
-        from ..tf.ops import getitem
-
-        return getitem(self, index)
+    # arithmetic and indexing (t + 1, t[:, 0], ...) are installed by :mod:`.ops`, as
+    # TensorFlow's math_ops installs Tensor's operators
 
 
 class FeatureTensor:
@@ -307,19 +264,29 @@ def building(graph: Graph):
         _local.graph = previous
 
 
+#: How a raw feature becomes a graph tensor: :mod:`tierserve.trainer.feature_column` registers
+#: a numeric column's input layer (the part TensorFlow's tensor conversion registry plays).
+_feature_conversion: Callable[[FeatureTensor], Tensor] | None = None
+
+
+def register_feature_conversion(convert: Callable[[FeatureTensor], Tensor]) -> None:
+    """Make ``convert`` the way :func:`as_tensor` turns a raw feature into a tensor."""
+    global _feature_conversion
+    _feature_conversion = convert
+
+
 def as_tensor(value: Any, what: str) -> Tensor:
     """A graph tensor for ``value``: a Tensor, or a raw feature read as a numeric column."""
     if isinstance(value, Tensor):
         return value
     if isinstance(value, FeatureTensor):
-        from tierserve.trainer.feature_column import input_layer, numeric_column
-
         cached = getattr(value, "_tensor", None)  # one dense input per feature and graph
         if cached is not None and cached.graph is current_graph(what):
             return cached
-        shape = () if value.sample is None else tuple(value.sample.shape[1:])
-        value._tensor = input_layer({value.key: value},
-                                    [numeric_column(value.key, shape=shape or (1,))])
+        if _feature_conversion is None:
+            raise ConfigError(f"{what}: a raw feature ({value.key!r}) becomes a tensor through "
+                              "tierserve.trainer.feature_column; import it first")
+        value._tensor = _feature_conversion(value)
         return value._tensor
     raise ConfigError(f"{what}: expected a tensor of the model_fn's graph, got "
                       f"{type(value).__name__}")

@@ -31,23 +31,7 @@ import types
 from typing import Any
 
 from tierserve.core.compat import warn_once
-
-from .. import data as _data
-from .. import estimator as _estimator
-from .. import feature_column as _feature_column
-from ..data.iterator import OutOfRangeError
-from ..estimator import hooks as _hooks
-from ..estimator import layers as _layers
-from ..estimator import losses as _losses
-from ..estimator import metrics as _metrics
-from ..estimator import optimizers as _optimizers
-from ..estimator.export import placeholder, sparse_placeholder
-from ..estimator.graph import current_graph
-from . import app, keras, summary
-from . import ops as _ops
-from . import tf_logging as logging
-from ._namespace import Namespace, RefusedError, UnsupportedError, unsupported
-from .dtypes import (
+from tierserve.trainer.graph.dtypes import (
     DType,
     as_dtype,
     bool,
@@ -66,7 +50,7 @@ from .dtypes import (
     uint32,
     uint64,
 )
-from .ops import (
+from tierserve.trainer.graph.ops import (
     add,
     arg_max,
     argmax,
@@ -88,6 +72,22 @@ from .ops import (
     to_int64,
     truediv,
 )
+from tierserve.trainer.graph.tensors import current_graph
+
+from .. import data as _data
+from .. import estimator as _estimator
+from .. import feature_column as _feature_column
+from ..data.iterator import OutOfRangeError
+from ..estimator import hooks as _hooks
+from ..estimator import metrics as _metrics
+from ..estimator import optimizers as _optimizers
+from ..estimator.export import placeholder, sparse_placeholder
+from ..graph import layers as _layers
+from ..graph import losses as _losses
+from ..graph import ops as _ops
+from . import app, keras, summary
+from . import tf_logging as logging
+from ._namespace import Namespace, RefusedError, UnsupportedError, unsupported
 from .refusals import FEATURE_COLUMN_REFUSED, TF_HINTS, TF_REFUSED, TRAIN_REFUSED
 from .variables import Variable, get_variable
 

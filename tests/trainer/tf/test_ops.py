@@ -10,7 +10,7 @@ from tierserve.core.errors import ConfigError
 from tierserve.model.layers import build_layer
 from tierserve.model.network import DenseNetwork
 from tierserve.trainer import tf
-from tierserve.trainer.estimator.graph import Graph, LabelTensor, building
+from tierserve.trainer.graph.tensors import Graph, LabelTensor, building
 
 RNG = np.random.default_rng(7)
 B = 6
