@@ -1,9 +1,9 @@
 """The error types shared by every tierserve package.
 
-Every error a caller can see derives from :class:`TierserveError`, which carries the HTTP
-status and the gRPC status name that the server's one exception handler and one gRPC
-interceptor map it to.  Retryable network faults (:class:`BackendUnavailableError` and its
-subclasses) are kept apart from data errors, which retrying cannot fix.
+Every error a caller can see derives from :class:`TierserveError`.  Retryable network faults
+(:class:`BackendUnavailableError` and its subclasses) are kept apart from data errors, which
+retrying cannot fix.  The HTTP status and gRPC status code a front end answers each error
+with are the server's (:mod:`tierserve.server.errors`), not these classes'.
 """
 
 from __future__ import annotations
@@ -12,13 +12,9 @@ from __future__ import annotations
 class TierserveError(Exception):
     """Base of all tierserve errors.
 
-    ``http_status`` is the HTTP status code a front end answers with; ``grpc_status`` is the
-    *name* of a ``grpc.StatusCode`` member (kept as a string so this module imports nothing).
     ``retryable`` tells retry strategies whether trying again can help.
     """
 
-    http_status: int = 500
-    grpc_status: str = "INTERNAL"
     retryable: bool = False
 
     def __init__(self, message: str) -> None:
@@ -36,8 +32,6 @@ class TierserveError(Exception):
 class InvalidInputError(TierserveError):
     """A request, argument or record is malformed or has the wrong shape or type."""
 
-    http_status = 400
-    grpc_status = "INVALID_ARGUMENT"
 
 
 class ConfigError(InvalidInputError):
@@ -51,8 +45,6 @@ class MalformedMessageError(InvalidInputError):
 class CorruptModelFileError(TierserveError):
     """A model file or folder is missing, truncated or inconsistent."""
 
-    http_status = 400
-    grpc_status = "INVALID_ARGUMENT"
 
 
 class IncompleteModelError(CorruptModelFileError):
@@ -63,35 +55,26 @@ class IncompleteModelError(CorruptModelFileError):
 class NotFoundError(TierserveError):
     """A model, version, table or route does not exist."""
 
-    http_status = 404
-    grpc_status = "NOT_FOUND"
 
 
 class ReadOnlyError(TierserveError):
     """A write was sent to a tier or model that was opened read-only."""
 
-    http_status = 409
-    grpc_status = "FAILED_PRECONDITION"
 
 
 class CapacityExceededError(TierserveError):
     """A configured capacity bound (workspace, cache size, request size) would be exceeded."""
 
-    http_status = 507
-    grpc_status = "RESOURCE_EXHAUSTED"
 
 
 class PayloadTooLargeError(CapacityExceededError):
     """A request body exceeds the configured size limit."""
 
-    http_status = 413
 
 
 class UnauthorizedError(TierserveError):
     """A protected endpoint was called without a valid bearer token."""
 
-    http_status = 401
-    grpc_status = "UNAUTHENTICATED"
 
 
 # --- availability errors ------------------------------------------------------------------
@@ -100,8 +83,6 @@ class UnauthorizedError(TierserveError):
 class NotReadyError(TierserveError):
     """The model or server exists but cannot serve yet (loading, unloading)."""
 
-    http_status = 503
-    grpc_status = "UNAVAILABLE"
     retryable = True
 
 
@@ -109,15 +90,11 @@ class RequestCancelledError(TierserveError):
     """The client gave up on a request (its deadline passed, it cancelled or it hung up)
     before the request ran: it was dropped without running."""
 
-    http_status = 499  # nginx's "client closed request"
-    grpc_status = "CANCELLED"
 
 
 class BackendUnavailableError(TierserveError):
     """A storage backend or broker could not be reached; the same call may succeed later."""
 
-    http_status = 503
-    grpc_status = "UNAVAILABLE"
     retryable = True
 
 
@@ -130,15 +107,11 @@ class StorageFullError(BackendUnavailableError):
     """A storage backend has no room for a write: a full disk under RocksDB, a Redis node at
     ``maxmemory`` that evicts nothing.  Space can be freed, so it is retryable."""
 
-    http_status = 507
-    grpc_status = "RESOURCE_EXHAUSTED"
 
 
 class MissingExtraError(ImportError, TierserveError):
     """An optional backend was requested but its extra is not installed."""
 
-    http_status = 501
-    grpc_status = "UNIMPLEMENTED"
 
     def __init__(self, feature: str, extra: str, module: str) -> None:
         TierserveError.__init__(

@@ -34,7 +34,6 @@ from .settings import Settings
 class ServerBusyError(CapacityExceededError):
     """No room for the request within ``admission_timeout_s``: the client may retry later."""
 
-    http_status = 503
 
 
 def busy_error(settings: Settings) -> ServerBusyError:

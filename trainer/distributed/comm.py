@@ -46,8 +46,6 @@ _ABORT_GRACE_S = 0.5
 class RankLostError(TierserveError):
     """A rank of the job died or stopped answering: the collective cannot complete."""
 
-    http_status = 503
-    grpc_status = "UNAVAILABLE"
 
 
 def _launcher_value(names: tuple[str, ...], default: int) -> int:
