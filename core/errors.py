@@ -39,7 +39,8 @@ class ConfigError(InvalidInputError):
 
 
 class MalformedMessageError(InvalidInputError):
-    """A Kafka update message does not follow the wire format (DESIGN.md, Formats 6)."""
+    """A Kafka update message does not follow the wire format (docs/formats.md, Files and messages
+    6)."""
 
 
 class CorruptModelFileError(TierserveError):

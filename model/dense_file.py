@@ -1,4 +1,4 @@
-"""The dense model file (DESIGN.md, Formats 2).
+"""The dense model file (docs/formats.md, Files and messages 2).
 
 ``<prefix>_dense_<iter>.model`` is float32 little-endian: every trainable parameter of the
 graph, concatenated in graph order (InnerProduct: W[in, out] then b[out]; BatchNorm: gamma

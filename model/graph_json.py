@@ -1,4 +1,5 @@
-"""The model graph JSON (DESIGN.md, Formats 3), as written by ``Model.graph_to_json``.
+"""The model graph JSON (docs/formats.md, Files and messages 3), as written by
+``Model.graph_to_json``.
 
 ``{"solver": {...}, "optimizer": {...}, "layers": [...]}``; each layer is
 ``{"name", "type", "bottom", "top", ...params}`` with HugeCTR's type names.  The first layer

@@ -1,7 +1,7 @@
 """The parameter-server configuration file ``ps.json`` as pydantic models.
 
-Field names and defaults are HugeCTR HPS's (DESIGN.md, Formats 4).  Each tier has its own
-model, chosen by its ``type`` field; unknown fields and impossible values are rejected with
+Field names and defaults are HugeCTR HPS's (docs/formats.md, Files and messages 4).  Each tier has
+its own model, chosen by its ``type`` field; unknown fields and impossible values are rejected with
 :class:`~tierserve.core.errors.ConfigError` naming the field.  Relative paths in a file loaded
 with :func:`load_ps_config` are resolved against the file's folder.
 

@@ -1,8 +1,8 @@
 """The Redis volatile tier: ``redis_cluster`` (HugeCTR's) and standalone ``redis`` (ours).
 
-Layout (DESIGN.md, Formats 7): each table is split into ``num_partitions`` partitions by
-:func:`~tierserve.ps.partition.partition_of`; partition ``N`` of table ``<tag>`` is the hash
-``hps_et{<tag>/pN}v`` (field: the key's 8 little-endian bytes; value: the vector's float32
+Layout (docs/formats.md, Files and messages 7): each table is split into ``num_partitions``
+partitions by :func:`~tierserve.ps.partition.partition_of`; partition ``N`` of table ``<tag>``
+is the hash ``hps_et{<tag>/pN}v`` (field: the key's 8 little-endian bytes; value: the vector's float32
 bytes) and, when the overflow policy needs it, ``hps_et{<tag>/pN}t`` (field: the same key
 bytes; value: last write/access time in microseconds for ``evict_oldest``, access count for
 ``evict_least_used``).  The ``{...}`` hash tag keeps both hashes of a partition on one slot.

@@ -1,7 +1,7 @@
 """The persistent tier ``rocks_db``: an embedded RocksDB database through rocksdict.
 
-Layout (DESIGN.md, Formats 8): one column family per table tag; key = the int64 key's 8
-little-endian bytes; value = the vector's float32 bytes.  The vector length of each table is
+Layout (docs/formats.md, Files and messages 8): one column family per table tag; key = the int64
+key's 8 little-endian bytes; value = the vector's float32 bytes.  The vector length of each table is
 kept in the default column family under ``hps_meta/dim/<tag>`` so that a reopened database
 knows its tables.  Reads are multi-gets and writes are write batches, chunked at
 ``max_batch_size``.  ``read_only`` opens the database read-only; writes then raise

@@ -1,4 +1,4 @@
-"""The Kafka embedding-update message (DESIGN.md, Formats 6).
+"""The Kafka embedding-update message (docs/formats.md, Files and messages 6).
 
 Value layout, all little-endian: magic ``b"HCTR"``, u32 ``value_size`` (bytes per vector),
 then N records of int64 key + ``value_size`` bytes of float32.  The topic is the table tag

@@ -7,7 +7,8 @@ unit and returns batch-first outputs, which the batcher splits back by batch siz
 
 Two kinds exist:
 
-- :class:`RankingServable`, a CTR model (DESIGN.md, Requests): ``DES`` FP32 ``[B, dense_dim]``,
+- :class:`RankingServable`, a CTR model (docs/formats.md, Requests): ``DES`` FP32
+  ``[B, dense_dim]``,
   ``CATCOLUMN`` INT64 ``[B, slots]`` (one key per slot) or, with ``ROWINDEX`` INT32, the keys of
   every table flattened with per-table CSR row pointers (``B * slots_t + 1`` per table, table
   after table) -> ``OUTPUT0`` FP32 ``[B, label_dim]``;

@@ -237,7 +237,7 @@ class WorkerPool:
         self._stopping = False
         self.gave_up: str | None = None  # why the pool stopped on its own
         self.metrics_dir = Path(tempfile.mkdtemp(prefix="tierserve-metrics-"))
-        self.shared_dense = f"tierserve-dense-{os.getpid()}"  # see trainer/served_weights.py
+        self.shared_dense = f"tierserve-dense-{os.getpid()}"  # see model/served_weights.py
         self.shares: list[set[int] | None] = (
             list(core_shares(count, allowed_cores()))
             if settings.pin_workers and hasattr(os, "sched_setaffinity")  # Linux

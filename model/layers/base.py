@@ -5,8 +5,8 @@ tensor shapes.  Parameters, non-trainable state and everything saved for backwar
 outside it, so one object serves training and the inference server alike:
 
 - ``build(input_shapes) -> output_shapes`` (per-sample shapes, batch dimension left out);
-- ``param_shapes()`` / ``state_shapes()``: trainable parameters in file order (DESIGN.md,
-  Formats 2) and non-trainable state (BatchNorm running mean and variance);
+- ``param_shapes()`` / ``state_shapes()``: trainable parameters in file order (docs/formats.md,
+  Files and messages 2) and non-trainable state (BatchNorm running mean and variance);
 - ``init_params(rng)`` / ``init_state()``: HugeCTR's initializers and defaults;
 - ``forward(xp, inputs, params, state, training) -> (outputs, ctx)``: pure, never writes
   ``params`` or ``state``;

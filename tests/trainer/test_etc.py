@@ -1,4 +1,4 @@
-"""The embedding training cache (trainer/etc.py): a model trained a keyset at a time through
+"""The embedding training cache (trainer/hugectr/etc.py): a model trained a keyset at a time through
 a Staged (hash map) or Cached (RocksDB + bounded host cache) parameter server ends exactly
 where the same model trained with whole tables in memory ends; the full tables are saved to
 ``sparse_models`` and load back (incremental training); epoch-mode ``set_source`` with keysets

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.model import combine
 from tierserve.model.batch import SparseInput
+from tierserve.model.combine import combine
 
 from ..embedding import EmbeddingTable
 

@@ -1,6 +1,6 @@
 """HugeCTR's layer description objects — ``Input``, ``SparseEmbedding``, ``DenseLayer``,
 ``GroupDenseLayer`` — and their enums.  ``Model.add`` turns each into graph-JSON layer
-dicts (DESIGN.md, Formats 3); :mod:`tierserve.model.layers` runs them.
+dicts (docs/formats.md, Files and messages 3); :mod:`tierserve.model.layers` runs them.
 """
 
 from __future__ import annotations

@@ -644,7 +644,8 @@ class Model:
     # -- graph JSON ----------------------------------------------------------------------------
 
     def graph_to_json(self, graph_config_file: str) -> None:
-        """Write the model graph (DESIGN.md, Formats 3), recorded in its folder's manifest."""
+        """Write the model graph (docs/formats.md, Files and messages 3), recorded in its folder's
+        manifest."""
         if self._dist is not None and not self._dist.writes_files:
             return  # rank 0 writes the one graph of a multi-rank run
         save_graph_json(graph_config_file, self._graph_dict())
