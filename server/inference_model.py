@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,6 +40,16 @@ from tierserve.ps.config import (
 )
 from tierserve.ps.keys import as_keys
 from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
+
+if TYPE_CHECKING:
+    from tierserve.cache.model_cache import ModelCache
+    from tierserve.cache.protocols import ParameterServerLike
+    from tierserve.ps.hierarchy import HierarchicalParameterServer
+
+#: What a model reads its tables through: a hierarchical parameter server (the model stages
+#: its version there), or any parameter server that already holds the tables (a cache's
+#: ``CreateEmbeddingCache`` object, a test's own).
+ParameterServer = Union["HierarchicalParameterServer", "ParameterServerLike"]
 
 log = logging.getLogger("tierserve.server.inference_model")
 
@@ -280,7 +290,7 @@ class InferenceModel:
         self,
         model_config_path: str | os.PathLike,
         inference_params: InferenceParams,
-        parameter_server: Any = None,
+        parameter_server: ParameterServer | None = None,
     ) -> None:
         p = inference_params
         graph_path = p.network_file or model_config_path
@@ -324,7 +334,7 @@ class InferenceModel:
     def from_config(
         cls,
         config: ModelConfig,
-        parameter_server: Any,
+        parameter_server: ParameterServer,
         *,
         i64_input_key: bool = True,
         use_gpu_embedding_cache: bool | None = None,
@@ -354,7 +364,7 @@ class InferenceModel:
         config: ModelConfig,
         graph: Graph,
         network: InferenceGraph,
-        parameter_server: Any,
+        parameter_server: ParameterServer,
         *,
         i64_input_key: bool,
         use_gpu_embedding_cache: bool,
@@ -383,13 +393,15 @@ class InferenceModel:
         self.slot_nums = [int(s["slot_num"]) for s in graph.data_layer.get("sparse", [])]
         self._table_input = [self.sparse_names.index(t.sparse_input) for t in self.tables]
         self.parameter_server = parameter_server
-        self.cache = None
+        self.cache: ModelCache | None = None
         self.lookup_seconds = 0.0
         self.lookups = 0
-        if hasattr(parameter_server, "stage_model"):
+        from tierserve.ps.hierarchy import HierarchicalParameterServer
+
+        if isinstance(parameter_server, HierarchicalParameterServer):
             self.version = parameter_server.stage_model(config)
             self.tables_source = parameter_server.version_view(self.version)
-        else:  # any ParameterServerLike that already holds the tables
+        else:  # a ParameterServerLike that already holds the tables (no versions)
             self.version = None
             self.tables_source = parameter_server
         self.xp = np  # where the dense network runs: the cache's device (see below)
@@ -443,7 +455,7 @@ class InferenceModel:
     def discard(self) -> None:
         """Drop this version's tables (staged or replaced) once nothing reads them, and its
         worker pool's shared copy of the dense weights."""
-        if self.cache is not None and hasattr(self.cache, "close"):
+        if self.cache is not None:
             self.cache.close()
             self.cache = None
         self.network.release()
@@ -529,10 +541,10 @@ class InferenceModel:
         for consumer in self.update_consumers:
             consumer.close()
         self.update_consumers = []
-        if self.cache is not None and hasattr(self.cache, "close"):
+        if self.cache is not None:
             self.cache.close()
             self.cache = None
-        if self._owns_ps and hasattr(self.parameter_server, "close"):
+        if self._owns_ps:
             self.parameter_server.close()
 
 

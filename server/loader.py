@@ -34,6 +34,7 @@ from tierserve.model.dense_file import NONTRAINABLE_SUFFIX
 from tierserve.ps.config import ModelConfig, PSConfig
 
 from .inference_model import InferenceModel
+from .repository import Loader
 from .servables import EmbeddingLookupServable, RankingServable, Servable, warm_up
 
 log = logging.getLogger("tierserve.server.loader")
@@ -114,7 +115,7 @@ class _TableSource:
         return self.ps.lookup(self.version, self.table_names[table], keys)
 
 
-class RepositoryLoader:
+class RepositoryLoader(Loader):
     """The default loader of the server: see the module docstring.
 
     ``use_gpu_embedding_cache`` overrides every model's ``gpucache`` (``None``: as ps.json

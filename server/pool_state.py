@@ -1,6 +1,7 @@
 """What the worker processes of one server share (:mod:`.workers`): a listening socket on a
-port they all bind (``SO_REUSEPORT``) and :class:`PoolState` (readiness, liveness, the versions
-staged), which the app (:mod:`.app`) reads to answer readiness and commit versions together.
+port they all bind (``SO_REUSEPORT``), :class:`PoolState` (readiness, liveness, the versions
+staged) and the data plane of a pool's worker (:class:`PooledDataPlane`), with which the app
+(:mod:`.app`) answers readiness for the pool and commits versions together.
 """
 
 from __future__ import annotations
@@ -9,6 +10,11 @@ import hashlib
 import logging
 import socket
 import time
+from typing import Any
+
+from tierserve.core.errors import ConfigError
+
+from .dataplane import DataPlane
 
 log = logging.getLogger("tierserve.server.workers")
 
@@ -84,3 +90,39 @@ class PoolState:
                 )  # fmt: skip
                 return False
             time.sleep(0.02)
+
+
+class PooledDataPlane(DataPlane):
+    """The data plane of one worker of a pool (:mod:`.workers`): readiness is the pool's (this
+    worker reports its own and answers ready only while every worker is), and repository load
+    and unload requests are refused (they would reach this one worker only)."""
+
+    def __init__(self, *args: Any, pool: PoolState, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pool = pool
+
+    def own_ready(self) -> bool:
+        """This worker's own readiness (what it reports to the pool)."""
+        return super().ready()
+
+    def ready(self) -> bool:
+        return self.own_ready() and self.pool.all_ready()
+
+    def not_ready_reason(self) -> str:
+        if not self.own_ready():
+            return super().not_ready_reason()
+        return "another worker process is not ready"
+
+    async def load(self, name: str) -> None:
+        raise self._one_worker_only()
+
+    async def unload(self, name: str) -> None:
+        raise self._one_worker_only()
+
+    def _one_worker_only(self) -> ConfigError:
+        return ConfigError(
+            f"repository load and unload are not available with --workers "
+            f"{len(self.pool.ready)}: the request would reach one worker process only; "
+            "add or remove version folders (the workers pick them up together) or serve "
+            "with --workers 1"
+        )
