@@ -26,7 +26,8 @@ from .. import feature_column as fc
 from ..graph import layers as L
 from ..graph import losses
 from . import metrics
-from .estimator import Estimator, check_labels
+from .estimator import Estimator
+from .fetches import check_labels
 from .optimizers import get_optimizer, group
 from .spec import EstimatorSpec, ModeKeys
 
