@@ -8,7 +8,8 @@ trainer, which share it; the trainer reaches the server only through its HugeCTR
 (``trainer/hugectr``); ``clients`` may import anything; ``bench`` is imported by nobody and is otherwise left to
 itself. No import cycle between packages, between the sub-packages of a package or between
 the files of a package. Every import counts, also one inside a function: an import deferred to dodge a cycle
-is still a cycle.
+is still a cycle.  Only imports under ``if TYPE_CHECKING:`` (annotations; they never run) are
+left out.
 """
 
 from __future__ import annotations
@@ -61,12 +62,27 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _imports(name: str, path: Path) -> set[tuple[str, int]]:
     """(module imported, line) for every import in the file, resolved to a module of the
     repository (``from pkg import sub`` is ``pkg.sub`` when that is a module)."""
     is_package = path.name == "__init__.py"
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and _is_type_checking(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -10,24 +10,13 @@ cupy when ``vvgpu`` names a visible GPU).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tierserve.core.errors import ConfigError
 from tierserve.model import manifest
-from tierserve.model.dense_file import (
-    NONTRAINABLE_SUFFIX,
-    dense_model_name,
-    dense_optimizer_name,
-    read_dense_file,
-    write_dense_file,
-)
 from tierserve.model.device import is_gpu, select_xp, to_numpy, to_xp
 from tierserve.model.graph_json import Graph, load_graph_json, save_graph_json
 from tierserve.model.inference_graph import (
@@ -37,8 +26,6 @@ from tierserve.model.inference_graph import (
     label_layout,
 )
 from tierserve.model.network import DenseNetwork
-from tierserve.ps.sparse_file import sparse_model_name, sparse_optimizer_name
-from tierserve.trainer.data.source import check_data_source, local_copy
 from tierserve.trainer.hugectr.layer_specs import (
     DenseLayer,
     GroupDenseLayer,
@@ -49,7 +36,7 @@ from tierserve.trainer.hugectr.solver import Solver
 from tierserve.trainer.metrics import Metrics
 from tierserve.trainer.optimizers import OptParamsPy, make_optimizer
 
-from . import adapters
+from . import adapters, fit_loop, model_files
 
 
 class Model:
@@ -534,76 +521,10 @@ class Model:
         ``publish_interval`` iterations, beside training; with ``repository`` a new version
         of the model is written there every ``export_interval`` iterations.  Both also happen
         at the end.  ``model_name`` is the served model's (default: the solver's)."""
-        self._require_compiled("fit")
-        check_data_source(data_source_params, "fit")
-        from tierserve.trainer.online import OnlineLoop
-        from tierserve.trainer.progress import PlainProgress, progress_bar
-
-        online = None
-        if update_source is not None or repository is not None or publish_interval \
-                or export_interval:  # fmt: skip
-            online = OnlineLoop(self, update_source=update_source,
-                                publish_interval=publish_interval, repository=repository,
-                                export_interval=export_interval, model_name=model_name)
-
-        epoch_mode = not self.solver.repeat_dataset
-        if epoch_mode and num_epochs < 1:
-            raise ConfigError("fit: epoch mode (repeat_dataset=False) needs num_epochs >= 1")
-        if not epoch_mode and max_iter < 1:
-            raise ConfigError("fit: non-epoch mode (repeat_dataset=True) needs max_iter >= 1")
-        threshold = adapters.auc_threshold(self.solver.metrics_spec)
-        quiet = self._dist is not None and self._dist.rank != 0  # rank 0 speaks for all
-        bar = progress_bar(total=None if epoch_mode else max_iter, unit="it", desc="fit",
-                           disable=quiet)
-        lines = bar.disable or isinstance(bar, PlainProgress)  # no bar shows the loss
-        it, start, samples = 0, time.perf_counter(), 0
-        try:
-            epoch = 0
-            while True:
-                if epoch_mode:
-                    if epoch >= num_epochs:
-                        break
-                elif it >= max_iter:
-                    break
-                if epoch_mode and self._train_reader.is_eof():
-                    epoch += 1
-                    if epoch < num_epochs:
-                        self._train_reader.set_source()
-                    continue
-                self.set_learning_rate(self._scheduler.get_next())
-                if not self.train():
-                    continue
-                it += 1
-                samples += self.solver.batchsize
-                bar.update(1)
-                if it % max(display, 1) == 0 or it == 1:
-                    rate = samples / max(time.perf_counter() - start, 1e-9)
-                    bar.set_postfix(loss=f"{self._loss:.5f}", lr=f"{self._lr:.3g}",
-                                    samples_s=f"{rate:,.0f}")
-                    if lines and not quiet and it % max(display, 1) == 0:
-                        print(f"[tierserve] iter {it}: loss {self._loss:.6f}, lr {self._lr:.6g}, "
-                              f"{rate:,.0f} samples/s", flush=True)
-                if eval_interval > 0 and it % eval_interval == 0 and self._eval_reader is not None:
-                    metrics = self._evaluate()
-                    if not quiet:
-                        bar.write(f"[tierserve] iter {it}: eval " + ", ".join(
-                            f"{k} = {v:.6f}" for k, v in metrics))
-                    auc = dict(metrics).get("AUC")
-                    if threshold is not None and auc is not None and auc >= threshold:
-                        if not quiet:
-                            bar.write(f"[tierserve] AUC {auc:.6f} reached the threshold "
-                                      f"{threshold}: training stops at iteration {it}")
-                        break
-                if snapshot > 0 and it % snapshot == 0 and snapshot_prefix is not None:
-                    written = self.save_params_to_files(snapshot_prefix, it)
-                    if data_source_params is not None:  # with use_hdfs: to hdfs_model_home
-                        data_source_params.upload(written)
-                if online is not None:
-                    online.step(it)
-        finally:
-            bar.close()
-        if online is not None:
-            online.close(it)
+        return fit_loop.fit(
+            self, num_epochs, max_iter, display, eval_interval, snapshot, snapshot_prefix,
+            data_source_params, update_source=update_source, publish_interval=publish_interval,
+            repository=repository, export_interval=export_interval, model_name=model_name)
 
     def publish_updates(self, producer: Any, model_name: str | None = None) -> int:
         """Send the rows changed since the last call to Kafka through ``producer`` (an
@@ -669,111 +590,29 @@ class Model:
         """Write every table (``<prefix><i>_sparse_<iter>.model``) with its optimizer state,
         the dense weights (``<prefix>_dense_<iter>.model`` and ``.nontrainable``) and the
         dense optimizer state (``<prefix>_opt_dense_<iter>.model``); returns their paths."""
-        self._require_compiled("save_params_to_files")
-        parent = Path(prefix).parent
-        parent.mkdir(parents=True, exist_ok=True)
-        written = []
-        if self._etc is not None:  # the full tables, to the etc's sparse_models paths
-            written = self._etc.save()
-        for i, table in enumerate(self.tables if self._etc is None else ()):
-            adapters.save_table(table, sparse_model_name(prefix, i, iter),
-                                sparse_optimizer_name(prefix, i, iter))
-            written.append(sparse_model_name(prefix, i, iter))
-        flat = [to_numpy(p) for ps in self.params for p in ps]
-        dense_path = dense_model_name(prefix, iter)
-        if self._dist is None or self._dist.writes_files:  # ranks hold the same dense model
-            write_dense_file(dense_path, flat)
-            write_dense_file(dense_path + NONTRAINABLE_SUFFIX,
-                             [to_numpy(s) for ss in self.states for s in ss])
-            write_dense_file(dense_optimizer_name(prefix, iter), self._dense_opt_arrays())
-            # What a loader checks that the dense file is the one saved with these tables
-            # and graph.
-            manifest.record([*written, dense_path, dense_path + NONTRAINABLE_SUFFIX])
-        if self._dist is not None:
-            self._dist.barrier("save_params_to_files")
-        opt_files = [] if self._etc is not None else [
-            sparse_optimizer_name(prefix, i, iter) for i in range(len(self.tables))]
-        return [*written, *opt_files,
-                dense_path, dense_path + NONTRAINABLE_SUFFIX, dense_optimizer_name(prefix, iter)]
-
-    def _dense_opt_arrays(self) -> list[np.ndarray]:
-        # One block per state name, each the concatenation over all parameters in file order
-        # (HugeCTR keeps one buffer per optimizer state).
-        out = []
-        for name in self.optimizer.state_names:
-            for per_layer in self.opt_states:
-                for st in per_layer:
-                    out.append(to_numpy(st[name]))
-        return out
+        return model_files.save_params_to_files(self, prefix, iter)
 
     def load_dense_weights(self, dense_model_file: str, data_source_params: Any = None) -> None:
         """Load the dense weights (and the ``.nontrainable`` state beside them, if present)."""
-        self._require_compiled("load_dense_weights")
-        remote = os.fspath(dense_model_file)
-        dense_model_file, tmp = local_copy(data_source_params, remote, "load_dense_weights")
-        if tmp is not None:  # the .nontrainable state beside it comes along when present
-            with contextlib.suppress(ConfigError):
-                data_source_params.fetch(remote + NONTRAINABLE_SUFFIX, tmp.name)
-        shapes = self.network.flat_param_shapes()
-        arrays = read_dense_file(dense_model_file, shapes)
-        for dst, src in zip((p for ps in self.params for p in ps), arrays):
-            dst[...] = to_xp(self.xp, src, np.float32)
-        sshapes = self.network.flat_state_shapes()
-        nt = os.fspath(dense_model_file) + NONTRAINABLE_SUFFIX
-        if sshapes and os.path.exists(nt):
-            for dst, src in zip((s for ss in self.states for s in ss),
-                                read_dense_file(nt, sshapes, "non-trainable dense file")):
-                dst[...] = to_xp(self.xp, src, np.float32)
+        return model_files.load_dense_weights(self, dense_model_file, data_source_params)
 
     def load_dense_optimizer_states(self, dense_opt_states_file: str,
                                     data_source_params: Any = None) -> None:
         """Load the dense optimizer state written by ``save_params_to_files``."""
-        self._require_compiled("load_dense_optimizer_states")
-        dense_opt_states_file, _tmp = local_copy(data_source_params, dense_opt_states_file,
-                                                 "load_dense_optimizer_states")
-        shapes = [tuple(p.shape) for _ in self.optimizer.state_names
-                  for ps in self.params for p in ps]
-        arrays = read_dense_file(dense_opt_states_file, shapes, "dense optimizer state file")
-        k = 0
-        for name in self.optimizer.state_names:
-            for per_layer in self.opt_states:
-                for st in per_layer:
-                    st[name][...] = to_xp(self.xp, arrays[k], np.float32)
-                    k += 1
-
-    def _tables_by(self, files: Any, what: str) -> list[tuple[Any, str]]:
-        if isinstance(files, (str, os.PathLike)):
-            files = [files]
-        if isinstance(files, dict):
-            names = [s.name for s in self.embedding_specs]
-            unknown = [n for n in files if n not in names]
-            if unknown:
-                raise ConfigError(f"{what}: no embedding named {unknown[0]!r} "
-                                  f"(embeddings: {names})")
-            return [(self.tables[names.index(n)], os.fspath(f)) for n, f in files.items()]
-        files = list(files)
-        if len(files) != len(self.tables):
-            raise ConfigError(f"{what}: {len(files)} files for {len(self.tables)} embedding "
-                              "tables (pass a dict to load some of them)")
-        return [(t, os.fspath(f)) for t, f in zip(self.tables, files)]
+        return model_files.load_dense_optimizer_states(
+            self, dense_opt_states_file, data_source_params)
 
     def load_sparse_weights(self, sparse_embedding_files: Any,
                             data_source_params: Any = None) -> None:
         """Load tables from sparse model folders: a list (one per table, in order) or a dict
         by embedding name."""
-        self._require_compiled("load_sparse_weights")
-        for table, path in self._tables_by(sparse_embedding_files, "load_sparse_weights"):
-            path, _tmp = local_copy(data_source_params, path, "load_sparse_weights")
-            adapters.load_table(table, path)
+        return model_files.load_sparse_weights(self, sparse_embedding_files, data_source_params)
 
     def load_sparse_optimizer_states(self, sparse_opt_states_files: Any,
                                      data_source_params: Any = None) -> None:
         """Load the tables' optimizer states: a list (one per table) or a dict by name."""
-        self._require_compiled("load_sparse_optimizer_states")
-        for table, path in self._tables_by(sparse_opt_states_files,
-                                           "load_sparse_optimizer_states"):
-            path, _tmp = local_copy(data_source_params, path, "load_sparse_optimizer_states")
-            adapters.load_table_optimizer(table, path)
+        return model_files.load_sparse_optimizer_states(
+            self, sparse_opt_states_files, data_source_params)
 
     # -- freezing ------------------------------------------------------------------------------
 
