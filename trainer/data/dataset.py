@@ -19,8 +19,6 @@ Text lines remember their file and line number, so :func:`decode_csv` errors rai
 
 from __future__ import annotations
 
-import glob as globlib
-import itertools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,14 +33,16 @@ from .dataset_blocks import (
     CHUNK,
     Tree,
     _as_array,
+    _batched,
     _Block,
-    _block_from_elements,
     _block_from_slices,
     _BlockIter,
     _Exact,
     _flatten,
     _GenIter,
+    _graft,
     _SliceIter,
+    _stack,
 )
 from .iterator import (  # noqa: F401 - NextFeatures, NextValue, OutOfRangeError re-exported
     NextFeatures,
@@ -50,6 +50,7 @@ from .iterator import (  # noqa: F401 - NextFeatures, NextValue, OutOfRangeError
     OneShotIterator,
     OutOfRangeError,
 )
+from .sources import GeneratorSource, ListFiles
 from .stages import (
     DatasetBase,
     _FlatMapIter,
@@ -58,7 +59,7 @@ from .stages import (
     _PrefetchIter,
     _ShuffleIter,
 )
-from .structure import _call, _flatten_shapes, _numpy_dtype, _shapes_up_to
+from .structure import _call
 
 AUTOTUNE = -1
 """``tf.data.AUTOTUNE``: let the pipeline pick a buffer size or parallelism."""
@@ -104,7 +105,8 @@ class Dataset(DatasetBase):
         ``output_types`` (numpy dtypes, in the elements' structure) casts each component;
         ``output_shapes`` (tuples with None for any size) checks each element's shapes.
         """
-        return _GeneratorDataset(generator, output_types, output_shapes, tuple(args or ()))
+        return _CallableDataset(
+            GeneratorSource(generator, output_types, output_shapes, tuple(args or ())).blocks)
 
     @staticmethod
     def from_batches(generator: Callable[[], Iterable[Any]]) -> Dataset:
@@ -130,7 +132,8 @@ class Dataset(DatasetBase):
         ``shuffle`` (default True, as in TensorFlow) orders the files anew on each iteration;
         ``False`` gives them sorted.  No matching file is an error naming the pattern.
         """
-        return ListFilesDataset(file_pattern, True if shuffle is None else bool(shuffle), seed)
+        return _CallableDataset(
+            ListFiles(file_pattern, True if shuffle is None else bool(shuffle), seed).blocks)
 
     @staticmethod
     def zip(datasets: Any) -> Dataset:
@@ -290,31 +293,6 @@ class Dataset(DatasetBase):
         return OneShotIterator(self)
 
 
-class ListFilesDataset(Dataset):
-    """The files matching a glob pattern (see :meth:`Dataset.list_files`)."""
-
-    def __init__(self, pattern, shuffle: bool, seed: int | None) -> None:
-        patterns = [pattern] if isinstance(pattern, (str, os.PathLike)) else list(pattern)
-        files: set[str] = set()
-        for p in patterns:
-            files.update(globlib.glob(os.fspath(p)))
-        if not files:
-            raise InvalidInputError(
-                f"list_files: no files matched pattern {patterns if len(patterns) > 1 else os.fspath(patterns[0])!r}"
-            )
-        self.files = np.array(sorted(files))
-        self.shuffle = shuffle
-        self.rng = np.random.default_rng(seed)
-        self.lock = threading.Lock()
-
-    def _blocks(self) -> _BlockIter:
-        files = self.files
-        if self.shuffle:
-            with self.lock:
-                files = files[self.rng.permutation(len(files))]
-        return _SliceIter(_Block(_LEAF, [files]))
-
-
 class _SlicesDataset(Dataset):
     def __init__(self, block: _Block) -> None:
         self.block = block
@@ -329,55 +307,6 @@ class _CallableDataset(Dataset):
 
     def _blocks(self) -> _BlockIter:
         return self.make()
-
-
-class _GeneratorDataset(Dataset):
-    def __init__(self, generator, output_types, output_shapes, args) -> None:
-        if not callable(generator):
-            raise InvalidInputError("from_generator needs a callable that returns an iterable")
-        self.generator, self.args = generator, args
-        self.types = None if output_types is None else _flatten(output_types)[0]
-        self.shapes = None
-        if output_shapes is not None:
-            self.shapes = (_flatten_shapes(output_shapes) if output_types is None
-                           else _shapes_up_to(output_types, output_shapes))
-
-    def _blocks(self) -> _BlockIter:
-        source = iter(self.generator(*self.args))
-
-        def blocks() -> Iterator[_Block]:
-            while True:
-                chunk = list(itertools.islice(source, CHUNK))
-                if not chunk:
-                    return
-                block = _block_from_elements(chunk, lists_are_values=True)
-                yield self._checked(block)
-
-        return _GenIter(blocks())
-
-    def _checked(self, block: _Block) -> _Block:
-        if self.types is not None:
-            if len(self.types) != len(block.leaves):
-                raise InvalidInputError(
-                    f"from_generator: output_types has {len(self.types)} components, the "
-                    f"generator's elements have {len(block.leaves)}"
-                )
-            block.leaves = [
-                leaf.astype(_numpy_dtype(t, "output_types"))
-                for leaf, t in zip(block.leaves, self.types)
-            ]
-        if self.shapes is not None:
-            for j, (leaf, shape) in enumerate(zip(block.leaves, self.shapes)):
-                if shape is None:
-                    continue
-                got = leaf.shape[1:]
-                if len(got) != len(shape) or any(
-                    s is not None and s != g for s, g in zip(shape, got)
-                ):
-                    raise InvalidInputError(
-                        f"from_generator: component {j} has shape {got}, output_shapes says {shape}"
-                    )
-        return block
 
 
 class _MapDataset(Dataset):
@@ -525,14 +454,6 @@ class _BatchDataset(Dataset):
         return It()
 
 
-def _batched(block: _Block, b: int) -> _Block:
-    return block._rebuild([a.reshape((len(block) // b, b) + a.shape[1:]) for a in block._arrays()])
-
-
-def _stack(block: _Block) -> _Block:
-    return block._rebuild([a[None] for a in block._arrays()])
-
-
 class _UnbatchDataset(Dataset):
     def __init__(self, upstream: Dataset) -> None:
         self.upstream = upstream
@@ -670,19 +591,6 @@ class _ZipDataset(Dataset):
                     s.close()
 
         return It()
-
-
-def _graft(tree: Tree, subtrees: list[Tree]) -> Tree:
-    it = iter(subtrees)
-
-    def build(t: Tree) -> Tree:
-        if t.kind == "leaf":
-            return next(it)
-        if t.kind == "none":
-            return t
-        return Tree(t.kind, t.keys, tuple(build(c) for c in t.children))
-
-    return build(tree)
 
 
 class _PrefetchDataset(Dataset):
