@@ -5,7 +5,6 @@ raised by the next fit rather than lost."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -18,9 +17,10 @@ pytest.importorskip("confluent_kafka")
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    os.environ.setdefault("TIERSERVE_NO_PROGRESS", "1")
-    return train_demo_model(tmp_path_factory.mktemp("online"), iterations=2, batch_size=128,
-                            seed=9, num_samples=4096)  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:  # quiet here, not for the tests after these
+        patch.setenv("TIERSERVE_NO_PROGRESS", "1")
+        return train_demo_model(tmp_path_factory.mktemp("online"), iterations=2,
+                                batch_size=128, seed=9, num_samples=4096)  # fmt: skip
 
 
 @pytest.mark.parametrize(
