@@ -166,8 +166,9 @@ def CreateEmbeddingCache(  # noqa: N802 - HugeCTR's name
 
     ``model_config_path`` is a ``ps.json``, the older document's inference JSON, or a parsed
     :class:`PSConfig` / :class:`ModelConfig`.  Each table's cache holds ``cache_size_percentage`` (default: the
-    model's ``gpucacheper``) of the table's rows, counted from its sparse file, or the
-    explicit ``capacities``.  ``use_gpu_embedding_cache`` puts the caches on CUDA device
+    model's ``gpucacheper``; validated as that field) of the table's rows, counted from its
+    sparse file, at least one row (0 is the smallest cache, as in HugeCTR), or the explicit
+    ``capacities``.  ``use_gpu_embedding_cache`` puts the caches on CUDA device
     ``cuda_dev_id`` with cupy (in host memory, warning once, where there is none); without it
     they live in host memory with numpy.
     ``embedding_cache_type``, ``hit_rate_threshold``, ``refresh_interval`` and
@@ -184,9 +185,10 @@ def CreateEmbeddingCache(  # noqa: N802 - HugeCTR's name
             warn_once("CreateEmbeddingCache.use_gpu_embedding_cache", "no usable CUDA device "
                       "(or no cupy): the embedding cache lives in host memory (numpy)")
             use_gpu_embedding_cache = False
-    pct = config.gpucacheper if cache_size_percentage is None else float(cache_size_percentage)
-    if not 0.0 < pct <= 1.0:
-        raise ConfigError(f"cache_size_percentage must be in (0, 1], got {pct}")
+    if cache_size_percentage is not None:  # HugeCTR's argument: the model's gpucacheper
+        config = config.updated("CreateEmbeddingCache", {"gpucacheper": "cache_size_percentage"},
+                                gpucacheper=cache_size_percentage)  # fmt: skip
+    pct = config.gpucacheper
     names = list(config.embedding_table_names)
     n = len(names)
     for what, given in (("capacities", capacities), ("table_rows_per_table", table_rows_per_table)):

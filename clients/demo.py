@@ -17,17 +17,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="train a small demo model on generated data and serve it on 127.0.0.1:8000",
         description=__doc__,
     )
-    parser.add_argument("--workdir", default=".demo", help="where data, model and RocksDB go")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    parser.add_argument(
-        "--http-port", "--port", dest="port", type=int, default=8000,
-        help="HTTP port (default 8000)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--grpc-port", type=int, default=None,
-        help="gRPC port (default: the HTTP port + 1, so 8001)",
-    )  # fmt: skip
-    parser.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
+    from tierserve.server.settings import Settings
+
+    from .settings_options import add_setting, shown_default
+
+    parser.add_argument("--workdir", default=".demo",
+                        help="where data, model and RocksDB go (default .demo)")  # fmt: skip
+    add_setting(parser, Settings, "host")
+    add_setting(parser, Settings, "http_port", aliases=("--port",))
+    add_setting(parser, Settings, "grpc_port", default_help="the HTTP port + 1, so "
+                f"{int(shown_default(Settings, 'http_port')) + 1}")  # fmt: skip
     parser.add_argument(
         "--iterations", type=int, default=120, help="training iterations (default 120)"
     )
@@ -49,21 +48,16 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tierserve.server.app import BackgroundServer, check_ports, uses_native_grpc
-    from tierserve.server.settings import Settings
     from tierserve.trainer.progress import heartbeat
 
     from .demo_model import train_demo_model, write_repository
 
     workdir = Path(args.workdir)
     repository = workdir / "repository"
-    grpc_port = None if args.no_grpc else (
-        args.grpc_port if args.grpc_port is not None else args.port + 1)  # fmt: skip
-    settings = Settings.from_env(
-        model_repository=repository, host=args.host, http_port=args.port, grpc_port=grpc_port
-    )
+    settings = demo_settings(args, repository)
     check_ports(settings)  # before minutes of training, not after
     transport = None
-    if grpc_port is not None:
+    if settings.grpc_port is not None:
         transport = "native (Rust)" if uses_native_grpc(settings) else "grpc.aio"
     started = time.monotonic()
     demo = train_demo_model(workdir / "train", iterations=args.iterations, say=_say)
@@ -97,6 +91,22 @@ def run(args: argparse.Namespace) -> int:
             return 0
     finally:
         server.stop()
+
+
+def demo_settings(args: argparse.Namespace, repository):
+    """The server settings of the demo: the options given, the gRPC port (unless given or
+    ``--no-grpc``) the HTTP port + 1."""
+    from tierserve.server.settings import Settings
+
+    from .settings_options import settings_values
+
+    values = settings_values(args, Settings)
+    settings = Settings.from_env(model_repository=repository, **values)
+    if "grpc_port" not in values:
+        settings = Settings.from_env(
+            model_repository=repository, **values, grpc_port=settings.http_port + 1
+        )
+    return settings
 
 
 def _check(url: str, demo) -> None:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from tierserve.core.errors import BackendUnavailableError
-    from tierserve.ps.kafka_updates import UpdateProducer
+    from tierserve.ps.kafka_producer import UpdateProducer
     from tierserve.ps.sparse_file import read_sparse_model
     from tierserve.trainer.progress import progress_bar
 

@@ -209,7 +209,8 @@ def _triton_ps_json(config, ps_path: Path, out: Path) -> tuple[Path, str | None]
     (and a new version beside the old one) in a process of its own: the Triton models then
     get ``out/ps.json``, the same tiers without RocksDB and with every row in the volatile
     tier (``initial_cache_rate`` 1.0, a hash map when it had none), so they answer alike."""
-    from tierserve.ps.config import RocksDBConfig, dump_ps_config
+    from tierserve.ps.config import dump_ps_config
+    from tierserve.ps.rocksdb_tier import RocksDBConfig
 
     pdb = config.persistent_db
     if not isinstance(pdb, RocksDBConfig) or pdb.read_only:
@@ -231,7 +232,7 @@ def _triton_ps_json(config, ps_path: Path, out: Path) -> tuple[Path, str | None]
 
 def _check_tiers(config, ps_path: Path) -> None:
     """Refuse a ``--ps-json`` whose tiers one Triton process per model version cannot share."""
-    from tierserve.ps.config import RocksDBConfig
+    from tierserve.ps.rocksdb_tier import RocksDBConfig
 
     pdb = config.persistent_db
     if isinstance(pdb, RocksDBConfig) and not pdb.read_only:

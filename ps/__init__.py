@@ -11,13 +11,12 @@ from tierserve.core.errors import (
     TierserveError,
 )
 
-from .config import (
+from .config import PSConfig, load_ps_config, parse_ps_config
+from .config_base import (
+    DatabaseHashMapAlgorithm_t,
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
-    PSConfig,
     UpdateSourceType_t,
-    load_ps_config,
-    parse_ps_config,
 )
 from .eviction import EvictionPolicy, make_policy
 from .hierarchy import CreateParameterServer, HierarchicalParameterServer, ServedModel, TableSpec
@@ -26,7 +25,7 @@ from .sparse_file import SparseTable, read_sparse_model, write_sparse_model
 from .stats import LatencyHistogram, TierStats
 from .table_tag import parse_table_tag, table_tag
 from .tier import Tier
-from .tiers import create_tier
+from .tier_registry import create_tier
 from .update_message import decode_update, encode_update
 
 __all__ = [
@@ -34,6 +33,7 @@ __all__ = [
     "ConfigError",
     "CreateParameterServer",
     "CorruptModelFileError",
+    "DatabaseHashMapAlgorithm_t",
     "DatabaseOverflowPolicy_t",
     "DatabaseType_t",
     "EvictionPolicy",

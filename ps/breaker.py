@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .retry import ExponentialBackoff
+from .retry import Backoff, ExponentialBackoff
 
 CLOSED = "closed"
 OPEN = "open"
@@ -35,13 +35,13 @@ class CircuitBreaker:
     def __init__(
         self,
         threshold: int = 3,
-        backoff: ExponentialBackoff | None = None,
+        backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if threshold < 1:
             raise ValueError(f"threshold must be at least 1, got {threshold}")
         self.threshold = int(threshold)
-        self.backoff = backoff or ExponentialBackoff(1.0, 30.0)
+        self.backoff = backoff or ExponentialBackoff(cap=30.0, base=1.0)
         self._clock = clock
         self._lock = threading.Lock()
         self._failures = 0  # consecutive failures while closed
@@ -103,11 +103,11 @@ class BreakerSet:
     def __init__(
         self,
         threshold: int = 3,
-        backoff: ExponentialBackoff | None = None,
+        backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.threshold = threshold
-        self.backoff = backoff or ExponentialBackoff(1.0, 30.0)
+        self.backoff = backoff or ExponentialBackoff(cap=30.0, base=1.0)
         self._clock = clock
         self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .config import DatabaseOverflowPolicy_t
+from .config_base import DatabaseOverflowPolicy_t
 
 
 class EvictionPolicy:

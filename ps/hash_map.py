@@ -1,4 +1,5 @@
-"""The in-process volatile tiers: ``hash_map`` (one partition) and ``parallel_hash_map``.
+"""The in-process volatile tiers: ``hash_map`` (one partition) and ``parallel_hash_map``,
+and their ``ps.json`` configs.
 
 Each table is split into ``num_partitions`` :class:`~tierserve.ps.hash_table.HashTable`
 partitions by :func:`~tierserve.ps.partition.partition_of`; the parallel variant works the
@@ -14,13 +15,21 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from tierserve.core.errors import InvalidInputError, NotFoundError
 
 from .aligned import cache_aligned
-from .config import UNBOUNDED, HashMapConfig, ParallelHashMapConfig
+from .config_base import (
+    UNBOUNDED,
+    DatabaseType_t,
+    InProcessConfig,
+    PositiveInt,
+    default_num_partitions,
+)
 from .eviction import make_policy, resolution_size
 from .hash_kernels import group_by_partition
 from .hash_table import HashTable
@@ -28,9 +37,24 @@ from .partition import as_keys
 from .tier import Tier
 
 
+class HashMapConfig(InProcessConfig):
+    """In-process hash map, one partition."""
+
+    type: Literal[DatabaseType_t.hash_map] = DatabaseType_t.hash_map
+    num_partitions: Literal[1] = 1
+
+
+class ParallelHashMapConfig(InProcessConfig):
+    """In-process hash map split into partitions that are worked in parallel."""
+
+    type: Literal[DatabaseType_t.parallel_hash_map] = DatabaseType_t.parallel_hash_map
+    num_partitions: PositiveInt = Field(default_factory=default_num_partitions)
+
+
 class HashMapTier(Tier):
     """``hash_map`` / ``parallel_hash_map``: embeddings in this process's memory."""
 
+    configs = (HashMapConfig, ParallelHashMapConfig)
     shared = False  # each process holds its own copy
     read_only = False
 

@@ -1,26 +1,26 @@
 """An open-addressing hash table of embeddings, worked by compiled kernels.
 
-One :class:`HashTable` maps int64 keys to float32 vectors of length ``dim``.  Each slot keeps
-the key next to its vector (one row of ``rows``), and a separate byte per slot (the tag:
-empty, deleted, or 8 bits of the key's hash) is what probing scans, so a lookup costs about
-one random cache line for the tag and one for the row: the layout and the kernels are in
-:mod:`tierserve.ps.hash_kernels`.  A statistic per slot (last access tick or access count)
+One :class:`HashTable` maps int64 keys to float32 vectors of length ``dim``.  An index of
+keys, eight slots to a cache line, is probed a bucket at a time, and a slot's vector is the
+same slot's row of a separate array, so a lookup costs about one random cache line for the
+index and one for the row (the layout and the kernels are in
+:mod:`tierserve.ps.hash_kernels`).  A statistic per slot (last access tick or access count)
 is kept only when ``track`` asks for one.
 
 Sizing: a load (and a rebuild after deletions) fills the table to 3/4 of its ``cap`` slots,
-so keys, vectors and tags take ``(8 + 4 dim + 1) / 0.75`` bytes per key, 1.35x their raw
-bytes at dim 16; inserts grow it (rebuilding for a fill of 0.7: at most 1.45x) once slots
-in use, deleted ones included, reach 0.85 (1.19x).  Deleted slots become tombstones, which
-inserts reuse; bulk deletions (overflow eviction) and many tombstones rebuild the table.
-A load of :data:`PARALLEL_LOAD_MIN` keys or more fills the new arrays with one thread per
-core (up to 8), each taking the keys whose home slot lies in its stretch of the table.
+so keys and vectors take ``(8 + 4 dim) / 0.75`` bytes per key, 1.33x their raw bytes; inserts
+grow it (rebuilding for a fill of 0.7: at most 1.43x) once slots in use, deleted ones
+included, reach 0.85 (1.18x).  Deleted slots become tombstones, which inserts reuse; bulk
+deletions (overflow eviction) and many tombstones rebuild the table.  A load of
+:data:`PARALLEL_LOAD_MIN` keys or more fills the new arrays with one thread per core (up to
+8), each taking the keys whose home slot lies in its stretch of the table.
 
 Writers are serialised by a lock; readers take no lock: they read one immutable reference to
-the current arrays, writers fill a slot's key and vector before its tag, and a rebuild fills
-new arrays and swaps the reference.
+the current arrays, writers fill a slot's vector before its key, and a rebuild fills new
+arrays and swaps the reference.
 
-The keys ``-2**63`` and ``-2**63 + 1`` cannot be stored (a constraint kept from the former
-layout, which encoded empty and deleted slots with them).
+The keys ``-2**63`` and ``-2**63 + 1`` cannot be stored: the index marks empty and deleted
+slots with them.
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ import numpy as np
 from tierserve.core.errors import InvalidInputError
 
 from . import hash_kernels as _k
+from .aligned import cache_aligned
 from .keys import as_keys
 from .partition import GOLDEN
 
 #: The two keys that cannot be stored.
-EMPTY = np.int64(-(2**63))
-TOMB = np.int64(-(2**63) + 1)
+EMPTY = _k.EMPTY_KEY
+TOMB = _k.DELETED_KEY
 
 _FILL = 0.75  # fill after a load or a rebuild
 _GROW_FILL = 0.7  # fill after growing for inserts
@@ -51,36 +52,35 @@ _NO_POS = np.empty(0, dtype=np.int64)
 class _State:
     """The arrays of one table generation; replaced as a whole on resize."""
 
-    __slots__ = ("cap", "seed", "tags", "rows", "stats", "live", "used", "limit")
+    __slots__ = ("cap", "seed", "index", "rows", "stats", "live", "used", "limit")
 
     def __init__(self, cap: int, dim: int, track: bool, generation: int):
-        self.cap = cap
+        self.cap = _whole_buckets(cap)
         # A fresh hash per generation (see hash_kernels): the golden-ratio multiple, as int64.
         self.seed = (generation * GOLDEN + 2**63) % 2**64 - 2**63
-        width = 2 + dim + (dim & 1)  # int64 key + vector, even: keys stay 8-byte aligned
-        # Probes never wrap: they run into the padding, whose last slot stays empty.
-        nslots = cap + min(4096, max(32, cap // 16))
-        self.tags = np.zeros(nslots, dtype=np.uint8)  # all empty
-        self.rows = np.empty((nslots, width), dtype=np.float32)
+        nslots = _slots(self.cap)
+        self.index = cache_aligned((nslots,), np.int64)
+        self.index.fill(EMPTY)
+        self.rows = cache_aligned((nslots, dim), np.float32)
         self.stats = np.zeros(nslots if track else 0, dtype=np.int32)
         self.live = 0  # slots holding a key
         self.used = 0  # slots holding a key or a tombstone
-        self.limit = int(_MAX_FILL * cap)
+        self.limit = int(_MAX_FILL * self.cap)
 
     @property
     def nbytes(self) -> int:
-        return self.tags.nbytes + self.rows.nbytes + self.stats.nbytes
+        return self.index.nbytes + self.rows.nbytes + self.stats.nbytes
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Each key's slot, -1 where absent."""
         slots = np.empty(keys.size, dtype=np.int64)
-        _k.find(keys, self.tags, self.rows, self.cap, self.seed, slots)
+        _k.find(keys, self.index, self.cap, self.seed, slots)
         return slots
 
     def insert(self, keys: np.ndarray, emb: np.ndarray, stat: int, track: int) -> int:
         """Insert until full; returns how many of ``keys`` were done (counts updated)."""
         done, new, used = _k.insert(
-            keys, emb, self.tags, self.rows, self.cap, self.seed, self.stats, stat, track,
+            keys, emb, self.index, self.rows, self.cap, self.seed, self.stats, stat, track,
             self.limit, self.used,
         )  # fmt: skip
         self.live += new
@@ -88,10 +88,22 @@ class _State:
         return done
 
     def live_slots(self) -> np.ndarray:
-        return np.flatnonzero(self.tags > _k.DELETED_TAG)
+        return np.flatnonzero(self.index > TOMB)
 
     def keys(self) -> np.ndarray:
-        return self.rows.view(np.int64)[self.tags > _k.DELETED_TAG, 0]
+        index = self.index
+        return index[index > TOMB]
+
+
+def _whole_buckets(cap: int) -> int:
+    """``cap`` rounded up to whole buckets (home slots are the first of a bucket)."""
+    return -(-int(cap) // _k.BUCKET) * _k.BUCKET
+
+
+def _slots(cap: int) -> int:
+    """Slots of a generation of ``cap`` home slots: probes never wrap, they run into the
+    padding past ``cap``, whose last slot stays empty (whole buckets)."""
+    return cap + _whole_buckets(min(4096, max(32, cap // 16)))
 
 
 #: Loads of at least this many keys use several threads (below, starting them costs more
@@ -112,9 +124,10 @@ def _parallel_load(st: _State, keys, emb, stat: int, track: int, threads: int) -
     kernels release the GIL; see :func:`~tierserve.ps.hash_kernels.load_region`), then the
     few keys whose probe crossed into the next region; False if the table ran out of slots.
     """
-    ends = [r * st.cap // threads for r in range(1, threads)]
+    buckets = st.cap // _k.BUCKET  # regions of whole buckets
+    ends = [r * buckets // threads * _k.BUCKET for r in range(1, threads)]
     los, his = [0, *ends], [*ends, st.cap]
-    stops = [*ends, st.tags.size - 1]
+    stops = [*ends, st.index.size - 1]
     deferred = [np.empty(0, dtype=np.int64)] * threads
     results: list = [None] * threads
 
@@ -122,7 +135,7 @@ def _parallel_load(st: _State, keys, emb, stat: int, track: int, threads: int) -
         try:
             deferred[r] = np.empty(keys.size, dtype=np.int64)
             results[r] = _k.load_region(
-                keys, emb, los[r], his[r], stops[r], st.tags, st.rows, st.cap, st.seed,
+                keys, emb, los[r], his[r], stops[r], st.index, st.rows, st.cap, st.seed,
                 st.stats, stat, deferred[r],
             )  # fmt: skip
         except BaseException as exc:  # re-raised in the calling thread
@@ -173,7 +186,7 @@ class HashTable:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the tags, the slots' keys and vectors, and the statistics."""
+        """Bytes held by the index of keys, the vectors and the statistics."""
         return self._state.nbytes
 
     def lookup(self, keys: np.ndarray, out: np.ndarray | None = None):
@@ -207,7 +220,7 @@ class HashTable:
             else:
                 track = _k._TRACK_NONE
         hits = _k.lookup(
-            keys, _NO_POS if pos is None else pos, pos is not None, st.tags, st.rows, st.cap,
+            keys, _NO_POS if pos is None else pos, pos is not None, st.index, st.rows, st.cap,
             st.seed, st.stats, track, tick, out, found,
         )  # fmt: skip
         if tick >= _TICK_REBASE:
@@ -289,7 +302,7 @@ class HashTable:
             st = self._state
             slots = st.find(keys)
             gone = np.unique(slots[slots >= 0])
-            st.tags[gone] = _k.DELETED_TAG
+            st.index[gone] = TOMB
             st.live -= gone.size
             if st.used - st.live > max(st.live // 4, 1024):
                 self._rebuild(self._cap_for(st.live))
@@ -305,7 +318,7 @@ class HashTable:
             live = st.live_slots()
             stats = st.stats[live] if self.track else None
             victims = live[policy.select(stats, live.size, excess, rng)]
-            st.tags[victims] = _k.DELETED_TAG
+            st.index[victims] = TOMB
             st.live -= victims.size
             self._rebuild(self._cap_for(st.live))
             return int(victims.size)
@@ -323,8 +336,8 @@ class HashTable:
 
     @staticmethod
     def _cap_for(n: int) -> int:
-        """Slots for ``n`` keys at the load fill."""
-        return max(16, int(n / _FILL) + 1)
+        """Home slots for ``n`` keys at the load fill (whole buckets)."""
+        return _whole_buckets(max(16, int(n / _FILL) + 1))
 
     def _rebuild(self, cap: int) -> None:
         """Rehash the live keys into fresh arrays of at least ``cap`` slots (under the lock)."""
@@ -332,7 +345,9 @@ class HashTable:
         cap = max(cap, self._cap_for(old.live))
         while True:
             st = self._new_state(cap)
-            if _k.rehash(old.tags, old.rows, old.stats, st.tags, st.rows, st.cap, st.seed, st.stats):
+            if _k.rehash(
+                old.index, old.rows, old.stats, st.index, st.rows, st.cap, st.seed, st.stats
+            ):
                 st.live = st.used = old.live
                 self._state = st
                 return

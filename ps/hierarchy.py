@@ -48,12 +48,14 @@ from tierserve.core.errors import (
     ReadOnlyError,
 )
 
-from .config import ModelConfig, PSConfig, RocksDBConfig, load_ps_config
+from .config import ModelConfig, PSConfig, load_ps_config
+from .config_base import VolatileConfig
 from .keys import as_keys
+from .rocksdb_tier import RocksDBConfig
 from .sparse_file import read_sparse_model
 from .table_tag import parse_table_tag, table_tag
 from .tier import Tier
-from .tiers import create_tier
+from .tier_registry import create_tier
 
 log = logging.getLogger(__name__)
 
@@ -132,17 +134,17 @@ class HierarchicalParameterServer:
             if self.volatile is not None:
                 self.volatile.close()
             raise
-        vdb = config.volatile_db
-        self._cache_missed = bool(getattr(vdb, "cache_missed_embeddings", False))
-        self._initial_cache_rate = float(getattr(vdb, "initial_cache_rate", 1.0))
-        self._attach = not getattr(vdb, "initialize_after_startup", True) or (
-            isinstance(config.persistent_db, RocksDBConfig) and config.persistent_db.read_only
+        # The settings of the configured tiers (a disabled level has none: no filters).
+        vdb = config.volatile_db if isinstance(config.volatile_db, VolatileConfig) else None
+        pdb = config.persistent_db if isinstance(config.persistent_db, RocksDBConfig) else None
+        self._cache_missed = vdb is not None and vdb.cache_missed_embeddings
+        self._initial_cache_rate = vdb.initial_cache_rate if vdb is not None else None
+        self._attach = (vdb is not None and not vdb.initialize_after_startup) or (
+            pdb is not None and pdb.read_only
         )
         self._filters = {
-            "volatile": [re.compile(f) for f in getattr(vdb, "update_filters", [])],
-            "persistent": [
-                re.compile(f) for f in getattr(config.persistent_db, "update_filters", [])
-            ],
+            level: [re.compile(f) for f in (tier.update_filters if tier is not None else [])]
+            for level, tier in (("volatile", vdb), ("persistent", pdb))
         }
         self._models: dict[str, ServedModel] = {}  # committed versions, by model name
         self._staged: dict[str, list[ServedModel]] = {}  # staged, not yet committed

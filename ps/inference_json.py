@@ -21,11 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from tierserve.core.errors import ConfigError
 
-from .config import ModelConfig, PSConfig, format_validation_errors, load_ps_config
+from .config import ModelConfig, PSConfig, load_ps_config
+from .config_base import validate
 
 #: Layer types that are embedding tables (HugeCTR's names).
 EMBEDDING_TYPES = (
@@ -34,6 +33,15 @@ EMBEDDING_TYPES = (
     "LocalizedSlotSparseEmbeddingOneHot",
     "HybridSparseEmbedding",
 )
+
+
+#: The ``inference`` clause's settings and the ``ps.json`` model fields they are.
+CLAUSE_FIELDS = {
+    "max_batchsize": "max_batch_size",
+    "hit_rate_threshold": "hit_rate_threshold",
+    "gpucacheper": "gpucacheper",
+    "cache_size_percentage": "gpucacheper",
+}
 
 
 def _read(path: str | os.PathLike) -> dict[str, Any]:
@@ -92,25 +100,30 @@ def model_config_from_inference_json(
         queries.append(max(1, int(s.get("max_feature_num_per_sample", s.get("slot_num", 1)))))
     name = model_name or (data.get("solver") or {}).get("model_name") or clause.get("model")
     label = data_layer.get("label") or {}
-    label_dim = label.get("label_dim", clause.get("label", 1))
-    try:
-        return ModelConfig(
-            model=name or "model",
-            sparse_files=[resolve(s) for s in sparse],
-            dense_file=resolve(dense),
-            network_file=str(Path(path).resolve()),
-            max_batch_size=int(clause.get("max_batchsize", 64)),
-            hit_rate_threshold=float(clause.get("hit_rate_threshold", 0.9)),
-            gpucacheper=float(clause.get("gpucacheper", clause.get("cache_size_percentage", 0.5))),
-            maxnum_des_feature_per_sample=int((data_layer.get("dense") or {}).get("dense_dim", 0)),
-            maxnum_catfeature_query_per_table_per_sample=queries,
-            embedding_vecsize_per_table=dims,
-            embedding_table_names=[str(t.get("name") or t.get("top")) for t in tables],
-            label_dim=int(sum(label_dim) if isinstance(label_dim, list) else label_dim),
-            slot_num=max(1, sum(int(s.get("slot_num", 1)) for s in inputs.values())),
-        )
-    except ValidationError as exc:
-        raise ConfigError(format_validation_errors(exc, str(path))) from None
+    label_dim = label.get("label_dim", clause.get("label"))
+    fields: dict[str, Any] = {
+        "model": name or "model",
+        "sparse_files": [resolve(s) for s in sparse],
+        "dense_file": resolve(dense),
+        "network_file": str(Path(path).resolve()),
+        "maxnum_des_feature_per_sample": int((data_layer.get("dense") or {}).get("dense_dim", 0)),
+        "maxnum_catfeature_query_per_table_per_sample": queries,
+        "embedding_vecsize_per_table": dims,
+        "embedding_table_names": [str(t.get("name") or t.get("top")) for t in tables],
+        "slot_num": max(1, sum(int(s.get("slot_num", 1)) for s in inputs.values())),
+    }
+    if label_dim is not None:
+        fields["label_dim"] = sum(label_dim) if isinstance(label_dim, list) else label_dim
+    # The clause's settings under their ps.json names; absent ones take ModelConfig's defaults.
+    for key, field in CLAUSE_FIELDS.items():
+        if key not in clause:
+            continue
+        if field in fields and fields[field] != clause[key]:
+            raise ConfigError(f"{path}: the 'inference' clause gives {field} twice, with "
+                              f"different values ({fields[field]!r} and {key}: {clause[key]!r})")
+        fields[field] = clause[key]
+    given = {field: f"inference.{key}" for key, field in CLAUSE_FIELDS.items() if key in clause}
+    return validate(ModelConfig, fields, str(path), given)
 
 
 def input_key_bits(path: str | os.PathLike) -> int | None:

@@ -1,6 +1,6 @@
 """What an update consumer asks the brokers about its topics besides their messages.
 
-An :class:`UpdateConsumer <tierserve.ps.kafka_updates.UpdateConsumer>` keeps one
+An :class:`UpdateConsumer <tierserve.ps.kafka_apply.UpdateConsumer>` keeps one
 :class:`TopicAdmin` (a confluent-kafka ``AdminClient`` on the same brokers) for two questions:
 
 - **Was a topic deleted and created again?**  A recreated topic has a new *topic id*, and

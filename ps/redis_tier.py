@@ -1,8 +1,9 @@
-"""The Redis volatile tier: ``redis_cluster`` (HugeCTR's) and standalone ``redis`` (ours).
+"""The Redis volatile tier: ``redis_cluster`` (HugeCTR's) and standalone ``redis`` (ours),
+and their ``ps.json`` configs.
 
-Layout (docs/formats.md, Files and messages 7): each table is split into ``num_partitions``
-partitions by :func:`~tierserve.ps.partition.partition_of`; partition ``N`` of table ``<tag>``
-is the hash ``hps_et{<tag>/pN}v`` (field: the key's 8 little-endian bytes; value: the vector's float32
+Layout (docs/formats.md, Files and messages 7): each table is split into ``num_partitions`` partitions by
+:func:`~tierserve.ps.partition.partition_of`; partition ``N`` of table ``<tag>`` is the hash
+``hps_et{<tag>/pN}v`` (field: the key's 8 little-endian bytes; value: the vector's float32
 bytes) and, when the overflow policy needs it, ``hps_et{<tag>/pN}t`` (field: the same key
 bytes; value: last write/access time in microseconds for ``evict_oldest``, access count for
 ``evict_least_used``).  The ``{...}`` hash tag keeps both hashes of a partition on one slot.
@@ -33,11 +34,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from tierserve.core.compat import warn_once
 from tierserve.core.errors import (
     BackendSkippedError,
     BackendUnavailableError,
@@ -48,19 +53,119 @@ from tierserve.core.errors import (
 
 from .breaker import BreakerSet
 from .codec import decode_values, key_fields, vector_values
-from .config import RedisClusterConfig, RedisConfig
+from .config_base import (
+    DatabaseType_t,
+    NonNegativeInt,
+    PositiveInt,
+    VolatileConfig,
+    default_num_partitions,
+    quiet,
+)
 from .eviction import make_policy, resolution_size
 from .partition import as_keys, group_by_partition
-from .retry import ExponentialBackoff
+from .redis_client import network_errors, open_client
+from .retry import EqualJitterBackoff, ExponentialBackoff
 from .tier import Tier
 from .topology import TopologyRefresher
 
 log = logging.getLogger(__name__)
 
+#: The wait before the n-th repeat of a call that failed on the network (``max_retries``):
+#: 10, 20, 40 ... ms (equal jitter: between half and all of it), at most 1 s.
+RETRY_BASE_S, RETRY_CAP_S = 0.01, 1.0
+
 #: Adds 1 to the access count of every field in ARGV (one round trip for many fields).
 _COUNT_SCRIPT = (
     "for i = 1, #ARGV do redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end return #ARGV"
 )
+
+
+class RedisTierConfig(VolatileConfig):
+    """Settings of both Redis tiers.
+
+    HugeCTR's fields, plus ours for failing servers (HugeCTR has none):
+
+    - ``socket_timeout_ms`` (5000): how long one call to a node may wait for its reply.
+    - ``connect_timeout_ms`` (1000): how long opening a connection to a node may take.
+    - ``max_retries`` (0): how many times a call that failed on the network (refused, reset,
+      timed out) is repeated on the same node, after 10, 20, 40 ... ms (at most 1 s), before
+      the node counts as failed (equal jitter: each wait is between half and all of it).  A frozen node costs a call up to
+      ``(1 + max_retries) * socket_timeout_ms``.
+    - ``failure_threshold`` (3): after this many failed calls in a row a node is skipped: its
+      keys read as not found (the next tier or the default vector answers, counted in
+      ``tierserve_tier_skipped``) without being asked for.
+    - ``failure_backoff_ms`` (1000) / ``max_failure_backoff_ms`` (10000): how long a node is
+      skipped; the back-off doubles with every probe that fails again, up to the maximum.
+      After the back-off one call probes the node while the others still skip it; skipped
+      writes raise a retryable error at once, as writes to an unreachable node do.
+    - ``refill_interval_ms`` (1000): how often each served table's partitions are checked for
+      a node that came back empty (restarted without persistence); such partitions are
+      refilled in the background from the persistent tier, or from the model files, as at
+      startup.  Only with ``initialize_after_startup``; 0 turns the check off.
+    """
+
+    user_name: str = "default"
+    password: str = ""
+    num_partitions: PositiveInt = Field(default_factory=default_num_partitions)
+    enable_tls: bool = False
+    tls_ca_certificate: str = "cacertbundle.crt"
+    tls_client_certificate: str = "client_cert.pem"
+    tls_client_key: str = "client_key.key"
+    tls_server_name_identification: str = "redis.localhost"
+    socket_timeout_ms: PositiveInt = 5000
+    connect_timeout_ms: PositiveInt = 1000
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 0
+    failure_threshold: PositiveInt = 3
+    failure_backoff_ms: PositiveInt = 1000
+    max_failure_backoff_ms: PositiveInt = 10000
+    refill_interval_ms: NonNegativeInt = 1000
+
+    @model_validator(mode="after")
+    def _sni(self, info: ValidationInfo) -> RedisTierConfig:
+        if quiet(info):
+            return self
+        if self.enable_tls and self.tls_server_name_identification != "redis.localhost":
+            warn_once("tls_server_name_identification", "redis-py sends each node's host name "
+                      "as the TLS server name; the setting is not used", stacklevel=2)
+        return self
+
+    @model_validator(mode="after")
+    def _backoff_range(self) -> RedisTierConfig:
+        if self.max_failure_backoff_ms < self.failure_backoff_ms:
+            raise ValueError(
+                f"max_failure_backoff_ms ({self.max_failure_backoff_ms}) must be at least "
+                f"failure_backoff_ms ({self.failure_backoff_ms})"
+            )
+        return self
+
+
+class RedisClusterConfig(RedisTierConfig):
+    """An existing Redis Cluster; ``address`` lists seed nodes ``host:port[,host:port...]``.
+
+    ``topology_refresh_ms`` (500): while calls to a node fail, are skipped or are redirected
+    (``MOVED``), the slot map is read again in the background at most this often, so a
+    replica the cluster promoted in place of a dead master is used within this time.
+    """
+
+    type: Literal[DatabaseType_t.redis_cluster] = DatabaseType_t.redis_cluster
+    address: str = "127.0.0.1:7000"
+    topology_refresh_ms: PositiveInt = 500
+
+    @field_validator("address")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        for node in re.split(r"[;,]", value):
+            host, sep, port = node.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{node!r} is not host:port")
+        return value
+
+
+class RedisConfig(RedisTierConfig):
+    """A standalone Redis server: ``address`` is a ``redis://`` URL or ``host:port``."""
+
+    type: Literal[DatabaseType_t.redis] = DatabaseType_t.redis
+    address: str = "127.0.0.1:6379"
 
 
 def value_hash(tag: str, partition: int) -> str:
@@ -88,6 +193,7 @@ def _interleave(a: list, b: list) -> list:
 class RedisTier(Tier):
     """``redis_cluster`` / ``redis``: embeddings in a Redis Cluster or one Redis server."""
 
+    configs = (RedisClusterConfig, RedisConfig)
     shared = True  # every replica reads the same servers
     read_only = False
 
@@ -107,79 +213,30 @@ class RedisTier(Tier):
         )
         self.refresh_after_fetch = bool(config.refresh_time_after_fetch)
         self.max_retries = int(config.max_retries)
-        self._retry_backoff = ExponentialBackoff(0.01, 1.0)
+        # Replicas that lost the same node retry it at spread times.
+        self._retry_backoff = EqualJitterBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S)
         self.breakers = BreakerSet(
             int(config.failure_threshold),
             ExponentialBackoff(
-                config.failure_backoff_ms / 1000.0, config.max_failure_backoff_ms / 1000.0
+                cap=config.max_failure_backoff_ms / 1000.0, base=config.failure_backoff_ms / 1000.0
             ),
         )
         self._dims: dict[str, int] = {}
         self._rng = np.random.default_rng()
         self._lock = threading.Lock()
-        e = redis.exceptions
-        self._network_errors = (
-            e.ConnectionError,
-            e.TimeoutError,
-            e.ClusterDownError,
-            e.BusyLoadingError,
-            e.TryAgainError,
-            e.MovedError,
-            e.AskError,
-            OSError,
-        )
+        self._network_errors = network_errors(redis)
         self._cluster = config.type.value == "redis_cluster"
         self._topology: TopologyRefresher | None = None
-        kwargs = self._connection_kwargs(config)
         try:
-            if self._cluster:
-                from redis.cluster import ClusterNode, RedisCluster
-
-                nodes = []
-                for part in config.address.replace(";", ",").split(","):
-                    host, _, port = part.strip().rpartition(":")
-                    nodes.append(ClusterNode(host, int(port)))
-                self._client = RedisCluster(
-                    startup_nodes=nodes, require_full_coverage=False, **kwargs
-                )
-                self._topology = TopologyRefresher(
-                    self._refresh_topology, config.topology_refresh_ms / 1000.0, self.kind
-                )
-            else:
-                address = config.address
-                if "://" in address:
-                    self._client = redis.Redis.from_url(address, **kwargs)
-                else:
-                    host, _, port = address.rpartition(":")
-                    self._client = redis.Redis(host=host or "127.0.0.1", port=int(port), **kwargs)
-                self._client.ping()
+            self._client = open_client(redis, config)
         except self._network_errors as exc:
             raise BackendUnavailableError(
                 f"cannot reach the {self.kind} at {config.address}: {exc}"
             ) from exc
-
-    def _connection_kwargs(self, config) -> dict:
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        # Retries are ours (_run), the same for a cluster's nodes and a standalone server.
-        kwargs: dict = {
-            "socket_timeout": config.socket_timeout_ms / 1000.0,
-            "socket_connect_timeout": config.connect_timeout_ms / 1000.0,
-            "retry": Retry(NoBackoff(), 0),
-        }
-        if config.password:
-            kwargs["username"] = config.user_name or None
-            kwargs["password"] = config.password
-        if config.enable_tls:
-            kwargs.update(
-                ssl=True,
-                ssl_ca_certs=config.tls_ca_certificate,
-                ssl_certfile=config.tls_client_certificate,
-                ssl_keyfile=config.tls_client_key,
-                ssl_check_hostname=False,
+        if self._cluster:
+            self._topology = TopologyRefresher(
+                self._refresh_topology, config.topology_refresh_ms / 1000.0, self.kind
             )
-        return kwargs
 
     # --- routing ---------------------------------------------------------------------------
 

@@ -31,8 +31,9 @@ import numpy as np
 
 from tierserve.core.errors import BackendUnavailableError, TierserveError
 
-from .config import RedisClusterConfig, RedisConfig, RocksDBConfig
 from .partition import partition_of
+from .redis_tier import RedisTierConfig
+from .rocksdb_tier import RocksDBConfig
 from .sparse_file import read_sparse_model
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ def start_refill(ps) -> Refiller | None:
     ``refill_interval_ms``.
     """
     vdb = ps.config.volatile_db
-    if not isinstance(vdb, (RedisConfig, RedisClusterConfig)) or ps.volatile is None:
+    if not isinstance(vdb, RedisTierConfig) or ps.volatile is None:
         return None
     pdb = ps.config.persistent_db
     attaches = isinstance(pdb, RocksDBConfig) and pdb.read_only

@@ -1,7 +1,8 @@
-"""The persistent tier ``rocks_db``: an embedded RocksDB database through rocksdict.
+"""The persistent tier ``rocks_db``: an embedded RocksDB database through rocksdict, and its
+``ps.json`` config.
 
-Layout (docs/formats.md, Files and messages 8): one column family per table tag; key = the int64
-key's 8 little-endian bytes; value = the vector's float32 bytes.  The vector length of each table is
+Layout (docs/formats.md, Files and messages 8): one column family per table tag; key = the int64 key's 8
+little-endian bytes; value = the vector's float32 bytes.  The vector length of each table is
 kept in the default column family under ``hps_meta/dim/<tag>`` so that a reopened database
 knows its tables.  Reads are multi-gets and writes are write batches, chunked at
 ``max_batch_size``.  ``read_only`` opens the database read-only; writes then raise
@@ -25,8 +26,10 @@ import logging
 import os
 import shutil
 import threading
+from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field, field_validator, model_validator
 
 from tierserve.core.errors import (
     BackendUnavailableError,
@@ -37,7 +40,13 @@ from tierserve.core.errors import (
 )
 
 from .codec import decode_values, key_fields, vector_values
-from .config import RocksDBConfig
+from .config_base import (
+    DatabaseType_t,
+    PositiveInt,
+    TierConfig,
+    batch_sizes,
+    check_filters,
+)
 from .locks import describe_process, lock_holder
 from .partition import as_keys
 from .tier import Tier
@@ -49,6 +58,24 @@ _META_PREFIX = b"hps_meta/dim/"
 REOPEN_MIN_FREE = 1 << 20
 #: How long a reopen waits for lookups in flight on the failed database.
 REOPEN_WAIT_S = 30.0
+
+
+class RocksDBConfig(TierConfig):
+    """An embedded RocksDB database at ``path`` (created when missing)."""
+
+    level: ClassVar[str] = "persistent"
+
+    type: Literal[DatabaseType_t.rocks_db] = DatabaseType_t.rocks_db
+    path: str = "/tmp/rocksdb"
+    num_threads: PositiveInt = 16
+    read_only: bool = False
+    max_batch_size: PositiveInt = 10000
+    update_filters: list[str] = Field(default_factory=lambda: [".+"])
+
+    max_get_batch_size: PositiveInt | None = None
+    max_set_batch_size: PositiveInt | None = None
+    _batch_sizes = model_validator(mode="after")(batch_sizes)
+    _filters = field_validator("update_filters")(check_filters)
 
 
 def _drain(iterator) -> None:
@@ -94,6 +121,7 @@ class _Gate:
 class RocksDBTier(Tier):
     """``rocks_db``: embeddings on local disk, surviving restarts."""
 
+    configs = (RocksDBConfig,)
     kind = "rocks_db"
     shared = False  # a database on this machine's disk, open in one process
     read_only = False  # or as ps.json's read_only says (set per instance)
@@ -105,6 +133,7 @@ class RocksDBTier(Tier):
         self.config = config
         self.path = str(config.path)
         self.read_only = bool(config.read_only)
+        self.num_threads = int(config.num_threads)  # RocksDB's background threads
         self.max_batch_size = int(config.max_set_batch_size or config.max_batch_size)  # writes
         self.max_get_batch_size = int(config.max_get_batch_size or config.max_batch_size)
         self._lock = threading.Lock()
@@ -119,7 +148,7 @@ class RocksDBTier(Tier):
         options = self._options()
         options.create_if_missing(not self.read_only)
         options.create_missing_column_families(True)
-        options.increase_parallelism(int(self.config.num_threads))
+        options.increase_parallelism(self.num_threads)
         existing = ["default"]
         if os.path.exists(os.path.join(self.path, "CURRENT")):
             existing = rocksdict.Rdict.list_cf(self.path, self._options())

@@ -1,10 +1,11 @@
-"""``multi_process_hash_map``: the hash map tier in shared memory, one copy per host.
+"""``multi_process_hash_map``: the hash map tier in shared memory, one copy per host, and
+its ``ps.json`` config.
 
 Every process of a host that opens this tier with the same ``shared_memory_name`` sees the
-same tables: a table's slots (the tag bytes, the key and vector rows and the per-slot
-statistics of :class:`~tierserve.ps.hash_table.HashTable`) live in a file under
+same tables: a table's slots (the index of keys, the vector rows and the per-slot statistics
+of :class:`~tierserve.ps.hash_table.HashTable`, in that order) live in a file under
 ``/dev/shm/<shared_memory_name>/`` that each process memory-maps.  Lookups take no lock, as
-in the in-process map: a writer fills a slot's key and vector before its tag, and a rebuild
+in the in-process map: a writer fills a slot's vector before its key, and a rebuild
 (growth, eviction) fills a new file and then publishes it in the table's header, which
 readers check on every lookup.  Writers, whichever process they run in, take the header's
 file lock (``flock``), so online updates may be applied by any one process of the host and
@@ -31,20 +32,53 @@ import mmap
 import os
 from glob import escape as glob_escape
 from pathlib import Path
+from typing import Annotated, Literal
 from urllib.parse import quote
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from tierserve.core.errors import ConfigError, InvalidInputError
 
 from . import hash_kernels as _k
-from .config import UNBOUNDED, MultiProcessHashMapConfig
+from .config_base import (
+    UNBOUNDED,
+    DatabaseType_t,
+    InProcessConfig,
+    PositiveInt,
+)
 from .hash_map import HashMapTier
-from .hash_table import _MAX_FILL, HashTable, _State
+from .hash_table import _MAX_FILL, HashTable, _slots, _State
 from .partition import GOLDEN
 
 #: Where the tier's folders live.
 SHM_ROOT = Path("/dev/shm")
+
+
+class MultiProcessHashMapConfig(InProcessConfig):
+    """The hash map in shared memory (``/dev/shm``): one copy per host that every process of
+    the host reads (HugeCTR's ``multi_process_hash_map``).  ``shared_memory_size`` caps the
+    bytes its tables may take, ``shared_memory_name`` names its folder under ``/dev/shm``;
+    ``auto_remove`` removes a table's memory when the last process using it drops it or
+    closes."""
+
+    type: Literal[DatabaseType_t.multi_process_hash_map] = DatabaseType_t.multi_process_hash_map
+    num_partitions: PositiveInt = 1
+    shared_memory_size: PositiveInt = 16 * 1024**3
+    shared_memory_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")] = (
+        "hctr_mp_hash_map_database"
+    )
+    auto_remove: bool = True
+
+    @model_validator(mode="after")
+    def _loads_itself(self):
+        if not self.initialize_after_startup:
+            raise ValueError(
+                "initialize_after_startup false is not available for multi_process_hash_map: "
+                "the first process that loads a version fills its tables and the others attach "
+                "to them; there are no tables of an earlier run to attach to"
+            )
+        return self
 
 # Header: int64 fields, then the pids of the processes using the table.
 _EPOCH, _NEXT, _CAP, _SEED, _LIVE, _USED, _DIM, _TRACK, _COMPLETE = range(9)
@@ -52,13 +86,13 @@ _PIDS, _MAX_PIDS = 16, 240
 _HEADER_BYTES = 8 * (_PIDS + _MAX_PIDS)
 
 
-def _layout(cap: int, dim: int, track: bool) -> tuple[int, int, int, int]:
-    """Slots, row width (floats), and the byte offsets of the rows and the statistics."""
-    nslots = cap + min(4096, max(32, cap // 16))  # as _State: probes run into the padding
-    width = 2 + dim + (dim & 1)
-    rows_at = (nslots + 63) // 64 * 64
-    stats_at = rows_at + nslots * width * 4
-    return nslots, width, rows_at, stats_at + (nslots * 4 if track else 0)
+def _layout(cap: int, dim: int, track: bool) -> tuple[int, int, int]:
+    """Slots, and the byte offsets of the rows and of the end of the file.  The index starts
+    the file (a page boundary) and fills whole cache lines, so the rows start on one too."""
+    nslots = _slots(cap)
+    rows_at = nslots * 8
+    stats_at = rows_at + nslots * dim * 4
+    return nslots, rows_at, stats_at + (nslots * 4 if track else 0)
 
 
 class _SharedState(_State):
@@ -66,7 +100,7 @@ class _SharedState(_State):
 
     def __init__(self, path: Path, cap: int, dim: int, track: bool, seed: int, create: bool,
                  check_space=None) -> None:  # fmt: skip
-        nslots, width, rows_at, size = _layout(cap, dim, track)
+        nslots, rows_at, size = _layout(cap, dim, track)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
@@ -87,13 +121,11 @@ class _SharedState(_State):
         buf = np.frombuffer(self.mm, dtype=np.uint8)
         self.cap = cap
         self.seed = seed
-        self.tags = buf[:nslots]
-        self.rows = (
-            buf[rows_at : rows_at + nslots * width * 4].view(np.float32).reshape(nslots, width)
-        )
-        self.stats = buf[rows_at + nslots * width * 4 : size].view(np.int32)
+        self.index = buf[:rows_at].view(np.int64)
+        self.rows = buf[rows_at : rows_at + nslots * dim * 4].view(np.float32).reshape(nslots, dim)
+        self.stats = buf[rows_at + nslots * dim * 4 : size].view(np.int32)
         if create:
-            self.tags[:] = _k.EMPTY_TAG
+            self.index.fill(_k.EMPTY_KEY)
         self.live = 0
         self.used = 0
         self.limit = int(_MAX_FILL * cap)
@@ -291,11 +323,18 @@ class SharedHashTable(HashTable):
             self._fd = -1
 
 
+#: The slot layout of the files (see hash_kernels), part of every fingerprint: a process
+#: built with another layout never attaches to this one's copy of a table, nor the reverse.
+SLOT_LAYOUT = b"int64 index in 8-slot buckets, rows of dim float32"
+
+
 def fingerprint(keys: np.ndarray, embeddings: np.ndarray) -> int:
-    """A 63-bit digest of a table's rows: their count, shape, sums and a sample."""
+    """A 63-bit digest of a table's rows (their count, shape, sums and a sample) and of the
+    slot layout."""
     n = keys.shape[0]
     step = max(1, n // 4096)
     digest = hashlib.blake2b(digest_size=8)
+    digest.update(SLOT_LAYOUT)
     digest.update(np.asarray([n, embeddings.shape[-1] if n else 0], np.int64).tobytes())
     if n:
         digest.update(np.ascontiguousarray(keys[::step]).tobytes())
@@ -308,6 +347,7 @@ def fingerprint(keys: np.ndarray, embeddings: np.ndarray) -> int:
 class SharedHashMapTier(HashMapTier):
     """``multi_process_hash_map``: see the module docstring."""
 
+    configs = (MultiProcessHashMapConfig,)
     # every process of the host reads and writes the same tables: one process per host
     # applies each Kafka update (consumer group hps.<level>.<host>), the others' caches hear
     shared = "host"

@@ -1,13 +1,16 @@
-"""The one small interface every storage tier implements, and the factory that builds tiers.
+"""The one small interface every storage tier implements.
 
 A tier stores embedding tables addressed by a *table tag* (``hps_et.<model>.<table>``, or a
 versioned storage name derived from it by the hierarchy).  Keys are int64; embeddings are
-float32 ``[n, dim]``.  The hierarchy composes tiers through this interface only.
+float32 ``[n, dim]``.  The hierarchy composes tiers through this interface only; :mod:`tierserve.ps.tier_registry`
+builds them from their ``ps.json`` configs (each tier's config model lives beside it and is
+listed in :attr:`Tier.configs`).
 """
 
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
 import numpy as np
 
@@ -26,6 +29,8 @@ class Tier(abc.ABC):
     not found and count an error (the hierarchy then falls through to the next tier).
     """
 
+    #: The config models this tier is built from (``Tier(config)``), one per ``ps.json`` type.
+    configs: ClassVar[tuple[type, ...]] = ()
     #: The ``ps.json`` type name of this tier.
     kind: str = ""
     #: Whether writes are refused (:class:`~tierserve.core.errors.ReadOnlyError`); a read-only

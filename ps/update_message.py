@@ -89,3 +89,12 @@ def decode_update(
     if not np.isfinite(embeddings).all():
         raise MalformedMessageError("update message holds NaN or infinite values")
     return keys, embeddings.reshape(len(keys), dim)
+
+
+def announced_records(value) -> int:
+    """The records a value's header and length announce, without decoding it (at least 1:
+    a value too short to say counts as one)."""
+    if not value or len(value) < HEADER.size:
+        return 1
+    value_size = int.from_bytes(value[4:8], "little")
+    return max(1, (len(value) - HEADER.size) // (KEY_BYTES + value_size))

@@ -2,8 +2,10 @@
 
 ``create_app(settings)`` builds the data plane over a model repository (or a ``ps.json``);
 its lifespan loads the models, starts the gRPC server and the repository poller, and tears
-everything down again.  :func:`serve` runs it under uvicorn; :class:`BackgroundServer` runs
-it in a thread (tests, benchmarks, the demo).  Nothing here reads arguments at import time.
+everything down again.  :func:`serve` runs it with HTTP on the native transport
+(:class:`~.native_server.NativeServer`) or on uvicorn (``http_transport``);
+:class:`BackgroundServer` runs it in a thread (tests, benchmarks, the demo).  Nothing here
+reads arguments at import time.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
 import gc
 import logging
 import socket
@@ -21,7 +22,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 
 from tierserve.core.errors import ConfigError
@@ -33,10 +33,12 @@ from .dataplane import DataPlane
 from .drain import Server
 from .grpc_native import NativeGrpcServer, check_native_transport, native_available
 from .grpc_server import create_grpc_server
+from .http_python import uvicorn_config
 from .metrics import ServerMetrics
+from .native_server import NativeServer
 from .pool_state import PooledDataPlane, PoolState, reuse_port_socket
 from .repository import Loader, LoadFunction, ModelRepository
-from .rest import InferFastPath, build_router, install_error_handler
+from .rest import build_router, install_error_handler
 from .servables import RequestLimits
 from .settings import Settings
 
@@ -67,8 +69,10 @@ def create_app(
 
         loader = RepositoryLoader()
     check_sources(settings)
-    native = settings.grpc_port is not None and uses_native_grpc(settings)  # refused if absent
+    native_grpc = settings.grpc_port is not None and uses_native_grpc(settings)  # refused if absent
+    native = native_grpc or uses_native_http(settings)
     budget = make_budget(settings, native)
+    runtime = _native_runtime() if native else None
     admission = Admission(budget, settings)
     executor = ThreadPoolExecutor(settings.threads, thread_name_prefix="tierserve-infer")
     loads = ThreadPoolExecutor(1, thread_name_prefix="tierserve-load")
@@ -104,7 +108,9 @@ def create_app(
         plane.started = True
         grpc_server = None
         if settings.grpc_port is not None:
-            grpc_server, port = grpc_front_end(plane, settings, pool is not None, admission)
+            grpc_server, port = grpc_front_end(
+                plane, settings, pool is not None, admission, runtime
+            )
             await grpc_server.start()
             app.state.grpc_port = port
             app.state.grpc_server = grpc_server
@@ -145,6 +151,8 @@ def create_app(
                 plane.heap.close()
             if grpc_server is not None:
                 await grpc_server.stop(grace=settings.shutdown_grace_s)
+            if runtime is not None:
+                runtime.close()
             await plane.close()
             repository.close()
             await loop.run_in_executor(loads, repository.loader.close)
@@ -163,6 +171,8 @@ def create_app(
     app.state.freeze_heap = False  # serve() sets it: its process is the server's own
     app.state.budget = budget
     app.state.admission = admission
+    #: the tokio runtime both native transports serve on (None: neither is native)
+    app.state.native_runtime = runtime
     install_error_handler(app)
     router, app.state.infer_endpoint = build_router(
         plane, settings.admin_token, settings.max_request_bytes
@@ -182,14 +192,27 @@ def _warm_inference_thread(repository: ModelRepository) -> None:
     gc.collect()
 
 
-def grpc_front_end(plane: DataPlane, settings: Settings, reuse_port: bool, admission: Admission):
+def _native_runtime() -> Any:
+    """The tokio runtime the native transports of this process share (one thread)."""
+    from tierserve_native import Runtime
+
+    return Runtime(1)
+
+
+def grpc_front_end(
+    plane: DataPlane,
+    settings: Settings,
+    reuse_port: bool,
+    admission: Admission,
+    runtime: Any = None,
+):
     """The unstarted gRPC server ``settings.grpc_transport`` asks for, and its port; calls
-    take their room from ``admission``'s budget."""
+    take their room from ``admission``'s budget; the native one serves on ``runtime``."""
     if uses_native_grpc(settings):
         server = NativeGrpcServer(
             plane, settings.host, settings.grpc_port or 0, settings.admin_token,
             settings.max_request_bytes, reuse_port=reuse_port, budget=admission.budget,
-            settings=settings,
+            settings=settings, runtime=runtime,
         )  # fmt: skip
         return server, server.port
     return create_grpc_server(
@@ -213,6 +236,18 @@ def uses_native_grpc(settings: Settings) -> bool:
     return native_available()
 
 
+def uses_native_http(settings: Settings) -> bool:
+    """Whether HTTP goes over the native transport; :class:`ConfigError` naming
+    ``http_transport`` when it must and is not installed."""
+    if settings.http_transport == "python":
+        return False
+    if settings.http_transport == "native" and not native_available():
+        from .http_native import check_native_transport as check_http
+
+        check_http()
+    return native_available()
+
+
 def check_sources(settings: Settings) -> None:
     """Refuse to serve nothing: the repository folder must exist and hold a model folder,
     the ``--config`` file must exist (:class:`ConfigError` naming what is wrong)."""
@@ -231,29 +266,9 @@ def check_sources(settings: Settings) -> None:
             )
 
 
-def http_protocol(
-    settings: Settings | None = None, infer: Any = None, admission: Admission | None = None
-) -> Any:
-    """uvicorn's ``http`` setting: httptools writing each response in one send, within the
-    settings' header limits, read timeouts and connection limits, requests taking their room
-    through ``admission`` (see :mod:`.http_protocol`; default settings and a budget of their
-    own when none are given); given the app's infer endpoint, it answers infer requests
-    itself."""
-    settings = settings or Settings()
-    try:
-        from .http_protocol import GatheringHttpToolsProtocol, Limits
-    except ImportError:  # httptools is a dependency; without it the timeouts cannot hold
-        raise ConfigError(
-            "header_timeout_s and body_timeout_s need httptools: pip install httptools"
-        ) from None
-    if admission is None:
-        admission = Admission(make_budget(settings, native=False), settings)
-    return functools.partial(
-        GatheringHttpToolsProtocol, limits=Limits.of(settings, admission), infer=infer
-    )
-
-
-def serve(settings: Settings, loader: Loader | LoadFunction | None = None, pool: PoolState | None = None) -> None:
+def serve(
+    settings: Settings, loader: Loader | LoadFunction | None = None, pool: PoolState | None = None
+) -> None:
     """Run the server in the foreground until interrupted (SIGTERM and SIGINT drain: requests
     in flight get ``shutdown_grace_s`` to finish); ``pool``: as one worker of a pool, on a
     port the other workers share."""
@@ -269,6 +284,9 @@ def serve(settings: Settings, loader: Loader | LoadFunction | None = None, pool:
         check_ports(settings)
     app = create_app(settings, loader, pool)
     app.state.freeze_heap = True
+    if uses_native_http(settings):
+        NativeServer(app, settings, reuse_port=pool is not None).run()
+        return
     server = Server(uvicorn_config(app, settings, settings.log_level))
     if pool is None:
         server.run()
@@ -296,43 +314,6 @@ def check_ports(settings: Settings) -> None:
                     f"{what} {port}: cannot listen on {settings.host}:{port}: {exc.strerror}"
                     + (" (another server runs there?)" if exc.errno == errno.EADDRINUSE else "")
                 ) from None
-
-
-def event_loop(settings: Settings) -> str:
-    """uvicorn's ``loop`` setting for ``settings.event_loop`` (grpc.aio runs on the same loop);
-    ``uvloop`` when it is not installed is a :class:`ConfigError` naming the setting."""
-    if settings.event_loop == "asyncio":
-        return "asyncio"
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        if settings.event_loop == "uvloop":
-            raise ConfigError(
-                "event_loop uvloop: uvloop is not installed (pip install uvloop)"
-            ) from None
-        return "asyncio"
-    return "uvloop"
-
-
-def uvicorn_config(app: FastAPI, settings: Settings, log_level: str, **extra) -> uvicorn.Config:
-    """How uvicorn serves ``app``: infer requests by the protocol itself (:func:`http_protocol`,
-    given the app's infer endpoint) or, for paths it leaves to the app, by
-    :class:`~.rest.InferFastPath`, on the event loop that grpc.aio shares (:func:`event_loop`)."""
-    return uvicorn.Config(
-        InferFastPath(app),
-        host=settings.host,
-        port=settings.http_port,
-        log_level=log_level,
-        log_config=None,  # uvicorn's lines in the server's one format (server/logs.py)
-        lifespan="on",
-        access_log=False,
-        proxy_headers=False,  # nothing reads the client address: no X-Forwarded-For parsing
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
-        timeout_keep_alive=settings.keep_alive_timeout_s,
-        loop=event_loop(settings),
-        http=http_protocol(settings, app.state.infer_endpoint, app.state.admission),
-        **extra,
-    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -363,7 +344,10 @@ class BackgroundServer:
         self.settings = with_free_ports(settings)
         self.app = create_app(self.settings, loader)
         self.plane: DataPlane = self.app.state.plane
-        self._server = Server(uvicorn_config(self.app, self.settings, "warning"))
+        if uses_native_http(self.settings):
+            self._server: Any = NativeServer(self.app, self.settings)
+        else:
+            self._server = Server(uvicorn_config(self.app, self.settings, "warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="tierserve")
 
     @property

@@ -56,9 +56,10 @@ class _Duration:
     count: int = 0
     ns: int = 0
 
-    def add(self, ns: int) -> None:
-        self.count += 1
-        self.ns += ns
+    def add(self, ns: int, count: int = 1) -> None:
+        """``count`` requests of ``ns`` each."""
+        self.count += count
+        self.ns += ns * count
 
     def to_dict(self) -> dict[str, int]:
         return {"count": self.count, "ns": self.ns}
@@ -330,27 +331,31 @@ class DataPlane:
         self._on_batch(servable.name, servable.version, int(getattr(unit, "batch_size", 1)), 1)
         return out
 
-    async def infer(self, name: str, version: str, request: DecodedRequest) -> InferResult:
-        """Run one request; raises a TierserveError for anything a caller got wrong."""
-        started = time.perf_counter_ns()
-        handle, servable, wanted, unit = self._begin(name, version, request, started)
-        ok = False
-        t0 = time.perf_counter_ns()
-        try:
-            batcher: DynamicBatcher | None = handle.extras.get("batcher")
-            if batcher is not None:
-                outputs = await batcher.submit(unit)
-            else:  # never on the event loop: a lookup may wait on a network tier
-                loop = asyncio.get_running_loop()
-                outputs = await loop.run_in_executor(
-                    self.executor, self._execute_timed, servable, unit
-                )
-            compute = time.perf_counter_ns() - t0
-            ok = True
-        finally:
-            handle.release()
-            self._record(servable, request, ok, started, compute if ok else 0, t0 - started)
-        return self._result(servable, request, outputs, wanted)
+    async def infer(
+        self,
+        name: str,
+        version: str,
+        request: DecodedRequest,
+        alive: Callable[[], bool] | None = None,
+    ) -> InferResult:
+        """Run one request (:meth:`start_infer`, awaited); raises a TierserveError for
+        anything a caller got wrong.  A request whose awaiting task is cancelled, or whose
+        ``alive()`` turns false, before its batch runs is dropped."""
+        future = asyncio.get_running_loop().create_future()
+
+        def done(result: InferResult | None, exc: BaseException | None) -> None:
+            if future.done():  # cancelled meanwhile
+                return
+            if exc is None:
+                future.set_result(result)
+            else:
+                future.set_exception(exc)
+
+        def wanted() -> bool:
+            return not future.done() and (alive is None or alive())
+
+        self.start_infer(name, version, request, done, wanted)
+        return await future
 
     def start_infer(
         self,
@@ -359,21 +364,26 @@ class DataPlane:
         request: DecodedRequest,
         done: Callable[[InferResult | None, BaseException | None], None],
         alive: Callable[[], bool] | None = None,
+        sizes: list[int] | None = None,
     ) -> None:
-        """:meth:`infer` without a coroutine, for a front end that answers from callbacks:
+        """The one entry of every transport's infer requests (:meth:`infer` awaits it), for
+        a front end that answers from callbacks:
         raises a TierserveError at once for a request that cannot run, else ``done(result,
         None)`` or ``done(None, exception)`` is called later on the event loop.  ``alive()``
         false (its client gave up) before a batched request runs drops it
-        (:class:`~tierserve.core.errors.RequestCancelledError`)."""
+        (:class:`~tierserve.core.errors.RequestCancelledError`).  ``sizes``: ``request`` merges
+        several clients' requests of these rows, one after another (each is counted in the
+        statistics)."""
         started = time.perf_counter_ns()
-        handle, servable, wanted, unit = self._begin(name, version, request, started)
+        handle, servable, wanted, unit = self._begin(name, version, request, started, sizes)
         t0 = time.perf_counter_ns()
 
         def finish(outputs: dict[str, np.ndarray] | None, exc: BaseException | None) -> None:
             handle.release()
+            _trim_after(request)
             ok = exc is None
             compute = time.perf_counter_ns() - t0 if ok else 0
-            self._record(servable, request, ok, started, compute, t0 - started)
+            self._record(servable, request, ok, started, compute, t0 - started, sizes)
             if ok:
                 done(self._result(servable, request, outputs, wanted), None)
             else:
@@ -388,11 +398,19 @@ class DataPlane:
             future = loop.run_in_executor(self.executor, self._execute_timed, servable, unit)
         except BaseException:
             handle.release()
-            self._record(servable, request, False, started, 0)
+            _trim_after(request)
+            self._record(servable, request, False, started, 0, 0, sizes)
             raise
         future.add_done_callback(lambda f: finish(*_outcome(f)))
 
-    def _begin(self, name: str, version: str, request: DecodedRequest, started: int):
+    def _begin(
+        self,
+        name: str,
+        version: str,
+        request: DecodedRequest,
+        started: int,
+        sizes: list[int] | None = None,
+    ):
         """The handle (acquired), servable, requested outputs and prepared unit of a
         request; a request that fails its checks is recorded and raises."""
         handle = self.repository.acquire(name, version)
@@ -403,7 +421,9 @@ class DataPlane:
             unit = servable.prepare(request.inputs)
         except BaseException:
             handle.release()
-            self._record(servable, request, False, started, 0)
+            _trim_after(request)
+            if sizes is None:  # a merged request refused is retried request by request
+                self._record(servable, request, False, started, 0)
             raise
         return handle, servable, wanted, unit
 
@@ -438,25 +458,42 @@ class DataPlane:
         return st
 
     def _record(
-        self, servable: Servable, request, ok: bool, started: int, compute: int, prepare: int = 0
+        self,
+        servable: Servable,
+        request,
+        ok: bool,
+        started: int,
+        compute: int,
+        prepare: int = 0,
+        sizes: list[int] | None = None,
     ) -> None:
         now = time.perf_counter_ns()
         first = next(iter(request.inputs.values()), None)
         rows = first.shape[0] if first is not None and first.ndim else 1
+        requests = 1 if sizes is None else len(sizes)
         with self._stats_lock:
             st = self._stats_of(servable.name, servable.version)
             st.last_inference = int(time.time() * 1000)
             if ok:
                 st.inference_count += rows if servable.max_batch_size > 0 else 1
-                st.success.add(now - started)
-                st.queue.add(0)
-                st.compute_input.add(prepare)
-                st.compute_infer.add(compute)
-                st.compute_output.add(0)
-                size = rows if servable.max_batch_size > 0 else 1
-                per_size = st.batches.get(size)
-                if per_size is None:
-                    per_size = st.batches[size] = _Duration()
-                per_size.add(compute)
+                st.success.add(now - started, requests)
+                st.queue.add(0, requests)
+                st.compute_input.add(prepare, requests)
+                st.compute_infer.add(compute, requests)
+                st.compute_output.add(0, requests)
+                for size in sizes or (rows,):
+                    size = size if servable.max_batch_size > 0 else 1
+                    per_size = st.batches.get(size)
+                    if per_size is None:
+                        per_size = st.batches[size] = _Duration()
+                    per_size.add(compute)
             else:
-                st.fail.add(now - started)
+                st.fail.add(now - started, requests)
+
+
+def _trim_after(request: DecodedRequest) -> None:
+    """The heap goes back to the OS soon after a large request (by its rows or its
+    tensors' bytes, :data:`~.allocator.trimmer`): once per request, whichever transport
+    brought it."""
+    inputs = request.inputs
+    trimmer.after_request(inputs, sum(getattr(a, "nbytes", 0) for a in inputs.values()))

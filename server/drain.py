@@ -4,8 +4,9 @@ uvicorn's shutdown closes its listening sockets first, which resets the connecti
 kernel accepted and the server had not taken yet (a client's request sent on one is lost),
 and closes every connection between requests at once, which loses a request whose bytes
 have arrived but were not read yet.  :class:`Server` takes what waits in the listeners'
-accept queues before closing them; the HTTP protocol's ``shutdown`` keeps a connection that
-has a request coming in until it is answered (:mod:`.http_protocol`).  And it exits like a
+accept queues before closing them, and uvicorn answers the requests it has started before it
+closes their connections.  The native HTTP transport drains in Rust
+(:mod:`.native_server`).  And it exits like a
 worker pool does, with status 0 after a drain, where uvicorn re-raises the signal it caught
 (the process then dies of SIGTERM).
 """

@@ -24,7 +24,6 @@ from google.protobuf.message import DecodeError
 from tierserve.core.errors import ConfigError, InvalidInputError, TierserveError
 
 from .admission import make_budget, max_descriptor
-from .allocator import trimmer
 from .dataplane import DataPlane
 from .grpc_gen import grpc_predict_v2_pb2 as pb
 from .grpc_server import (
@@ -103,6 +102,7 @@ class NativeGrpcServer:
         *,
         budget: Any = None,
         settings: Settings | None = None,
+        runtime: Any = None,
     ) -> None:
         self.plane = plane
         self.servicer = InferenceServicer(plane, admin_token)
@@ -119,6 +119,7 @@ class NativeGrpcServer:
             admission_timeout_s=settings.admission_timeout_s,
             max_connections=settings.max_connections,
             max_descriptor=max_descriptor(settings.descriptor_reserve), threads=threads,
+            runtime=runtime,
         )  # fmt: skip
         self.port: int = self.transport.port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -184,12 +185,8 @@ class NativeGrpcServer:
         plane = self.plane
         started = time.perf_counter()
         model = ""
-        decoded = None
-        size = len(message)  # the callbacks keep neither the message nor its parse alive
 
         def finish(status: str | None) -> None:
-            if decoded is not None:
-                trimmer.after_request(decoded.inputs, size)
             label = plane.metrics_label(model)
             plane.metrics.observe_request(label, "grpc", time.perf_counter() - started, status)
 

@@ -25,7 +25,6 @@ from google.protobuf import json_format
 from tierserve.core.errors import InvalidInputError, TierserveError
 
 from .admission import Admission, max_descriptor, open_descriptors
-from .allocator import trimmer
 from .dataplane import DataPlane
 from .errors import grpc_status
 from .grpc_gen import grpc_predict_v2_pb2 as pb
@@ -296,13 +295,10 @@ class InferenceServicer:
                 await self.admission.take(1, size)
                 held = True
             decoded = decode_infer_request(request)
-            try:
-                result = await self.plane.infer(
-                    model_name(request.model_name), request.model_version, decoded
-                )
-                return encode_infer_response_bytes(result)
-            finally:
-                trimmer.after_request(decoded.inputs, size)
+            result = await self.plane.infer(
+                model_name(request.model_name), request.model_version, decoded
+            )
+            return encode_infer_response_bytes(result)
         except Exception as exc:
             status = status_of(exc)[0].name
             raise

@@ -24,9 +24,11 @@ import numpy as np
 
 from tierserve.core.errors import ConfigError, InvalidInputError, NotFoundError
 from tierserve.ps.config import ModelConfig, PSConfig, load_ps_config
+from tierserve.ps.config_base import validate
 from tierserve.ps.keys import as_keys
+from tierserve.ps.params import persistent_config, update_source_config, volatile_config
 
-from .inference_model import InferenceParams, model_config_fields, table_defaults
+from .inference_params import MODEL_FIELDS, InferenceParams, model_config_fields, table_defaults
 
 
 class ParameterServerConfig:
@@ -70,17 +72,14 @@ class ParameterServerConfig:
         if len(keys64) > 1:
             raise ConfigError("ParameterServerConfig: the models must agree on i64_input_key "
                               "(one parameter server holds keys of one width)")
-        template = InferenceParams(
-            model_name="hps", max_batchsize=1, hit_rate_threshold=1.0, dense_model_file="",
-            sparse_model_files=[], use_gpu_embedding_cache=False, cache_size_percentage=0.0,
-            i64_input_key=True, volatile_db=volatile_db, persistent_db=persistent_db,
-            update_source=update_source)  # fmt: skip
-        vdb, pdb, src = template.tier_configs()
         self.inference_params_array = params
         self.config = PSConfig(
             supportlonglong=keys64.pop() if keys64 else True,
-            volatile_db=vdb, persistent_db=pdb, update_source=src, models=models,
-        )  # fmt: skip
+            volatile_db=volatile_config(volatile_db),
+            persistent_db=persistent_config(persistent_db),
+            update_source=update_source_config(update_source),
+            models=models,
+        )
 
 
 def _model_config(
@@ -97,14 +96,15 @@ def _model_config(
         if len(values) != n:
             raise ConfigError(f"ParameterServerConfig: {what}[{p.model_name!r}] has "
                               f"{len(values)} tables, sparse_model_files has {n}")
-    return ModelConfig(
+    fields = {
         **model_config_fields(p),
-        default_value_for_each_table=table_defaults(p, n),
-        maxnum_catfeature_query_per_table_per_sample=max_feature_num_per_sample_per_emb_table,
-        embedding_vecsize_per_table=embedding_vec_size,
-        embedding_table_names=emb_table_name,
-        maxnum_des_feature_per_sample=p.maxnum_des_feature_per_sample,
-    )
+        "default_value_for_each_table": table_defaults(p, n),
+        "maxnum_catfeature_query_per_table_per_sample": max_feature_num_per_sample_per_emb_table,
+        "embedding_vecsize_per_table": embedding_vec_size,
+        "embedding_table_names": emb_table_name,
+    }
+    names = {field: name for name, field in MODEL_FIELDS.items()}
+    return validate(ModelConfig, fields, f"InferenceParams of {p.model_name!r}", names)
 
 
 class HPS:

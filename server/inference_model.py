@@ -1,4 +1,5 @@
-"""The model runtime behind HugeCTR's inference API: ``InferenceParams`` and ``InferenceModel``.
+"""The model runtime behind HugeCTR's inference API: ``InferenceModel`` (``InferenceParams``,
+from :mod:`tierserve.server.inference_params`, is re-exported here, beside it).
 
 ``InferenceModel(model_config_path, inference_params)`` reads the graph JSON and dense file
 into the trainer's forward-only :class:`~tierserve.model.inference_graph.InferenceGraph`
@@ -19,10 +20,9 @@ import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.model.batch import Batch
@@ -30,19 +30,13 @@ from tierserve.model.combine import combine
 from tierserve.model.device import to_numpy, to_xp
 from tierserve.model.graph_json import Graph, load_graph_json
 from tierserve.model.inference_graph import EmbeddingSpec, InferenceGraph
-from tierserve.ps.config import (
-    ModelConfig,
-    PersistentDBConfig,
-    PSConfig,
-    UpdateSourceConfig,
-    VolatileDBConfig,
-    format_validation_errors,
-)
+from tierserve.ps.config import ModelConfig, PSConfig
 from tierserve.ps.keys import as_keys
-from tierserve.ps.params import PersistentDatabaseParams, UpdateSourceParams, VolatileDatabaseParams
+
+from .inference_params import InferenceParams, check_against_graph, read_params
 
 if TYPE_CHECKING:
-    from tierserve.cache.model_cache import ModelCache
+    from tierserve.cache.model_cache import ModelEmbeddingCache
     from tierserve.cache.protocols import ParameterServerLike
     from tierserve.ps.hierarchy import HierarchicalParameterServer
 
@@ -52,226 +46,6 @@ if TYPE_CHECKING:
 ParameterServer = Union["HierarchicalParameterServer", "ParameterServerLike"]
 
 log = logging.getLogger("tierserve.server.inference_model")
-
-
-# --- parameters ------------------------------------------------------------------------------
-
-
-def _tier_config(value: Any, adapter) -> Any:
-    if hasattr(value, "to_config"):
-        return value.to_config()
-    return value if not isinstance(value, dict) else adapter(value)
-
-
-class InferenceParams(BaseModel):
-    """HugeCTR's ``InferenceParams``: the first eight arguments may be given by position.
-
-    ``device_id`` (HugeCTR's 6th argument, here keyword only) is the device of
-    ``CreateInferenceSession``'s session and embedding cache, as in HugeCTR;
-    ``InferenceModel`` uses ``deployed_devices``, unless only ``device_id`` is given.
-
-    Beyond HugeCTR's fields, ``volatile_db``, ``persistent_db`` and ``update_source`` take the
-    parameter objects of :mod:`tierserve.ps.params` (or their typed configs or dicts), and
-    ``network_file`` / ``non_trainable_params_file`` override where the graph's files are.
-    """
-
-    model_config = ConfigDict(
-        extra="forbid", arbitrary_types_allowed=True, validate_assignment=True
-    )
-
-    model_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,120}$")]
-    max_batchsize: Annotated[int, Field(gt=0)]
-    hit_rate_threshold: Annotated[float, Field(ge=0.0, le=1.0)]
-    dense_model_file: str
-    sparse_model_files: list[str]
-    device_id: Annotated[int, Field(ge=0)] = 0
-    use_gpu_embedding_cache: bool
-    cache_size_percentage: Annotated[float, Field(ge=0.0, le=1.0)]
-    i64_input_key: bool
-    use_mixed_precision: bool = False
-    scaler: float = 1.0
-    use_algorithm_search: bool = True
-    use_cuda_graph: bool = True
-    number_of_worker_buffers_in_pool: Annotated[int, Field(gt=0)] = 2
-    number_of_refresh_buffers_in_pool: Annotated[int, Field(gt=0)] = 1
-    cache_refresh_percentage_per_iteration: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    deployed_devices: list[int] = Field(default_factory=lambda: [0])
-    default_value_for_each_table: list[float] = Field(default_factory=lambda: [0.0])
-    volatile_db: Any = None
-    persistent_db: Any = None
-    update_source: Any = None
-    maxnum_des_feature_per_sample: Annotated[int, Field(ge=0)] = 26
-    refresh_delay: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
-    refresh_interval: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
-    maxnum_catfeature_query_per_table_per_sample: list[int] = Field(default_factory=list)
-    embedding_vecsize_per_table: list[int] = Field(default_factory=list)
-    embedding_table_names: list[str] = Field(default_factory=list)
-    network_file: str = ""
-    label_dim: Annotated[int, Field(gt=0)] = 1
-    slot_num: Annotated[int, Field(gt=0)] = 10
-    non_trainable_params_file: str = ""
-
-    _POSITIONAL: ClassVar[tuple[str, ...]] = (
-        "model_name",
-        "max_batchsize",
-        "hit_rate_threshold",
-        "dense_model_file",
-        "sparse_model_files",
-        "use_gpu_embedding_cache",
-        "cache_size_percentage",
-        "i64_input_key",
-    )
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if len(args) > len(self._POSITIONAL):
-            raise ConfigError(
-                f"InferenceParams takes at most {len(self._POSITIONAL)} positional arguments"
-            )
-        for name, value in zip(self._POSITIONAL, args):
-            if name in kwargs:
-                raise ConfigError(f"InferenceParams: {name} given twice")
-            kwargs[name] = value
-        if isinstance(kwargs.get("sparse_model_files"), (str, os.PathLike)):
-            kwargs["sparse_model_files"] = [kwargs["sparse_model_files"]]
-        try:
-            super().__init__(**kwargs)
-        except ValidationError as exc:
-            raise ConfigError(format_validation_errors(exc, "InferenceParams")) from None
-
-    def tier_configs(self) -> tuple[Any, Any, Any]:
-        """The typed volatile, persistent and update-source configs."""
-        from pydantic import TypeAdapter
-
-        vdb = self.volatile_db if self.volatile_db is not None else VolatileDatabaseParams()
-        pdb = self.persistent_db if self.persistent_db is not None else PersistentDatabaseParams()
-        src = self.update_source if self.update_source is not None else UpdateSourceParams()
-        return (
-            _tier_config(vdb, TypeAdapter(VolatileDBConfig).validate_python),
-            _tier_config(pdb, TypeAdapter(PersistentDBConfig).validate_python),
-            _tier_config(src, TypeAdapter(UpdateSourceConfig).validate_python),
-        )
-
-
-# --- the model -------------------------------------------------------------------------------
-
-
-#: InferenceParams fields with no effect here, and what happens instead (warned once when given).
-PARAMS_NOT_HONOURED = {
-    "use_algorithm_search": "no cuBLAS algorithm search; numpy/cupy pick the GEMM kernels",
-    "use_cuda_graph": "no CUDA graphs; each layer runs as its own numpy/cupy calls",
-    "scaler": "inference computes in float32, so there is no loss scale",
-}
-
-
-def check_params_against_graph(
-    p: InferenceParams, network: InferenceGraph, slots: list[int], graph_path
-) -> None:
-    """HugeCTR's ``InferenceParams`` repeat what the graph defines (table names, vector sizes,
-    slots, label and dense widths): when given, they must agree with ``graph_path``; and the
-    switches of :data:`PARAMS_NOT_HONOURED` warn once when given."""
-    from tierserve.core.compat import warn_once
-
-    tables = list(network.embeddings)
-    graph = {
-        "embedding_table_names": [t.name for t in tables],
-        "embedding_vecsize_per_table": [t.embedding_vec_size for t in tables],
-        "label_dim": sum(network.label_dims),
-        "slot_num": sum(slots),
-    }
-    given = p.model_fields_set
-    for name, value in graph.items():
-        if name in given and getattr(p, name) != value:
-            raise ConfigError(
-                f"InferenceParams.{name} is {getattr(p, name)!r} but the graph {graph_path} "
-                f"defines {value!r}"
-            )
-    at_least = {
-        "maxnum_catfeature_query_per_table_per_sample": [max(t.max_nnz, t.slot_num)
-                                                         for t in tables],
-        "maxnum_des_feature_per_sample": network.dense_dim,
-    }
-    for name, need in at_least.items():
-        if name not in given:
-            continue
-        value = getattr(p, name)
-        ok = (len(value) == len(need) and all(v >= n for v, n in zip(value, need))
-              if isinstance(need, list) else value >= need)
-        if not ok:
-            raise ConfigError(
-                f"InferenceParams.{name} is {value!r}; the graph {graph_path} needs at least "
-                f"{need!r}"
-            )
-    for name, instead in PARAMS_NOT_HONOURED.items():
-        if name in given:
-            warn_once(f"InferenceParams.{name}", instead, stacklevel=4)
-
-
-def serving_devices(p: InferenceParams) -> list[int]:
-    """``deployed_devices``, or ``[device_id]`` when only ``device_id`` was given."""
-    if "device_id" in p.model_fields_set and "deployed_devices" not in p.model_fields_set:
-        return [p.device_id]
-    return list(p.deployed_devices)
-
-
-def model_config_fields(p: InferenceParams) -> dict[str, Any]:
-    """The ``ps.json`` model entry fields that ``InferenceParams`` give by themselves (files,
-    batch size, devices, defaults, cache settings); the per-table shape of the model (names,
-    vector sizes, keys per sample) comes from the graph or the HPS config."""
-    return dict(
-        model=p.model_name,
-        sparse_files=[os.fspath(f) for f in p.sparse_model_files],
-        dense_file=os.fspath(p.dense_model_file),
-        max_batch_size=p.max_batchsize,
-        deployed_device_list=serving_devices(p),
-        hit_rate_threshold=p.hit_rate_threshold,
-        gpucache=p.use_gpu_embedding_cache,
-        gpucacheper=p.cache_size_percentage,
-        cache_refresh_percentage_per_iteration=p.cache_refresh_percentage_per_iteration,
-        refresh_interval=p.refresh_interval,
-        refresh_delay=p.refresh_delay,
-        # given only when the script set them (the defaults differ; they warn, see ModelConfig)
-        **{name: getattr(p, field) for field, name in (
-            ("number_of_worker_buffers_in_pool", "num_of_worker_buffer_in_pool"),
-            ("number_of_refresh_buffers_in_pool", "num_of_refresher_buffer_in_pool"),
-        ) if field in p.model_fields_set},
-        use_mixed_precision=p.use_mixed_precision,
-    )
-
-
-def table_defaults(p: InferenceParams, num_tables: int) -> list[float]:
-    """``default_value_for_each_table``, one value repeated for every table."""
-    defaults = list(p.default_value_for_each_table)
-    return defaults * num_tables if len(defaults) == 1 and num_tables > 1 else defaults
-
-
-def model_config_from_params(
-    params: InferenceParams, network: InferenceGraph, graph_path: str | os.PathLike
-) -> ModelConfig:
-    """The ``ps.json`` model entry (:class:`ModelConfig`) that HugeCTR's ``params`` describe.
-
-    The one conversion from the HugeCTR facade: everything past it reads the model config.
-    Per-table values the graph defines (table names, vector sizes, slots) come from the graph.
-    """
-    p = params
-    tables = list(network.embeddings)
-    if len(p.sparse_model_files) != len(tables):
-        raise ConfigError(
-            f"model {p.model_name!r}: {len(p.sparse_model_files)} sparse model files for "
-            f"{len(tables)} embedding tables in {graph_path}"
-        )
-    slots = [int(s["slot_num"]) for s in load_graph_json(graph_path).data_layer.get("sparse", [])]
-    check_params_against_graph(p, network, slots, graph_path)
-    return ModelConfig(
-        **model_config_fields(p),
-        network_file=os.fspath(graph_path),
-        default_value_for_each_table=table_defaults(p, len(tables)),
-        maxnum_des_feature_per_sample=network.dense_dim,
-        maxnum_catfeature_query_per_table_per_sample=[max(t.max_nnz, t.slot_num) for t in tables],
-        embedding_vecsize_per_table=[t.embedding_vec_size for t in tables],
-        embedding_table_names=[t.name for t in tables],
-        label_dim=sum(network.label_dims),
-        slot_num=max(1, sum(slots)),
-    )
 
 
 class InferenceModel:
@@ -293,42 +67,89 @@ class InferenceModel:
         parameter_server: ParameterServer | None = None,
     ) -> None:
         p = inference_params
-        graph_path = p.network_file or model_config_path
-        graph = load_graph_json(graph_path)
-        network = InferenceGraph(graph, p.dense_model_file, p.non_trainable_params_file or None)
-        config = model_config_from_params(p, network, graph_path)
+        config, graph, network = read_params(model_config_path, p)
+        ps_config = None
+        if parameter_server is not None:
+            from tierserve.core.compat import warn_once
+
+            for name in ("volatile_db", "persistent_db", "update_source"):
+                if getattr(p, name) is not None:
+                    warn_once(f"InferenceParams.{name}", "not used: the model reads the tiers "
+                              "of the parameter_server it was given", stacklevel=3)  # fmt: skip
+        else:
+            vdb, pdb, src = p.tier_configs()
+            ps_config = PSConfig(supportlonglong=p.i64_input_key, volatile_db=vdb,
+                                 persistent_db=pdb, update_source=src, models=[])  # fmt: skip
+        self.params = p
+        self._open(config, graph, network, parameter_server, ps_config,
+                   i64_input_key=p.i64_input_key,
+                   use_gpu_embedding_cache=p.use_gpu_embedding_cache)  # fmt: skip
+
+    @classmethod
+    def open(
+        cls,
+        config: ModelConfig,
+        parameter_server: ParameterServer | None = None,
+        ps_config: PSConfig | None = None,
+        *,
+        i64_input_key: bool = True,
+        use_gpu_embedding_cache: bool | None = None,
+    ) -> InferenceModel:
+        """A model over ``ps.json`` entry ``config``, serving at once: its tables loaded into
+        ``parameter_server``, or into a parameter server of its own built from ``ps_config``
+        (``parameter_server`` None; the model's Kafka consumers start when its
+        ``update_source`` is a Kafka one).  ``use_gpu_embedding_cache`` overrides the entry's
+        ``gpucache`` (None: as it says)."""
+        graph, network = cls._graph_of(config)
+        self = cls.__new__(cls)
+        self.params = None
+        cache = config.gpucache if use_gpu_embedding_cache is None else use_gpu_embedding_cache
+        self._open(config, graph, network, parameter_server, ps_config,
+                   i64_input_key=i64_input_key, use_gpu_embedding_cache=cache)  # fmt: skip
+        return self
+
+    def _open(
+        self, config: ModelConfig, graph: Graph, network: InferenceGraph, parameter_server: ParameterServer | None,
+        ps_config: PSConfig | None, *, i64_input_key: bool, use_gpu_embedding_cache: bool,
+    ) -> None:  # fmt: skip
+        """Set up over ``parameter_server`` or a new one of ``ps_config``, and commit."""
         consumers: list = []
         owns = parameter_server is None
         if owns:
             from tierserve.ps.hierarchy import HierarchicalParameterServer
-            from tierserve.ps.kafka_updates import start_update_consumers
 
-            vdb, pdb, src = p.tier_configs()
-            ps_config = PSConfig(
-                supportlonglong=p.i64_input_key,
-                volatile_db=vdb,
-                persistent_db=pdb,
-                update_source=src,
-                models=[],
-            )
             parameter_server = HierarchicalParameterServer(ps_config)
-        self.params = p
         try:
             self._setup(
-                config, graph, network, parameter_server, i64_input_key=p.i64_input_key,
-                use_gpu_embedding_cache=p.use_gpu_embedding_cache,
+                config, graph, network, parameter_server, i64_input_key=i64_input_key,
+                use_gpu_embedding_cache=use_gpu_embedding_cache,
             )  # fmt: skip
             replaced = self.commit()
             if replaced is not None:
                 parameter_server.drop_model(replaced)
             if owns:
-                consumers = start_update_consumers(parameter_server, src)
+                from tierserve.ps.kafka_updates import start_update_consumers
+
+                consumers = start_update_consumers(parameter_server, ps_config.update_source)
         except BaseException:
             if owns:
                 parameter_server.close()
             raise
         self._owns_ps = owns
         self.update_consumers = consumers  # Kafka online updates of its own server
+
+    @staticmethod
+    def _graph_of(config: ModelConfig) -> tuple[Graph, InferenceGraph]:
+        """The graph and dense network of ps.json entry ``config``, checked against it."""
+        if not config.network_file:
+            raise ConfigError(f"model {config.model!r}: no network_file (graph JSON)")
+        graph = load_graph_json(config.network_file)
+        network = InferenceGraph(graph, config.dense_file, None)
+        # ps.json's names are matched to the graph's tables by position (see _setup).
+        slots = [int(s["slot_num"]) for s in graph.data_layer.get("sparse", []) or []]
+        check_against_graph(config, f"ps.json models[{config.model}]", network, slots,
+                            config.network_file, names=False)  # fmt: skip
+        return graph, network
 
     @classmethod
     def from_config(
@@ -344,10 +165,7 @@ class InferenceModel:
 
         ``use_gpu_embedding_cache`` overrides the entry's ``gpucache`` (None: as it says).
         """
-        if not config.network_file:
-            raise ConfigError(f"model {config.model!r}: no network_file (graph JSON)")
-        graph = load_graph_json(config.network_file)
-        network = InferenceGraph(graph, config.dense_file, None)
+        graph, network = cls._graph_of(config)
         self = cls.__new__(cls)
         self.params = None
         self._owns_ps = False
@@ -393,7 +211,7 @@ class InferenceModel:
         self.slot_nums = [int(s["slot_num"]) for s in graph.data_layer.get("sparse", [])]
         self._table_input = [self.sparse_names.index(t.sparse_input) for t in self.tables]
         self.parameter_server = parameter_server
-        self.cache: ModelCache | None = None
+        self.cache: ModelEmbeddingCache | None = None
         self.lookup_seconds = 0.0
         self.lookups = 0
         from tierserve.ps.hierarchy import HierarchicalParameterServer
@@ -553,3 +371,4 @@ def load_inference_model(
 ) -> InferenceModel:
     """``InferenceModel(graph_path, params)``, for symmetry with the loaders."""
     return InferenceModel(graph_path, params, **kwargs)
+

@@ -127,6 +127,8 @@ class RepositoryLoader(Loader):
         self.update_consumers: list = []  # Kafka online updates (ps.json update_source)
         self.use_gpu_embedding_cache = use_gpu_embedding_cache
         self._lock = threading.Lock()
+        #: the models of the repository's ps.json: updates of other models are skipped
+        self._expected: set[str] = set()
 
     def _ps(self, ps_config: PSConfig):
         with self._lock:
@@ -137,7 +139,8 @@ class RepositoryLoader(Loader):
                 tiers = ps_config.model_copy(update={"models": []})
                 self.parameter_server = HierarchicalParameterServer(tiers)
                 self.update_consumers = start_update_consumers(
-                    self.parameter_server, ps_config.update_source
+                    self.parameter_server, ps_config.update_source,
+                    expects=self._expected.__contains__,
                 )
             return self.parameter_server
 
@@ -147,6 +150,7 @@ class RepositoryLoader(Loader):
         """Stage version ``version`` of ``name``; the repository commits or discards it."""
         entry = ps_config.model(name)
         config = version_files(entry, folder) if folder is not None else entry
+        self._expected.update(m.model for m in ps_config.models)
         ps = self._ps(ps_config)
         servable = self._servable(name, version, config, ps, ps_config)
         try:
@@ -190,7 +194,7 @@ class RepositoryLoader(Loader):
         return stats
 
     def consumer_status(self) -> list:
-        """The :class:`~tierserve.ps.kafka_updates.ConsumerStatus` of each Kafka consumer."""
+        """The :class:`~tierserve.ps.kafka_consumer.ConsumerStatus` of each Kafka consumer."""
         return [consumer.status() for consumer in self.update_consumers]
 
     def healthy(self) -> bool:

@@ -8,8 +8,10 @@ here and read like every other line: ``time LEVEL logger: message``.
 from __future__ import annotations
 
 import logging
+from typing import Literal, get_args
 
-LEVELS = ("debug", "info", "warning", "error")
+LogLevel = Literal["debug", "info", "warning", "error"]
+LEVELS: tuple[str, ...] = get_args(LogLevel)
 
 
 def log_format(worker: int | None = None) -> str:

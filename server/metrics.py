@@ -30,7 +30,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 StatsSource = Callable[[], Iterable[dict[str, Any]]]
 #: A tier source returns ``{level: TierStats.snapshot()}`` (see ``tierserve.ps.stats``), with
 #: ``"updates": {outcome: count}`` for a level that reads Kafka updates and ``"consumers"``: a
-#: list of ``{"role", "alive", "restarts", ...}`` (``tierserve.ps.kafka_updates.ConsumerStatus``).
+#: list of ``{"role", "alive", "restarts", ...}`` (``tierserve.ps.kafka_consumer.ConsumerStatus``).
 TierSource = Callable[[], dict[str, dict[str, Any]]]
 
 

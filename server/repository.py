@@ -47,6 +47,7 @@ from tierserve.core.errors import (
 )
 from tierserve.model.version_folder import version_number
 from tierserve.ps.config import PSConfig, load_ps_config
+from tierserve.ps.retry import EqualJitterBackoff
 from tierserve.ps.table_tag import check_name, is_valid_name
 
 from .servables import Servable
@@ -153,8 +154,10 @@ class Handle:
                 log.exception("%s of %s version %s failed", step.__name__, name, version)
 
 
-#: Backoff between retries of a version whose backend failed: base, doubling, cap (seconds).
+#: Backoff between retries of a version whose backend failed: base, doubling, cap (seconds),
+#: with equal jitter (between half and all of it) so that replicas do not retry in step.
 RETRY_BASE_S, RETRY_CAP_S = 1.0, 60.0
+RETRY_BACKOFF = EqualJitterBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S)
 
 
 @dataclass
@@ -458,11 +461,11 @@ class ModelRepository:
         with self._lock:
             before = entry.failed.get(version)
             attempts = before.attempts + 1 if before and before.signature == signature else 1
-            delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (attempts - 1))
+            delay = RETRY_BACKOFF.compute(attempts)
             entry.failed[version] = _Failure(
                 signature, reason, retryable, attempts, time.monotonic() + delay
             )
-            retry = f"; retry {attempts + 1} in {delay:.0f} s" if retryable else ""
+            retry = f"; retry {attempts + 1} in {delay:.1f} s" if retryable else ""
             serving = f"; version {entry.version} keeps serving" if entry.handle else ""
             entry.reason = f"version {version}: {reason}{retry}"
             if entry.handle is None:

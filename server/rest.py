@@ -23,6 +23,7 @@ every route, infer included.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -39,7 +40,6 @@ from tierserve.core.errors import InvalidInputError, PayloadTooLargeError, Tiers
 
 from . import openapi as docs
 from .admission import Admission, ServerBusyError
-from .allocator import LARGE_ROWS, trimmer
 from .dataplane import DataPlane
 from .errors import http_status
 from .policy import (
@@ -114,18 +114,21 @@ def _parse_header_length(value: str | None) -> int | None:
 
 
 async def _infer_response(
-    plane: DataPlane, model: str, version: str, body: bytes, header_length: int | None
+    plane: DataPlane,
+    model: str,
+    version: str,
+    body: bytes,
+    header_length: int | None,
+    alive: Callable[[], bool] | None = None,
 ) -> tuple[bytes, int | None]:
     """Decode, infer and encode one REST infer request: the body and its JSON header length
-    (None: the whole body is JSON).  Raises TierserveError for bad requests."""
+    (None: the whole body is JSON).  Raises TierserveError for bad requests; ``alive()``
+    false before its batch runs (the client left) drops it."""
     decoded = decode_rest_request(body, header_length)
-    try:
-        result = await plane.infer(model_name(model), version, decoded)
-        return encode_rest_response(
-            result.model_name, result.model_version, result.id, result.outputs, result.binary
-        )
-    finally:
-        trimmer.after_request(decoded.inputs, len(body))
+    result = await plane.infer(model_name(model), version, decoded, alive)
+    return encode_rest_response(
+        result.model_name, result.model_version, result.id, result.outputs, result.binary
+    )
 
 
 # --- infer: the one implementation ---------------------------------------------------------
@@ -172,9 +175,16 @@ class InferEndpoint:
                     status = "499"  # the client went away (nginx's code for it)
                     return
                 body = _decode_body(body, encoding or "", self.limit)
-                payload, json_length = await _infer_response(
-                    plane, model, version, body, _parse_header_length(header_length)
-                )
+                # the next message is the client's leaving: a request whose client left
+                # before its batch ran is dropped
+                left = asyncio.ensure_future(receive())
+                try:
+                    payload, json_length = await _infer_response(
+                        plane, model, version, body, _parse_header_length(header_length),
+                        lambda: not left.done(),
+                    )  # fmt: skip
+                finally:
+                    left.cancel()
             except TierserveError as exc:
                 status = str(http_status(exc))
                 await _send(send, http_status(exc), _error_bytes(error_body(exc)), _JSON)
@@ -189,7 +199,7 @@ class InferEndpoint:
             label = plane.metrics_label(model)
             plane.metrics.observe_request(label, "http", time.perf_counter() - started, status)
 
-    # -- served by the HTTP protocol itself (server/http_protocol.py), without ASGI ---------
+    # -- served by the native HTTP transport (server/http_native.py), without ASGI ---------
 
     def refuse(self, model: str, version: str, length: str | None) -> TierserveError | None:
         """The error an infer request gets before its body is read (unknown model, declared
@@ -219,8 +229,6 @@ class InferEndpoint:
         (``alive()`` false by then, the client gone: it does not run).  The request's metrics
         are recorded.  Never raises."""
         plane = self.plane
-        decoded: DecodedRequest | None = None
-        size = len(body)
 
         def done(result, exc: BaseException | None) -> None:
             try:
@@ -231,9 +239,6 @@ class InferEndpoint:
                     )  # fmt: skip
             except Exception as error:
                 exc = error
-            finally:
-                if size >= LARGE_ROWS:  # smaller bodies hold fewer rows: never a trim
-                    trimmer.after_request(decoded.inputs, size)
             if exc is not None:
                 self.fail(model, exc, started, reply)
                 return
@@ -242,12 +247,9 @@ class InferEndpoint:
 
         try:
             body = _decode_body(body, encoding or "", self.limit)
-            size = len(body)
             decoded = decode_rest_request(body, _parse_header_length(header_length))
             plane.start_infer(model_name(model), version, decoded, done, alive)
         except Exception as exc:
-            if decoded is not None:
-                trimmer.after_request(decoded.inputs, size)
             self.fail(model, exc, started, reply)
 
     def fail(self, model: str, exc: BaseException, started: float, reply: Reply) -> None:

@@ -66,17 +66,19 @@ from pathlib import Path
 
 from tierserve.core.errors import ConfigError
 from tierserve.ps.config import PSConfig, load_ps_config
-from tierserve.ps.retry import ExponentialBackoff
+from tierserve.ps.retry import EqualJitterBackoff
 
 from .pool_state import STAGED_RING, PoolState
 from .settings import Settings
 
 log = logging.getLogger("tierserve.server.workers")
 
-#: A worker that exits within this many seconds of starting is restarted after a backoff.
+#: A worker that exits within this many seconds of starting is restarted after a backoff:
+#: 1, 2, 4 ... s up to RESTART_CAP_S, with equal jitter (workers that die together do not
+#: come back together).
 QUICK_EXIT_S = 10.0
-#: How long the n-th quick exit in a row waits: 1, 2, 4, 8 s ..., each less up to half.
-RESTART_BACKOFF = ExponentialBackoff(base=1.0, cap=30.0, jitter=0.5)
+RESTART_CAP_S = 30.0
+RESTART_BACKOFF = EqualJitterBackoff(cap=RESTART_CAP_S, base=1.0)
 #: Quick exits in a row of one worker after which the pool gives up.
 RESTART_LIMIT = 5
 
@@ -364,7 +366,7 @@ def _die_with_parent() -> None:
         pass
 
 
-#: The environment variable naming this replica in Kafka consumer groups (ps.kafka_updates).
+#: The environment variable naming this replica in Kafka consumer groups (ps.kafka_groups).
 REPLICA_ENV = "TIERSERVE_REPLICA_ID"
 
 

@@ -41,6 +41,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:  # so that `import services` finds tests/services
     sys.path.insert(0, str(TESTS_DIR))
 
+from http_transports import each_http_transport  # noqa: E402, F401 (a fixture)
 from services import install  # noqa: E402
 from services.kafka import KafkaBroker, ensure_kafka  # noqa: E402
 from services.redis import RedisCluster, RedisServer, ensure_redis  # noqa: E402

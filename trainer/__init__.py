@@ -8,7 +8,7 @@ imported on first use, so importing the trainer does not import the server.
 from typing import Any
 
 from tierserve.model.inference_graph import InferenceGraph
-from tierserve.ps.config import (
+from tierserve.ps.config_base import (
     DatabaseHashMapAlgorithm_t,
     DatabaseOverflowPolicy_t,
     DatabaseType_t,

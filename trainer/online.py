@@ -44,11 +44,11 @@ _STOP = object()
 
 
 def _producer(update_source: Any):
-    """An :class:`~tierserve.ps.kafka_updates.UpdateProducer` from ``update_source``: broker
+    """An :class:`~tierserve.ps.kafka_producer.UpdateProducer` from ``update_source``: broker
     addresses, HugeCTR's ``UpdateSourceParams``, a ps.json ``update_source`` object or dict,
     or a producer."""
-    from tierserve.ps.config import KafkaUpdateSourceConfig
-    from tierserve.ps.kafka_updates import UpdateProducer
+    from tierserve.ps.kafka_producer import UpdateProducer
+    from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 
     if isinstance(update_source, UpdateProducer):
         return update_source, False

@@ -14,7 +14,8 @@ The formulas are HugeCTR's (``src/optimizers/*.cu`` for dense weights,
   gradients are always summed per row first, which is the same result, so it has no effect.
 * Ftrl (FTRL-proximal, HugeCTR's dense kernel): ``n' = n + g^2``,
   ``z += g + (sqrt(n) - sqrt(n'))*w/lr``, ``w = (sign(z)*lambda1 - z) / (sqrt(n')/lr + lambda2
-  + beta/lr)`` where ``|z| > lambda1``, else 0.
+  + beta/lr)`` where ``|z| > lambda1``, else 0; ``n`` starts at ``initial_accu_value`` (0 in
+  HugeCTR; TensorFlow's Ftrl starts it at 0.1).
 
 ``step`` (``t`` above) is the 1-based number of the update being applied.
 
@@ -101,6 +102,8 @@ class OptParamsPy:
             hyper = {"atomic_update": self.atomic_update}
         else:
             hyper = {"beta": self.beta, "lambda1": self.lambda1, "lambda2": self.lambda2}
+            if self.initial_accu_value:  # not HugeCTR's: written only when set
+                hyper["initial_accu_value"] = self.initial_accu_value
         return {
             "type": self.optimizer.value,
             "update_type": self.update_type.value,
@@ -158,9 +161,10 @@ def CreateOptimizer(  # noqa: N802 - HugeCTR's name
     """HugeCTR's ``CreateOptimizer``: the optimizer for dense layers and, by default, embeddings.
 
     Arguments and defaults are HugeCTR's; ``lambda1``, ``lambda2`` and ``beta`` configure
-    ``Optimizer_t.Ftrl``.  Bad values raise :class:`InvalidInputError`.  ``atomic_update=False``
-    warns once: the SGD update is applied exactly, as with atomic updates (HugeCTR's
-    non-atomic GPU kernel may drop concurrent updates of one row).
+    ``Optimizer_t.Ftrl`` (and ``initial_accu_value`` its ``n``, 0 as in HugeCTR).  Bad values
+    raise :class:`InvalidInputError`.  ``atomic_update=False`` warns once: the SGD update is
+    applied exactly, as with atomic updates (HugeCTR's non-atomic GPU kernel may drop
+    concurrent updates of one row).
     """
     opt = _enum(optimizer_type, Optimizer_t, "optimizer_type")
     upd = _enum(update_type, Update_t, "update_type")
@@ -436,6 +440,9 @@ class SGD(Optimizer):
 
 class Ftrl(Optimizer):
     state_names = ("z", "n")
+
+    def _initial(self, name):
+        return self.params.initial_accu_value if name == "n" else 0.0
 
     def _apply(self, p, g, st, lr, t):
         xp = _xp_of(p)

@@ -121,12 +121,10 @@ def _zipf_batches(rows: int, alpha: float, count: int, rng) -> list[np.ndarray]:
 
 def _tier_configs(tier: str, tmp: Path, stack: contextlib.ExitStack) -> dict:
     """PSConfig's tier fields for the table to live in ``tier`` alone."""
-    from tierserve.ps.config import (
-        DisabledConfig,
-        HashMapConfig,
-        RedisClusterConfig,
-        RocksDBConfig,
-    )
+    from tierserve.ps.config_base import DisabledConfig
+    from tierserve.ps.hash_map import HashMapConfig
+    from tierserve.ps.redis_tier import RedisClusterConfig
+    from tierserve.ps.rocksdb_tier import RocksDBConfig
 
     if tier == "hash_map":
         return {"volatile_db": HashMapConfig()}

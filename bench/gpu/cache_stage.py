@@ -73,7 +73,8 @@ def hits(be: Backend, rows: int, dims: list[int], rounds: int) -> list[dict]:
 
 def powerlaw(be: Backend, rows: int, dim: int, fraction: float, alpha: float, warm: int,
              measure: int, rounds: int) -> dict:
-    from tierserve.ps.config import HashMapConfig, ModelConfig, PSConfig
+    from tierserve.ps.config import ModelConfig, PSConfig
+    from tierserve.ps.hash_map import HashMapConfig
     from tierserve.ps.hierarchy import HierarchicalParameterServer
     from tierserve.ps.sparse_file import write_sparse_model
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from tierserve.clients.demo_model import SLOT_SIZES, train_demo_model, write_repository
-from tierserve.ps.kafka_updates import UpdateProducer
+from tierserve.ps.kafka_producer import UpdateProducer
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = "sparse_embedding1"

@@ -5,12 +5,12 @@
     python -m bench.ps.kafka --brokers 127.0.0.1:9092 # a running broker
 
 One topic of ``--messages`` update messages (``--keys`` records each) is published with
-:class:`~tierserve.ps.kafka_updates.UpdateProducer` (its rate is reported), then read in
+:class:`~tierserve.ps.kafka_producer.UpdateProducer` (its rate is reported), then read in
 alternating turns, each by a fresh consumer group from the first offset:
 
 - peer: a hand-written confluent-kafka loop (``consume`` in batches, ``decode_update`` each
   value), which applies nothing;
-- subject: :class:`~tierserve.ps.kafka_updates.UpdateConsumer` applying every message to the
+- subject: :class:`~tierserve.ps.kafka_apply.UpdateConsumer` applying every message to the
   ``hash_map`` tier of a :class:`~tierserve.ps.hierarchy.HierarchicalParameterServer`.
 
 The figure is updated keys per second from subscribing to the last message handled (group
@@ -31,9 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
+from tierserve.ps.config import parse_ps_config
 from tierserve.ps.hierarchy import HierarchicalParameterServer
-from tierserve.ps.kafka_updates import UpdateConsumer, UpdateProducer
+from tierserve.ps.kafka_apply import UpdateConsumer
+from tierserve.ps.kafka_producer import UpdateProducer
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 from tierserve.ps.sparse_file import write_sparse_model
 from tierserve.ps.table_tag import table_tag
 from tierserve.ps.update_message import decode_update

@@ -12,9 +12,14 @@ Batches are 26 x 1024 keys.  Peers (the ceilings we compare with):
   layout (same partitions, same chunks), results turned into numpy the same way;
 - rocks_db lookup: a raw rocksdict multi-get of the same keys, turned into numpy;
 - load into hash_map: ``np.fromfile`` of the same sparse model files;
-- hash_map memory: the raw bytes of the keys and vectors.
+- hash_map memory: the raw bytes of the keys and vectors (the table's arrays, and the
+  process's resident memory gained by the load, RSS: meaningful for tables larger than
+  malloc's largest heap reuse, 32 MB; a smaller one may take memory freed before).
 
-Peer and subject run alternately, several rounds; the figure is the median batch time.
+Subject and peer run alternately, batch by batch, several rounds; the figure is the median
+batch time (wall clock).  For ``hash_map``, which looks up on the calling thread as
+``np.take`` does, the ratio of the medians of the thread's CPU time is printed too: on a
+shared machine a loaded run's wall time is mostly time other processes held the core.
 Without ``--redis-cluster`` a three-node cluster is started on free loopback ports with the
 test suite's helpers (``tests/services``), and stopped at the end.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -33,16 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from tierserve.ps.codec import decode_values, key_fields
-from tierserve.ps.config import (
-    HashMapConfig,
-    ParallelHashMapConfig,
-    RedisClusterConfig,
-    RocksDBConfig,
-)
+from tierserve.ps.hash_map import HashMapConfig, ParallelHashMapConfig
 from tierserve.ps.partition import group_by_partition
-from tierserve.ps.redis_tier import value_hash
+from tierserve.ps.redis_tier import RedisClusterConfig, value_hash
+from tierserve.ps.rocksdb_tier import RocksDBConfig
 from tierserve.ps.sparse_file import read_sparse_model, write_sparse_model
-from tierserve.ps.tiers import create_tier
+from tierserve.ps.tier_registry import create_tier
 
 BATCH = 26 * 1024
 TAG = "hps_et.bench.table"
@@ -83,18 +85,38 @@ def make_batches(rows: int, dist: str, count: int, seed: int = 1) -> list[np.nda
 # --- timing ----------------------------------------------------------------------------------
 
 
-def alternate(subject, peer, batches, rounds: int) -> tuple[float, float]:
-    """Median seconds per batch of ``subject(batch)`` and ``peer(batch)``, interleaved."""
+def alternate(subject, peer, batches, rounds: int, cpu: dict | None = None):
+    """Median seconds per batch of ``subject(batch)`` and ``peer(batch)``, interleaved batch
+    by batch (a batch slowed by other processes taking the core is an outlier of its own,
+    and both sides run under the same load).
+
+    With ``cpu`` (a dict) the medians of the calling thread's CPU time go there too, as
+    ``subject`` and ``peer``: for work done on the calling thread alone, the time it ran,
+    without the time other processes held the core (on a shared machine most of the wall
+    time of a loaded run).
+    """
     subject(batches[0])
     peer(batches[0])
-    s_times, p_times = [], []
+    s_times, p_times, s_cpu, p_cpu = [], [], [], []
     for _ in range(rounds):
-        for fn, times in ((subject, s_times), (peer, p_times)):
-            t0 = time.perf_counter()
-            for b in batches:
+        for b in batches:
+            for fn, times, cpus in ((subject, s_times, s_cpu), (peer, p_times, p_cpu)):
+                t0, c0 = time.perf_counter(), time.thread_time()
                 fn(b)
-            times.append((time.perf_counter() - t0) / len(batches))
+                times.append(time.perf_counter() - t0)
+                cpus.append(time.thread_time() - c0)
+    if cpu is not None:
+        cpu["subject"], cpu["peer"] = statistics.median(s_cpu), statistics.median(p_cpu)
     return statistics.median(s_times), statistics.median(p_times)
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux), or None where /proc is missing."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None
 
 
 def rate(seconds_per_batch: float, keys: int = BATCH) -> float:
@@ -108,17 +130,29 @@ def bench_hash_maps(kind, keys, emb, by_dist, rounds, results, label):
     cfg = HashMapConfig() if kind == "hash_map" else ParallelHashMapConfig()
     tier = create_tier(cfg)
     tier.create_table(TAG, emb.shape[1])
+    warm = create_tier(cfg)  # the load's kernels compiled (or read from numba's cache) first
+    warm.create_table(TAG, emb.shape[1])
+    warm.load_table(TAG, keys[: 1 << 20], emb[: 1 << 20])
+    warm.close()
+    del warm
+    gc.collect()
+    before = resident_bytes()
     tier.load_table(TAG, keys, emb)
-    memory = tier.nbytes(TAG) / (keys.nbytes + emb.nbytes)
+    gc.collect()
+    raw = keys.nbytes + emb.nbytes
+    memory = tier.nbytes(TAG) / raw
+    rss = None if before is None else (resident_bytes() - before) / raw
     for dist, batches in by_dist.items():
         got, found = tier.lookup(TAG, keys[batches[0]])
         assert found.all() and np.array_equal(got, emb[batches[0]])
         pairs = {id(b): keys[b] for b in batches}
+        cpu: dict = {}
         sub, peer = alternate(
             lambda b, pairs=pairs: tier.lookup(TAG, pairs[id(b)]),
             lambda b: np.take(emb, b, axis=0),
             batches,
             rounds,
+            cpu,
         )
         # Online updates: each batch's keys (unique), rewritten with their own vectors.
         rows_ = [np.unique(b) for b in batches[:3]]
@@ -128,10 +162,13 @@ def bench_hash_maps(kind, keys, emb, by_dist, rounds, results, label):
         for u, v in zip(upd, vec):
             tier.insert(TAG, u, v)
         ins = sum(u.size for u in upd) / (time.perf_counter() - t0)
+        # hash_map looks up on the calling thread, as np.take: its CPU time is comparable
+        # (parallel_hash_map's pool threads are not on this clock)
         results.append({
             "tier": kind, **label, "dist": dist, "lookups_per_s": rate(sub), "peer": "np.take",
             "peer_per_s": rate(peer), "ratio": peer / sub, "inserts_per_s": ins,
-            "memory_ratio": memory,
+            "memory_ratio": memory, "rss_ratio": rss,
+            "ratio_cpu": cpu["peer"] / cpu["subject"] if kind == "hash_map" else None,
         })
     tier.close()
 
@@ -347,18 +384,21 @@ def main(argv=None) -> int:
         finally:
             if cluster is not None:
                 cluster.stop()
-    print("| tier | rows | dim | keys | subject | peer | ratio | inserts/s | memory |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| tier | rows | dim | keys | subject | peer | ratio | ratio (CPU time) | inserts/s "
+          "| memory | memory (RSS) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "lookups_per_s" in r:
+            cpu, rss = r.get("ratio_cpu"), r.get("rss_ratio")
             print(f"| {r['tier']} | {r['rows']:,} | {r['dim']} | {r['dist']} | "
                   f"{fmt(r['lookups_per_s'])} lookups/s | {r['peer']} {fmt(r['peer_per_s'])}/s | "
-                  f"{r['ratio']:.2f}x | {fmt(r['inserts_per_s'])} | "
-                  f"{r.get('memory_ratio', float('nan')):.2f}x |")
+                  f"{r['ratio']:.2f}x | {'-' if cpu is None else f'{cpu:.2f}x'} | "
+                  f"{fmt(r['inserts_per_s'])} | {r.get('memory_ratio', float('nan')):.2f}x | "
+                  f"{'-' if rss is None else f'{rss:.2f}x'} |")
         else:
             print(f"| {r['tier']} | {r['rows']:,} | {r['dim']} | - | "
                   f"{fmt(r['rows_per_s'])} rows/s | {r['peer']} {fmt(r['peer_rows_per_s'])} rows/s | "
-                  f"{r['ratio']:.2f}x | | |")
+                  f"{r['ratio']:.2f}x | | | | |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

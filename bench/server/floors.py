@@ -1,6 +1,6 @@
 """Servers that answer an infer request without doing any work: the transports' own cost.
 
-    python -m bench.server.floors http PORT     # uvicorn + httptools, as tierserve serves HTTP
+    python -m bench.server.floors http PORT     # uvicorn + httptools, answering nothing
     python -m bench.server.floors grpc PORT     # grpc.aio, as tierserve serves gRPC
 
 ``bench.server.run`` drives them with the same load generator as the real servers
@@ -10,7 +10,7 @@ a ceiling on what dynamic batching can gain: with batching the model's share of 
 shrinks to its share of a merged batch, while the transport's cost stays whole.
 
 The HTTP floor reads the whole body and answers 200 with a fixed binary-tensor reply over
-:func:`tierserve.server.app.http_protocol` (the protocol the server uses); the gRPC floor
+plain uvicorn with httptools (its fastest HTTP/1.1 parser); the gRPC floor
 answers ``ModelInfer`` with fixed bytes, never parsing the request.
 """
 
@@ -54,11 +54,9 @@ async def empty_asgi(scope, receive, send) -> None:
 def serve_http(port: int) -> None:
     import uvicorn
 
-    from tierserve.server.app import http_protocol
-
     uvicorn.run(
         empty_asgi, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-        loop="asyncio", http=http_protocol(),
+        loop="asyncio", http="httptools",
     )  # fmt: skip
 
 

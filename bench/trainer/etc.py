@@ -37,8 +37,7 @@ def measure(folder: str, workspace_mb: float, cache_mb: float, passes: int,
     os.environ.setdefault("TIERSERVE_FORCE_CPU", "1")
     import tierserve.trainer as hugectr
     from tierserve.model.batch import Batch, SparseInput
-    from tierserve.ps.config import HashMapConfig
-    from tierserve.ps.hash_map import HashMapTier
+    from tierserve.ps.hash_map import HashMapConfig, HashMapTier
     from tierserve.trainer.hugectr.etc import _bounded_rocksdb
 
     etc = hugectr.CreateETC(

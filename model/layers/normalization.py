@@ -16,8 +16,10 @@ class BatchNorm(Layer):
 
     Parameters: ``gamma[N]`` then ``beta[N]`` (defaults one and zero).  Non-trainable state:
     running mean then running variance (start at zero and one), updated after each training
-    step as ``running = running * (1 - factor) + batch * factor`` (unbiased batch variance);
-    inference normalises with them.  ``factor`` defaults to 1, ``eps`` to 1e-5.
+    step as ``running = running * (1 - factor) + batch * factor`` (unbiased batch variance, as
+    cuDNN; ``bn_param`` ``"unbiased_variance": false`` takes the biased one, as keras'
+    non-fused BatchNormalization does); inference normalises with them.  ``factor`` defaults
+    to 1, ``eps`` to 1e-5.
     """
 
     type_name = "BatchNorm"
@@ -26,6 +28,7 @@ class BatchNorm(Layer):
         super().__init__(config)
         self.factor = float(self.param("factor", 1.0, "bn_param"))
         self.eps = float(self.param("eps", 1e-5, "bn_param"))
+        self.unbiased = bool(self.param("unbiased_variance", True, "bn_param"))
         self.gamma_init = initializer_name(self.param("gamma_init", "Default", "bn_param"))
         self.beta_init = initializer_name(self.param("beta_init", "Default", "bn_param"))
 
@@ -81,7 +84,7 @@ class BatchNorm(Layer):
 
     def update_state(self, xp, ctx, state):
         _, _, mean, var, count = ctx
-        unbiased = var * (count / max(count - 1, 1))
+        unbiased = var * (count / max(count - 1, 1)) if self.unbiased else var
         running_mean, running_var = state
         running_mean *= 1 - self.factor
         running_mean += self.factor * mean.astype(running_mean.dtype, copy=False)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierserve.ps.config import HashMapConfig, ModelConfig, PSConfig
+from tierserve.ps.config import ModelConfig, PSConfig
+from tierserve.ps.hash_map import HashMapConfig
 from tierserve.ps.sparse_file import write_sparse_model
 
 MODEL = "m"

@@ -51,6 +51,38 @@ def test_explicit_percentage_and_capacities(tmp_path):
             assert caches[0].capacity == 40
 
 
+def test_cache_percentage_follows_one_rule_on_every_path(tmp_path):
+    """HugeCTR's meaning: a cache percentage is in [0, 1], and 0 is the smallest cache.  The
+    ps.json field (gpucacheper), InferenceParams.cache_size_percentage and
+    CreateEmbeddingCache's argument are checked by the same ModelConfig field, with the same
+    message; a model whose ps.json says 0 loads and serves through its cache."""
+    from tierserve.core.errors import ConfigError
+    from tierserve.ps.config import parse_ps_config
+    from tierserve.server.inference_model import InferenceParams
+
+    config, path = _ps_json(tmp_path, gpucacheper=0.0)
+    assert config.models[0].gpucacheper == 0.0
+    keys = np.arange(0, 1000, 7, dtype=np.int64)
+    with HierarchicalParameterServer(config) as ps:
+        for source, pct in ((path, None), (config, 0.0)):
+            with CreateEmbeddingCache(ps, 0, False, pct, source, MODEL) as caches:
+                assert caches[0].capacity == 1  # the smallest cache: one row
+                got = to_host(caches.lookup(0, keys))
+                np.testing.assert_array_equal(got, ps.lookup(MODEL, TABLE, keys))
+        refused = "less than or equal to 1"
+        with pytest.raises(ConfigError, match=rf"CreateEmbeddingCache: cache_size_percentage: .*{refused}"):
+            CreateEmbeddingCache(ps, 0, False, 1.5, config, MODEL)
+    data = dump_ps_config(config)
+    data["models"][0]["gpucacheper"] = 1.5
+    with pytest.raises(ConfigError, match=rf"models.0.gpucacheper: .*{refused}"):
+        parse_ps_config(data)
+    with pytest.raises(ConfigError, match=rf"cache_size_percentage: .*{refused}"):
+        InferenceParams(model_name="m", max_batchsize=1, hit_rate_threshold=0.9,
+                        dense_model_file="d", sparse_model_files=["s"],
+                        use_gpu_embedding_cache=False, cache_size_percentage=1.5,
+                        i64_input_key=True)
+
+
 def test_static_cache_from_config(tmp_path):
     config, path = _ps_json(tmp_path, embedding_cache_type="static", gpucacheper=1.0)
     with HierarchicalParameterServer(config) as ps:

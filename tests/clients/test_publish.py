@@ -10,8 +10,9 @@ from polling import until
 
 from tierserve.clients.cli import main
 from tierserve.ps import HierarchicalParameterServer
-from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
-from tierserve.ps.kafka_updates import UpdateConsumer
+from tierserve.ps.config import parse_ps_config
+from tierserve.ps.kafka_apply import UpdateConsumer
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 from tierserve.ps.sparse_file import write_sparse_model
 
 pytestmark = pytest.mark.kafka

@@ -56,7 +56,8 @@ from serve_process import (
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.model.batch import Batch, SparseInput
-from tierserve.ps.kafka_updates import REPLICA_ENV, UpdateProducer
+from tierserve.ps.kafka_groups import REPLICA_ENV
+from tierserve.ps.kafka_producer import UpdateProducer
 from tierserve.ps.redis_tier import value_hash
 from tierserve.ps.sparse_file import read_sparse_model
 from tierserve.server.app import BackgroundServer, free_port

@@ -114,7 +114,7 @@ def test_a_model_trained_while_served_is_served_as_the_trainer_has_it(tmp_path, 
             timeout=30,
         ), np.abs(_served_predict(server.http_url, des, cat) - want).max()
         ps = loader.parameter_server
-        assert until(lambda: _tables_equal(ps, demo.model), timeout=10), _mismatch(ps, demo.model)
+        assert until(lambda: _tables_equal(ps, demo.model), timeout=30), _mismatch(ps, demo.model)
         # Now with the dense weights frozen and no export: what changes comes by Kafka only.
         demo.model.freeze_dense()
         demo.model.fit(max_iter=15, display=1000, eval_interval=0,
@@ -127,7 +127,7 @@ def test_a_model_trained_while_served_is_served_as_the_trainer_has_it(tmp_path, 
             lambda: np.abs(_served_predict(server.http_url, des, cat) - want).max() <= 1e-5,
             timeout=30,
         ), np.abs(_served_predict(server.http_url, des, cat) - want).max()
-        assert until(lambda: _tables_equal(ps, demo.model), timeout=10), _mismatch(ps, demo.model)
+        assert until(lambda: _tables_equal(ps, demo.model), timeout=30), _mismatch(ps, demo.model)
         applied = [c for c in loader.update_consumers if c.role == "apply"]
         assert all(c.stats.messages >= 1 for c in applied)
         fresh = applied[0].status().freshness

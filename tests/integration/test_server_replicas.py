@@ -16,7 +16,8 @@ import pytest
 from serve_process import demo_repository, infer_body, predict, serve, stop, wait_ready
 
 from tierserve.clients.demo_model import train_demo_model
-from tierserve.ps.kafka_updates import REPLICA_ENV, UpdateProducer
+from tierserve.ps.kafka_groups import REPLICA_ENV
+from tierserve.ps.kafka_producer import UpdateProducer
 from tierserve.server.app import BackgroundServer, free_port
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.settings import Settings

@@ -262,7 +262,7 @@ def test_explicit_unload_load_and_a_broken_version(triton):
 
 @pytest.mark.kafka
 def test_kafka_update_changes_triton_answers(triton, kafka_broker):
-    from tierserve.ps.kafka_updates import UpdateProducer
+    from tierserve.ps.kafka_producer import UpdateProducer
 
     repo = triton.root / "repo-kafka"
     copy_version(triton.dlrm, repo / "kdlrm" / "1")

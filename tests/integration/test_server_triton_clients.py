@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from http_transports import TRANSPORTS
 from tritonclient.utils import InferenceServerException
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.server.app import BackgroundServer
-from tierserve.server.inference_model import InferenceModel, InferenceParams
+from tierserve.server.inference_model import InferenceParams
 from tierserve.server.settings import Settings
 from tierserve.trainer.hugectr.inference_data import wrapped_batches
+from tierserve.trainer.hugectr.inference_model import InferenceModel
 
 TOKEN = "s3cret"
 BATCH = 64
@@ -46,12 +48,13 @@ def demo(tmp_path_factory):
     return model, repo
 
 
-@pytest.fixture(scope="module")
-def server(demo):
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def server(demo, request):
+    """The server, once per HTTP transport (tritonclient's HTTP client against each)."""
     _, repo = demo
     settings = Settings.build(
         model_repository=repo, http_port=0, grpc_port=0, admin_token=TOKEN, poll_interval_s=0,
-        max_request_bytes=4 * 1024 * 1024,
+        max_request_bytes=4 * 1024 * 1024, http_transport=request.param,
     )  # fmt: skip
     with BackgroundServer(settings) as srv:
         yield srv

@@ -9,15 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tierserve.ps.config import (
-    HashMapConfig,
-    MultiProcessHashMapConfig,
-    ParallelHashMapConfig,
-    RedisClusterConfig,
-    RedisConfig,
-    RocksDBConfig,
-)
-from tierserve.ps.tiers import create_tier
+from tierserve.ps.hash_map import HashMapConfig, ParallelHashMapConfig
+from tierserve.ps.redis_tier import RedisClusterConfig, RedisConfig
+from tierserve.ps.rocksdb_tier import RocksDBConfig
+from tierserve.ps.shm_hash_map import MultiProcessHashMapConfig
+from tierserve.ps.tier_registry import create_tier
 
 if str(Path(__file__).parent) not in sys.path:  # for `import ps_helpers`
     sys.path.append(str(Path(__file__).parent))

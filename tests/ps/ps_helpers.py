@@ -1,4 +1,5 @@
-"""Helpers shared by the ps tests: small sparse models with recomputable vectors."""
+"""Helpers shared by the ps tests: small sparse models with recomputable vectors, the hash
+table's home slots recomputed with numpy."""
 
 from __future__ import annotations
 
@@ -53,3 +54,16 @@ def agree(table, ref: dict, dim: int, rng, probes=None) -> None:
     assert not got[~found].any()  # rows of keys not found are zero
     np.testing.assert_array_equal(table.contains(mixed), want)
     assert np.array_equal(np.sort(table.keys()), np.sort(keys))
+
+
+def home_slots(keys: np.ndarray, seed: int, cap: int) -> np.ndarray:
+    """The keys' home slots, as the module docstring of hash_kernels defines them (numpy):
+    the first slot of bucket ``((h >> 32) * (cap / 8)) >> 32``."""
+    with np.errstate(over="ignore"):
+        h = (keys.astype(np.uint64) ^ np.array(seed).astype(np.uint64)) * np.uint64(
+            0xFF51AFD7ED558CCD
+        )
+        h ^= h >> np.uint64(32)
+        h *= np.uint64(0xC4CEB9FE1A85EC53)
+        bucket = ((h >> np.uint64(32)) * np.uint64(cap // 8)) >> np.uint64(32)
+        return bucket.astype(np.int64) * 8

@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.config import RedisConfig, RocksDBConfig, parse_ps_config
+from tierserve.ps.config import parse_ps_config
 from tierserve.ps.params import PersistentDatabaseParams, VolatileDatabaseParams
-from tierserve.ps.tiers import create_tier
+from tierserve.ps.redis_tier import RedisConfig
+from tierserve.ps.rocksdb_tier import RocksDBConfig
+from tierserve.ps.tier_registry import create_tier
 
 pytestmark = pytest.mark.redis
 

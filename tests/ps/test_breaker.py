@@ -18,7 +18,7 @@ class Clock:
 
 def breaker(threshold=3, base=1.0, cap=4.0):
     clock = Clock()
-    return CircuitBreaker(threshold, ExponentialBackoff(base, cap), clock), clock
+    return CircuitBreaker(threshold, ExponentialBackoff(cap=cap, base=base), clock), clock
 
 
 def test_opens_after_threshold_consecutive_failures_only():
@@ -73,7 +73,7 @@ def test_a_probe_that_never_reports_is_replaced():
 
 def test_breaker_set_keeps_one_per_backend_and_rejects_bad_threshold():
     clock = Clock()
-    breakers = BreakerSet(1, ExponentialBackoff(1.0, 1.0), clock)
+    breakers = BreakerSet(1, ExponentialBackoff(cap=1.0, base=1.0), clock)
     breakers["a"].failed()
     assert not breakers["a"].allow() and breakers["b"].allow()
     assert breakers.states() == {"a": OPEN, "b": CLOSED}

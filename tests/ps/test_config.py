@@ -5,19 +5,17 @@ from pathlib import Path
 import pytest
 
 from tierserve.core.errors import ConfigError
-from tierserve.ps.config import (
+from tierserve.ps.config import load_ps_config, parse_ps_config
+from tierserve.ps.config_base import (
     UNBOUNDED,
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
-    HashMapConfig,
-    KafkaUpdateSourceConfig,
-    ParallelHashMapConfig,
-    RedisClusterConfig,
-    RocksDBConfig,
     default_num_partitions,
-    load_ps_config,
-    parse_ps_config,
 )
+from tierserve.ps.hash_map import HashMapConfig, ParallelHashMapConfig
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
+from tierserve.ps.redis_tier import RedisClusterConfig
+from tierserve.ps.rocksdb_tier import RocksDBConfig
 
 EXAMPLE = Path(__file__).parent / "data" / "ps.json"
 

@@ -11,12 +11,11 @@ import threading
 
 import numpy as np
 import pytest
-from ps_helpers import agree
+from ps_helpers import agree, home_slots
 
 from tierserve.ps import hash_kernels, hash_table
-from tierserve.ps.config import ParallelHashMapConfig
 from tierserve.ps.eviction import EvictLeastUsed, EvictOldest, EvictRandom
-from tierserve.ps.hash_map import HashMapTier
+from tierserve.ps.hash_map import HashMapTier, ParallelHashMapConfig
 from tierserve.ps.hash_table import HashTable
 from tierserve.ps.partition import group_by_partition
 
@@ -107,15 +106,89 @@ def test_bulk_load_matches_inserts_and_keeps_the_last_repeat():
     agree(loaded, dict(zip(keys[:10].tolist(), emb[:10])), 6, rng)
 
 
-def _homes(keys: np.ndarray, seed: int, cap: int) -> np.ndarray:
-    """The keys' home slots, as the module docstring of hash_kernels defines them (numpy)."""
-    with np.errstate(over="ignore"):
-        h = (keys.astype(np.uint64) ^ np.array(seed).astype(np.uint64)) * np.uint64(
-            0xFF51AFD7ED558CCD
-        )
-        h ^= h >> np.uint64(32)
-        h *= np.uint64(0xC4CEB9FE1A85EC53)
-        return ((h >> np.uint64(32)) * np.uint64(cap)) >> np.uint64(32)
+def _check_layout(table: HashTable, ref: dict) -> None:
+    """The arrays hold what the module docstring of hash_kernels says, checked with numpy:
+    each key in the index at its home slot or after it, every slot between occupied (a key
+    or a tombstone), its vector in the same slot's row; the arrays start on cache lines."""
+    st = table._state
+    index, rows = st.index, st.rows
+    assert index.ctypes.data % 64 == 0 and rows.ctypes.data % 64 == 0
+    assert st.cap % 8 == 0 and index.size % 8 == 0 and index[-1] == hash_table.EMPTY
+    live = np.flatnonzero(index > hash_table.TOMB)
+    keys = index[live]
+    assert sorted(keys.tolist()) == sorted(ref)
+    homes = home_slots(keys, st.seed, st.cap)
+    assert (homes <= live).all()
+    empty = np.flatnonzero(index == hash_table.EMPTY)
+    # the first empty slot at or after each home lies past the key's slot
+    first_empty = empty[np.searchsorted(empty, homes)]
+    assert (first_empty > live).all()
+    np.testing.assert_array_equal(rows[live], np.stack([ref[k] for k in keys.tolist()]))
+
+
+@pytest.mark.parametrize("dim", [1, 15, 16, 17, 48])
+def test_layout_after_loads_inserts_and_removals(dim):
+    rng = np.random.default_rng(dim)
+    keys = rng.integers(-(2**62), 2**62, 20_000)
+    emb = rng.standard_normal((keys.size, dim)).astype(np.float32)
+    table = HashTable(dim)
+    table.load(keys, emb)
+    ref = dict(zip(keys.tolist(), emb))
+    _check_layout(table, ref)
+    gone = keys[::8]  # not enough tombstones to rebuild
+    table.remove(gone)
+    for k in gone.tolist():
+        ref.pop(k, None)
+    more = rng.integers(-(2**62), 2**62, 3000)  # into tombstones and empty slots
+    more_emb = rng.standard_normal((more.size, dim)).astype(np.float32)
+    table.insert(more, more_emb)
+    ref.update(zip(more.tolist(), more_emb))
+    _check_layout(table, ref)
+    assert table._state.used > table._state.live  # tombstones are left
+
+
+def _crowd(table: HashTable, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` keys that share one home bucket of ``table``'s current generation, and as many
+    other keys with that home bucket."""
+    st = table._state
+    candidates = rng.integers(-(2**62), 2**62, 2_000_000)
+    homes = home_slots(candidates, st.seed, st.cap)
+    bucket = np.bincount(homes // 8).argmax() * 8
+    same = candidates[homes == bucket]
+    assert same.size >= 2 * n
+    return same[:n], same[n : 2 * n]
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+@pytest.mark.parametrize("dim", [16, 5])
+def test_keys_past_a_full_bucket(indexed, dim):
+    # 20 keys with one home bucket fill it and the next two: lookups must follow them,
+    # find none of 20 absent keys with the same home, and go on past tombstones
+    rng = np.random.default_rng(dim)
+    table = HashTable(dim)
+    table.insert(rng.integers(0, 2**40, 1000), np.ones((1000, dim), np.float32))
+    crowd, absent = _crowd(table, 20, rng)
+    emb = rng.standard_normal((crowd.size, dim)).astype(np.float32)
+    table.insert(crowd, emb)
+    query = np.concatenate([crowd, absent])
+    out = np.full((query.size, dim), 7.0, np.float32)
+    found = np.empty(query.size, bool)
+    pos = np.arange(query.size, dtype=np.int64) if indexed else None
+    assert table.lookup_into(query, pos, out, found) == crowd.size
+    np.testing.assert_array_equal(found, np.arange(query.size) < crowd.size)
+    np.testing.assert_array_equal(out[: crowd.size], emb)
+    assert not out[crowd.size :].any()
+    table.remove(crowd[:12])  # tombstones before the others
+    assert table.lookup_into(query, pos, out, found) == 8
+    np.testing.assert_array_equal(
+        found, (np.arange(query.size) >= 12) & (np.arange(query.size) < 20)
+    )
+    np.testing.assert_array_equal(out[12:20], emb[12:])
+    table.insert(absent[:5], emb[:5])  # into the tombstones
+    assert table._state.used == table._state.live + 7
+    got, hit = table.lookup(np.concatenate([crowd[12:], absent[:5]]))
+    assert hit.all()
+    np.testing.assert_array_equal(got, np.concatenate([emb[12:], emb[:5]]))
 
 
 @pytest.mark.parametrize("threads", [2, 3, 7])
@@ -140,7 +213,7 @@ def test_parallel_load_matches_a_dict(monkeypatch, threads, track):
     cap = HashTable._cap_for(n)
     seed = hash_table._State(cap, 3, False, table._generation + 1).seed
     candidates = rng.integers(-(2**40), 2**40, 400_000)
-    homes = _homes(candidates, seed, cap)
+    homes = home_slots(candidates, seed, cap)
     stop = cap // threads
     crowd = candidates[(homes >= stop - 100) & (homes < stop)][:300]
     assert crowd.size == 300
@@ -295,3 +368,72 @@ def test_readers_never_see_a_key_without_its_vector():
         t.join()
     assert not errors, errors[:3]
     assert len(table) == 199_999
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+@pytest.mark.parametrize("dim", [1, 15, 16, 17, 32, 100, 128])
+def test_lookup_of_every_dim_matches_numpy(dim, indexed):
+    # dims of whole cache lines (16, 32, 128) have kernels of their own, the others share one
+    rng = np.random.default_rng(dim)
+    keys = np.unique(rng.integers(-(2**62), 2**62, 5000))
+    emb = rng.standard_normal((keys.size, dim)).astype(np.float32)
+    table = HashTable(dim, track="frequency")
+    table.load(keys, emb)
+    n = 3000
+    query = np.where(rng.random(n) < 0.8, keys[rng.integers(0, keys.size, n)],
+                     rng.integers(2**62, 2**63 - 1, n))  # fmt: skip
+    present = np.isin(query, keys)
+    want = np.zeros((n, dim), np.float32)
+    want[present] = emb[np.searchsorted(keys, query[present])]
+    out = np.full((n, dim), np.nan, np.float32)
+    found = np.empty(n, bool)
+    pos = rng.permutation(n)[: n // 2].astype(np.int64) if indexed else None
+    hits = table.lookup_into(query, pos, out, found)
+    sel = pos if indexed else np.arange(n)
+    assert hits == present[sel].sum()
+    np.testing.assert_array_equal(found[: sel.size], present[sel])
+    np.testing.assert_array_equal(out[sel], want[sel])
+    assert np.isnan(out[np.setdiff1d(np.arange(n), sel)]).all()  # nothing else written
+    st = table._state
+    counts = dict(zip(st.keys().tolist(), st.stats[st.live_slots()].tolist()))
+    looked = np.unique(query[sel][present[sel]], return_counts=True)
+    assert all(counts[k] == 1 + c for k, c in zip(*[a.tolist() for a in looked]))
+
+
+def test_readers_never_see_another_keys_vector_while_slots_are_reused():
+    """Lock-free lookups while a writer deletes keys and inserts others into their slots: a
+    key found has its own vector (each vector holds its key)."""
+    table = HashTable(16)
+    keys = np.arange(1, 20_001, dtype=np.int64)
+
+    def vectors(k):
+        return np.repeat(k.astype(np.float32)[:, None], 16, axis=1)
+
+    table.insert(keys, vectors(keys))
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def reader():
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            q = rng.integers(1, 40_001, 4000)
+            got, found = table.lookup(q)
+            if not (got[found] == q[found].astype(np.float32)[:, None]).all():
+                errors.append("a found key had another key's vector")
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        rng = np.random.default_rng(1)
+        for _ in range(150):
+            gone = rng.choice(keys, 1000, replace=False)
+            table.remove(gone)
+            other = rng.integers(20_001, 40_001, 1000)  # takes the tombstones
+            table.insert(other, vectors(other))
+            table.remove(other)
+            table.insert(gone, vectors(gone))
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors[:3]
+    assert len(table) == keys.size and table.lookup(keys)[1].all()

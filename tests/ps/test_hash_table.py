@@ -82,6 +82,30 @@ def test_reserved_keys():
     assert not table.lookup(np.array([EMPTY, TOMB]))[1].any()
 
 
+@pytest.mark.parametrize("dim", [2, 16])
+def test_reserved_keys_are_never_found_in_the_slots_they_mark(dim):
+    # The index marks empty and deleted slots with the two reserved keys: asking for them
+    # must not find those slots (nor delete them).
+    table = HashTable(dim)
+    keys = np.arange(1, 3001, dtype=np.int64)
+    table.insert(keys, np.ones((keys.size, dim), np.float32))
+    table.remove(keys[:500])  # tombstones, not enough to rebuild
+    assert table._state.used > table._state.live
+    marks = np.array([EMPTY, TOMB] * 50)
+    got, found = table.lookup(marks)
+    assert not found.any() and not got.any()
+    out = np.ones((marks.size, dim), np.float32)
+    hits = table.lookup_into(marks, np.arange(marks.size, dtype=np.int64), out,
+                             np.empty(marks.size, bool))  # fmt: skip
+    assert hits == 0 and not out.any()
+    assert not table.contains(marks).any()
+    before = (table._state.live, table._state.used, table._state.index.copy())
+    assert table.remove(marks) == 0
+    assert (table._state.live, table._state.used) == before[:2]
+    np.testing.assert_array_equal(table._state.index, before[2])
+    assert table.lookup(keys[500:])[1].all()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(-(2**63) + 2, 2**63 - 1), max_size=300))
 def test_any_int64_keys(keys):

@@ -19,8 +19,10 @@ from polling import until
 from ps_helpers import write_model
 
 from tierserve.ps import HierarchicalParameterServer
-from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
-from tierserve.ps.kafka_updates import UpdateConsumer, UpdateProducer
+from tierserve.ps.config import parse_ps_config
+from tierserve.ps.kafka_apply import UpdateConsumer
+from tierserve.ps.kafka_producer import UpdateProducer
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 from tierserve.ps.table_tag import table_tag
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

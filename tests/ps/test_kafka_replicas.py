@@ -18,18 +18,16 @@ from ps_helpers import expected, write_model
 
 from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.ps import HierarchicalParameterServer
-from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
-from tierserve.ps.kafka_updates import (
-    REPLICA_ENV,
-    InvalidationConsumer,
-    UpdateProducer,
-    replica_id,
-    start_update_consumers,
-)
+from tierserve.ps.config import parse_ps_config
+from tierserve.ps.kafka_groups import REPLICA_ENV, replica_id
+from tierserve.ps.kafka_invalidate import InvalidationConsumer
+from tierserve.ps.kafka_producer import UpdateProducer
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
+from tierserve.ps.kafka_updates import start_update_consumers
 
 DIM = 4
 TABLE = "sparse_embedding1"  # write_model's table name
-_PRINT_ID = "from tierserve.ps.kafka_updates import replica_id; print(replica_id(), replica_id())"
+_PRINT_ID = "from tierserve.ps.kafka_groups import replica_id; print(replica_id(), replica_id())"
 
 
 def _replica_id(env: dict[str, str]) -> str:
@@ -54,8 +52,10 @@ def test_each_process_is_its_own_replica_unless_configured(monkeypatch):
 
 
 def test_tiers_say_whether_they_are_shared_and_read_only(tmp_path, redis_server):
-    from tierserve.ps.config import HashMapConfig, RedisConfig, RocksDBConfig
-    from tierserve.ps.tiers import create_tier
+    from tierserve.ps.hash_map import HashMapConfig
+    from tierserve.ps.redis_tier import RedisConfig
+    from tierserve.ps.rocksdb_tier import RocksDBConfig
+    from tierserve.ps.tier_registry import create_tier
 
     path = str(tmp_path / "rdb")
     with create_tier(RocksDBConfig(path=path)) as rdb:

@@ -14,13 +14,11 @@ from polling import until
 from ps_helpers import expected, write_model
 
 from tierserve.ps import HierarchicalParameterServer
-from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
-from tierserve.ps.kafka_updates import (
-    UpdateConsumer,
-    UpdateProducer,
-    group_id,
-    subscription,
-)
+from tierserve.ps.config import parse_ps_config
+from tierserve.ps.kafka_apply import UpdateConsumer
+from tierserve.ps.kafka_groups import group_id, subscription
+from tierserve.ps.kafka_producer import UpdateProducer
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 from tierserve.ps.retry import ExponentialBackoff
 from tierserve.ps.table_tag import table_tag
 from tierserve.ps.update_message import encode_update
@@ -286,7 +284,7 @@ def test_a_failed_loop_restarts_and_rereads_what_it_had_not_done(tmp_path, kafka
     with _server(tmp_path, name) as ps:
         consumer = _FaultyConsumer(
             ps, _config(kafka_broker), "volatile", replica=_name("r"),
-            fails=lambda value: True, times=1, backoff=ExponentialBackoff(0.05, 0.2),
+            fails=lambda value: True, times=1, backoff=ExponentialBackoff(cap=0.2, base=0.05),
         )  # fmt: skip
         with consumer:
             with UpdateProducer(kafka_broker.bootstrap) as producer:
@@ -302,7 +300,7 @@ def test_a_failed_loop_restarts_and_rereads_what_it_had_not_done(tmp_path, kafka
 
 
 def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
-    from tierserve.ps.kafka_updates import MAX_FAILURES_PER_MESSAGE
+    from tierserve.ps.kafka_consumer import MAX_FAILURES_PER_MESSAGE
     from tierserve.ps.update_message import encode_update
 
     name = _name("m")
@@ -317,7 +315,7 @@ def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
         assert raw.flush(30) == 0
         consumer = _FaultyConsumer(
             ps, _config(kafka_broker), "volatile", replica=_name("r"),
-            fails=lambda value: value == poison, backoff=ExponentialBackoff(0.05, 0.2),
+            fails=lambda value: value == poison, backoff=ExponentialBackoff(cap=0.2, base=0.05),
         )  # fmt: skip
         with consumer:
             assert until(lambda: consumer.stats.messages == 1), consumer.status()
@@ -326,3 +324,70 @@ def test_a_message_the_loop_keeps_failing_on_is_skipped(tmp_path, kafka_broker):
             assert consumer.status().alive
         got = ps.lookup(name, "sparse_embedding1", [1, 2])
         np.testing.assert_array_equal(got, np.concatenate([expected([1], DIM), good]))
+
+
+class _Recorded(ExponentialBackoff):
+    """The consumer's backoff, recording which failure in a row each wait was for."""
+
+    def __init__(self):
+        super().__init__(cap=0.02, base=0.01)
+        self.asked: list[int] = []
+
+    def compute(self, failures: int) -> float:
+        self.asked.append(failures)
+        return super().compute(failures)
+
+
+class _UnreachableConsumer(UpdateConsumer):
+    """A consumer whose tier is unreachable for its first ``times`` writes (a fake fault:
+    the real one, a frozen Redis, is tests/ps/test_redis_failures.py's; here only the
+    waits between the tries are observed)."""
+
+    def __init__(self, *args, times, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.times = times
+
+    def _apply(self, run):
+        apply_update = self.ps.apply_update
+
+        def unreachable(*args, **kwargs):
+            if self.times > 0:
+                self.times -= 1
+                from tierserve.core.errors import BackendUnavailableError
+
+                raise BackendUnavailableError("injected: the tier is unreachable")
+            return apply_update(*args, **kwargs)
+
+        self.ps = _Proxy(self.ps, apply_update=unreachable)
+        try:
+            super()._apply(run)
+        finally:
+            self.ps = self.ps.target
+
+
+class _Proxy:
+    def __init__(self, target, **overrides):
+        self.target, self._overrides = target, overrides
+
+    def __getattr__(self, name):
+        return self._overrides.get(name) or getattr(self.target, name)
+
+
+def test_an_unreachable_tier_is_retried_after_the_growing_backoff(tmp_path, kafka_broker):
+    """The tries of a write the tier could not take wait as the loop's backoff says, for
+    the 1st, 2nd, 3rd failure in a row (not one fixed wait), and the update lands."""
+    name = _name("m")
+    tag = table_tag(name, "sparse_embedding1")
+    _create_topic(kafka_broker, tag)
+    new = np.full((2, DIM), 1.5, np.float32)
+    backoff = _Recorded()
+    with _server(tmp_path, name) as ps:
+        consumer = _UnreachableConsumer(ps, _config(kafka_broker), "volatile",
+                                        replica=_name("r"), times=3, backoff=backoff)  # fmt: skip
+        with consumer:
+            with UpdateProducer(kafka_broker.bootstrap) as producer:
+                producer.publish(name, "sparse_embedding1", [5, 6], new)
+            assert until(lambda: consumer.stats.messages == 1), consumer.stats
+            assert consumer.stats.retries == 3
+            assert backoff.asked == [1, 2, 3]
+            np.testing.assert_array_equal(ps.lookup(name, "sparse_embedding1", [5, 6]), new)

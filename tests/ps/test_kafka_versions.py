@@ -15,8 +15,10 @@ from polling import until
 from ps_helpers import expected, write_model
 
 from tierserve.ps import HierarchicalParameterServer
-from tierserve.ps.config import KafkaUpdateSourceConfig, parse_ps_config
-from tierserve.ps.kafka_updates import UpdateConsumer, UpdateProducer
+from tierserve.ps.config import parse_ps_config
+from tierserve.ps.kafka_apply import UpdateConsumer
+from tierserve.ps.kafka_producer import UpdateProducer
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 
 pytestmark = pytest.mark.kafka
 DIM = 4

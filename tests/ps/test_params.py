@@ -9,12 +9,10 @@ from tierserve.ps import (
     UpdateSourceType_t,
     VolatileDatabaseParams,
 )
-from tierserve.ps.config import (
-    HashMapConfig,
-    KafkaUpdateSourceConfig,
-    RedisClusterConfig,
-    RocksDBConfig,
-)
+from tierserve.ps.hash_map import HashMapConfig
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
+from tierserve.ps.redis_tier import RedisClusterConfig
+from tierserve.ps.rocksdb_tier import RocksDBConfig
 
 
 def test_hugectr_attribute_style():
@@ -73,3 +71,35 @@ def test_positional_arguments_follow_field_order():
         VolatileDatabaseParams(DatabaseType_t.hash_map, type=DatabaseType_t.redis_cluster)
     with pytest.raises(ConfigError, match="at most"):
         UpdateSourceParams(*range(20))
+
+
+def test_defaults_are_the_config_models_and_each_refused_value_is_named_once():
+    """The parameter objects declare no default of their own: what they read back is the
+    config model's for the chosen type (a standalone redis' address is not a cluster's)."""
+    from tierserve.ps.redis_tier import RedisConfig
+
+    params = VolatileDatabaseParams()
+    for name in VolatileDatabaseParams.FIELDS:
+        if name not in ("type", "address", "num_partitions"):
+            default = getattr(params, name)
+            owner = next(c for c in (HashMapConfig, RedisClusterConfig) if name in c.model_fields)
+            assert default == owner.model_fields[name].get_default(call_default_factory=True)
+    assert params.address == RedisClusterConfig().address
+    assert VolatileDatabaseParams(type="redis").address == RedisConfig().address
+    assert UpdateSourceParams().max_receive_buffer_size == KafkaUpdateSourceConfig().receive_buffer_size
+    with pytest.raises(ConfigError) as refused:
+        VolatileDatabaseParams(type="rocks_db", overflow_resolution_target=2, brokers="x")
+    lines = str(refused.value).splitlines()[1:]
+    assert len(lines) == 3 and "volatile_db type" in lines[0]
+    assert lines[1].lstrip().startswith("overflow_resolution_target:")
+    assert lines[2].strip() == "brokers: unknown field"
+
+
+def test_fields_may_be_set_before_the_type_that_uses_them():
+    params = VolatileDatabaseParams()
+    params.address = "10.0.0.1:7000,10.0.0.2:7000"
+    params.num_partitions = 6
+    params.type = DatabaseType_t.redis_cluster
+    config = params.to_config()
+    assert isinstance(config, RedisClusterConfig)
+    assert (config.address, config.num_partitions) == ("10.0.0.1:7000,10.0.0.2:7000", 6)

@@ -1,4 +1,4 @@
-"""The documented partition mixer, backoff strategies, eviction policies and tier stats."""
+"""The documented partition mixer, eviction policies and tier stats."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 
 from tierserve.ps.eviction import EvictLeastUsed, EvictOldest, EvictRandom, make_policy
 from tierserve.ps.partition import group_by_partition, mix64, partition_of
-from tierserve.ps.retry import ExponentialBackoff, NoBackoff
 from tierserve.ps.stats import LatencyHistogram, TierStats
 
 M64 = (1 << 64) - 1
@@ -39,12 +38,6 @@ def test_partitions_are_mix_mod_n_and_grouping_is_stable():
         assert (parts[members] == p).all()
         assert (np.diff(members) > 0).all()  # request order kept within a partition
     assert partition_of(keys, 1).tolist() == [0] * keys.size
-
-
-def test_backoff_grows_to_a_cap():
-    backoff = ExponentialBackoff(base=0.1, cap=0.5)
-    assert [backoff.compute(n) for n in range(5)] == [0.0, 0.1, 0.2, 0.4, 0.5]
-    assert NoBackoff().compute(3) == 0.0
 
 
 def test_policies_pick_the_smallest_statistic_or_random():

@@ -17,10 +17,9 @@ from polling import until
 from ps_helpers import expected
 
 from tierserve.core.errors import BackendUnavailableError
-from tierserve.ps.config import RedisClusterConfig
 from tierserve.ps.partition import partition_of
-from tierserve.ps.redis_tier import value_hash
-from tierserve.ps.tiers import create_tier
+from tierserve.ps.redis_tier import RedisClusterConfig, value_hash
+from tierserve.ps.tier_registry import create_tier
 
 #: How soon after the promotion is visible the tier must read the rows again: one topology
 #: refresh (``topology_refresh_ms``, 500 here) plus slack for a loaded 2-core machine.

@@ -15,8 +15,9 @@ from ps_helpers import expected, write_model
 
 from tierserve.core.errors import BackendUnavailableError
 from tierserve.ps import HierarchicalParameterServer
-from tierserve.ps.config import RedisClusterConfig, RedisConfig, parse_ps_config
-from tierserve.ps.tiers import create_tier
+from tierserve.ps.config import parse_ps_config
+from tierserve.ps.redis_tier import RedisClusterConfig, RedisConfig
+from tierserve.ps.tier_registry import create_tier
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.config import HashMapConfig, ParallelHashMapConfig
-from tierserve.ps.tiers import create_tier
+from tierserve.ps.hash_map import HashMapConfig, ParallelHashMapConfig
+from tierserve.ps.tier_registry import create_tier
 
 
 @pytest.mark.parametrize("kind", ["hash_map", "parallel_hash_map"])

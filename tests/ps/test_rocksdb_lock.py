@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from tierserve.core.errors import BackendUnavailableError
-from tierserve.ps.config import RocksDBConfig
-from tierserve.ps.tiers import create_tier
+from tierserve.ps.rocksdb_tier import RocksDBConfig
+from tierserve.ps.tier_registry import create_tier
 
 HOLDER = """
 import sys
-from tierserve.ps.config import RocksDBConfig
-from tierserve.ps.tiers import create_tier
+from tierserve.ps.rocksdb_tier import RocksDBConfig
+from tierserve.ps.tier_registry import create_tier
 import numpy as np
 tier = create_tier(RocksDBConfig(path=sys.argv[1]))
 tier.create_table("hps_et.m.t", 2)

@@ -12,8 +12,9 @@ import pytest
 
 from tierserve.core.errors import ConfigError
 from tierserve.ps import shm_hash_map
-from tierserve.ps.config import MultiProcessHashMapConfig, load_ps_config
-from tierserve.ps.tiers import create_tier
+from tierserve.ps.config import load_ps_config
+from tierserve.ps.shm_hash_map import MultiProcessHashMapConfig
+from tierserve.ps.tier_registry import create_tier
 
 TAG = "hps_et.m.t@2"
 DIM = 8

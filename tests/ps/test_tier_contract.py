@@ -167,8 +167,7 @@ def test_data_survives_reopen(tiers):
 
 
 def test_read_only_refuses_writes(tmp_path):
-    from tierserve.ps.config import RocksDBConfig
-    from tierserve.ps.rocksdb_tier import RocksDBTier
+    from tierserve.ps.rocksdb_tier import RocksDBConfig, RocksDBTier
 
     path = str(tmp_path / "ro")
     with RocksDBTier(RocksDBConfig(path=path)) as writer:

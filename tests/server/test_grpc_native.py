@@ -220,7 +220,8 @@ def test_stop_answers_the_calls_in_flight(tmp_path):
     np.testing.assert_allclose(_output(answer["ok"]), _expected(request), rtol=1e-6)
 
 
-def test_native_without_the_package_is_refused_by_name(tmp_path):
+@pytest.mark.parametrize("setting", ["grpc_transport", "http_transport"])
+def test_native_without_the_package_is_refused_by_name(tmp_path, setting):
     root = write_doubler_repository(tmp_path)
     code = (
         "import sys; sys.modules['tierserve_native'] = None\n"  # as if it were not installed
@@ -229,16 +230,16 @@ def test_native_without_the_package_is_refused_by_name(tmp_path):
         "from tierserve.server.settings import Settings\n"
         f"root = {str(root)!r}\n"
         "try:\n"
-        "    create_app(Settings.build(model_repository=root, grpc_transport='native'))\n"
+        f"    create_app(Settings.build(model_repository=root, {setting}='native'))\n"
         "except ConfigError as exc:\n"
         "    print(exc)\n"
-        "create_app(Settings.build(model_repository=root, grpc_transport='auto'))\n"
+        f"create_app(Settings.build(model_repository=root, {setting}='auto'))\n"
         "print('auto ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     refusal, auto = out.stdout.strip().splitlines()
-    assert "grpc_transport" in refusal and "tierserve-native" in refusal
+    assert setting in refusal and "tierserve-native" in refusal
     assert auto == "auto ok"
 
 

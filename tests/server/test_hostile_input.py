@@ -23,6 +23,8 @@ from tierserve.server.settings import Settings
 from tierserve.server.tensors import DecodedRequest
 
 DES = [[0.1 * i for i in range(13)], [0.5] * 13]
+pytestmark = pytest.mark.usefixtures("each_http_transport")
+
 CAT = [[1, 1001, 1502, 3502, 3801, 3851, 4651, 4751], [7, 1007, 1507, 3507, 3807, 3857, 4657, 4757]]
 
 

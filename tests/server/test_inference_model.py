@@ -131,3 +131,19 @@ def test_parquet_with_slot_sizes_equals_norm(demo, tmp_path):
         finally:
             model.close()
     np.testing.assert_array_equal(outs["Norm"], outs["Parquet"])
+
+
+def test_tiers_in_the_params_warn_when_a_parameter_server_is_given(demo):
+    """InferenceModel(graph, params, parameter_server) reads that server's tiers: the
+    params' own tier settings, unused, warn naming themselves (none is accepted silently)."""
+    from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
+
+    own = InferenceModel(str(demo.graph), _params(demo))
+    try:
+        reset_warnings()
+        with pytest.warns(HugeCTRCompatibilityWarning, match="InferenceParams.volatile_db"):
+            other = InferenceModel(str(demo.graph), _params(demo, model_name="dlrm2"),
+                                   parameter_server=own.parameter_server)  # fmt: skip
+        other.close()
+    finally:
+        own.close()

@@ -10,8 +10,9 @@ import pytest
 from tierserve.clients.demo_model import train_demo_model
 from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
 from tierserve.core.errors import ConfigError
-from tierserve.ps.config import DisabledConfig, RocksDBConfig
+from tierserve.ps.config_base import DisabledConfig
 from tierserve.ps.params import PersistentDatabaseParams, VolatileDatabaseParams
+from tierserve.ps.rocksdb_tier import RocksDBConfig
 from tierserve.server.inference_model import InferenceModel, InferenceParams
 from tierserve.trainer.hugectr.inference import CreateInferenceSession
 from tierserve.trainer.hugectr.inference_data import wrapped_batches

@@ -7,6 +7,7 @@ version's tables in the shared parameter server, and only a commit makes them th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -65,7 +66,8 @@ def test_a_refused_version_changes_nothing_served(tmp_path, demos):
         version, before = _predict(repo, batch)
         assert version == "1"
         tables = _storages(repo.loader)
-        _edit_ps_json(tmp_path, gpucache=True, gpucacheper=0.0)  # fails after staging
+        # A static cache of half the rows cannot hold the table: fails after staging.
+        _edit_ps_json(tmp_path, gpucache=True, embedding_cache_type="static", gpucacheper=0.5)
         write_repository(second, tmp_path, version=2)
         repo.poll()
         repo.poll()  # settled: loads, fails
@@ -74,7 +76,7 @@ def test_a_refused_version_changes_nothing_served(tmp_path, demos):
         np.testing.assert_array_equal(after, before)
         assert _storages(repo.loader) == tables
         entry = repo.entries["dlrm"]
-        assert "cache_size_percentage" in entry.failed["2"].reason
+        assert "gpucacheper" in entry.failed["2"].reason
     finally:
         repo.close()
         repo.loader.close()
@@ -178,6 +180,9 @@ def test_a_version_whose_backend_is_down_is_retried_until_it_loads(
         repo.load_all()
         [row] = repo.index()
         assert row["state"] == "UNAVAILABLE" and "retry 2 in" in row["reason"], row
+        # The first retry waits the base (1 s) with equal jitter: between half and all of it.
+        delay = float(re.search(r"retry 2 in ([0-9.]+) s", row["reason"]).group(1))
+        assert 0.5 <= delay <= 1.0, row
         redis.start()
 
         def loaded() -> bool:

@@ -352,7 +352,7 @@ def test_an_update_reaches_both_workers_over_one_shared_memory_table(
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from tierserve.clients.demo_model import write_repository
-    from tierserve.ps.kafka_updates import UpdateProducer
+    from tierserve.ps.kafka_producer import UpdateProducer
     from tierserve.ps.shm_hash_map import SHM_ROOT
 
     name = f"dlrm{uuid.uuid4().hex[:8]}"

@@ -39,7 +39,7 @@ def test_fit_refuses_half_given_online_settings(demo, kwargs, message):
 
 
 def test_update_source_takes_hugectrs_params_and_refuses_the_null_one():
-    from tierserve.ps.config import UpdateSourceType_t
+    from tierserve.ps.config_base import UpdateSourceType_t
     from tierserve.ps.params import UpdateSourceParams  # hugectr.inference.UpdateSourceParams
     from tierserve.trainer.online import UpdatePublisher
 
@@ -81,7 +81,7 @@ def test_fit_exports_whole_versions_the_loader_reads(demo, tmp_path):
 
 
 def test_publishing_failures_are_raised_by_the_next_fit(demo, capsys):
-    from tierserve.ps.kafka_updates import UpdateProducer
+    from tierserve.ps.kafka_producer import UpdateProducer
 
     # No broker listens on port 1: each message fails after message.timeout.ms.
     producer = UpdateProducer("127.0.0.1:1", **{"message.timeout.ms": 300})

@@ -250,3 +250,15 @@ def test_lazy_global_with_zero_betas_has_no_nan():
         opt.update_sparse(values, np.array(rows), np.ones((len(rows), 2), np.float32), state,
                           0.1, t)
     assert np.isfinite(values).all() and np.isfinite(state["m"]).all()
+
+
+def test_ftrl_initial_accumulator_starts_n_and_stays_out_of_hugectrs_json():
+    """HugeCTR's Ftrl starts ``n`` at 0 (its JSON has no accumulator field); TensorFlow's at
+    ``initial_accumulator_value`` 0.1, which the Estimator's Ftrl optimizers pass."""
+    plain = CreateOptimizer(Optimizer_t.Ftrl)
+    assert "initial_accu_value" not in plain.to_dict()["ftrl_hparam"]
+    assert make_optimizer(plain).init_state((2, 3))["n"].max() == 0.0
+    tf_like = CreateOptimizer(Optimizer_t.Ftrl, initial_accu_value=0.1)
+    assert OptParamsPy.from_dict(tf_like.to_dict()) == tf_like
+    state = make_optimizer(tf_like).init_state((2, 3))
+    assert np.all(state["n"] == np.float32(0.1)) and np.all(state["z"] == 0.0)

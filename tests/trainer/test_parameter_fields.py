@@ -22,6 +22,10 @@ from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
 from tierserve.core.errors import ConfigError
 from tierserve.ps import config as ps_config
 from tierserve.ps import params as ps_params
+from tierserve.ps.hash_map import HashMapConfig, ParallelHashMapConfig
+from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
+from tierserve.ps.redis_tier import RedisClusterConfig, RedisConfig
+from tierserve.ps.rocksdb_tier import RocksDBConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,13 +40,14 @@ def _classes():
         hugectr.DenseLayer, hugectr.GroupDenseLayer, hugectr.HybridEmbeddingParam,
         ps_params.VolatileDatabaseParams, ps_params.PersistentDatabaseParams,
         ps_params.UpdateSourceParams, inference.InferenceParams, ps_config.PSConfig,
-        ps_config.ModelConfig, ps_config.HashMapConfig, ps_config.ParallelHashMapConfig,
-        ps_config.RedisClusterConfig, ps_config.RedisConfig, ps_config.RocksDBConfig,
-        ps_config.KafkaUpdateSourceConfig,
+        ps_config.ModelConfig, HashMapConfig, ParallelHashMapConfig, RedisClusterConfig,
+        RedisConfig, RocksDBConfig, KafkaUpdateSourceConfig,
     ]
 
 
 def _fields(cls) -> list[str]:
+    if isinstance(getattr(cls, "FIELDS", None), tuple):  # the ps params: HugeCTR's fields
+        return list(cls.FIELDS)
     if hasattr(cls, "model_fields"):
         return list(cls.model_fields)
     if dataclasses.is_dataclass(cls):
@@ -111,7 +116,7 @@ def _warns(build, name: str) -> None:
 
 
 @pytest.mark.parametrize("name,build", [
-    ("tls_server_name_identification", lambda: ps_config.RedisConfig(
+    ("tls_server_name_identification", lambda: RedisConfig(
         enable_tls=True, tls_server_name_identification="other")),
     ("models[].num_of_worker_buffer_in_pool", lambda: ps_config.ModelConfig(
         model="m", sparse_files=["x"], embedding_vecsize_per_table=[4],

@@ -343,20 +343,24 @@ class EmbeddingTable:
             new_rows = self._index.insert(new_keys)
             rows[where] = new_rows[inverse]
             lo, hi = self._n, self._n + m
-            init = key_uniform(new_keys, self.seed, self.dim)
             if self._slot_ids is not None and slots_of is not None:
                 slots = slots_of(first_pos)
                 self._slot_ids[lo:hi] = slots
                 if self._slot_bounds is not None:
                     bounds = self._slot_bounds[xp.clip(slots, 0, len(self._slot_bounds) - 1)]
-                    init *= bounds[:, None]
+                    init = key_uniform(new_keys, self.seed, self.dim) * bounds[:, None]
                 else:
-                    init *= np.float32(self._bound)
+                    init = self.initial_rows(new_keys)
             else:
-                init *= np.float32(self._bound)
+                init = self.initial_rows(new_keys)
             self._values[lo:hi] = init
             self._n = hi
         return rows
+
+    def initial_rows(self, keys: Any) -> Any:
+        """The initial vectors of ``keys`` (``[len(keys), dim]`` float32, a function of the
+        seed and the key): uniform in ``[-bound, bound]`` (HugeCTR's)."""
+        return key_uniform(keys, self.seed, self.dim) * np.float32(self._bound)
 
     # ---- training -------------------------------------------------------------------------
 

@@ -564,7 +564,7 @@ class Estimator:
                 if gather is not None:
                     batch_losses.append((result.loss, result.batch_size))
                 loss_sum += result.loss
-                weighted_sum += result.loss * result.batch_size
+                weighted_sum += result.loss if p.loss_is_sum else result.loss * result.batch_size
                 examples += result.batch_size
                 n_batches += 1
                 for h, req in zip(hooks, requests):
@@ -694,8 +694,6 @@ class Estimator:
         raise InvalidInputError(f"no variable named {name!r} (see get_variable_names())")
 
     def _column_weights(self, tname: str, info, slot: int) -> np.ndarray:
-        from ..embedding import key_uniform
-
         off, n = info.offsets[slot], info.buckets[slot]
         keys = np.arange(off, off + n, dtype=np.int64)
         table = self._store.tables.get(tname)
@@ -713,7 +711,7 @@ class Estimator:
 
         rows = to_numpy(table._index.lookup(table.xp.asarray(keys)))
         values = to_numpy(table.values)
-        out = key_uniform(keys, table.seed, info.dim) * np.float32(table._bound)
+        out = to_numpy(table.initial_rows(table.xp.asarray(keys)))
         hit = rows >= 0
         out[hit] = values[rows[hit]]
         return out

@@ -304,6 +304,7 @@ def _write_version(staging: Path, name: str, estimator, prog, graph, out, width:
         if layer["type"] in EXPORT_LOSS:
             layer["type"] = EXPORT_LOSS[layer["type"]]
             layer["bottom"] = layer["bottom"][:2]
+            layer.pop("reduction", None)
         layers.append(layer)
     layers.append({"name": "served_output", "type": "MeanSquaredErrorLoss",
                    "bottom": [out.name, LABEL], "top": "served_output_loss"})

@@ -6,8 +6,23 @@ Heads: a regressor predicts ``predictions`` (mean squared error); a binary class
 entropy; metrics accuracy, auc, precision, recall, label/mean, prediction/mean); a
 multi-class one ``logits``, ``probabilities``, ``class_ids``, ``classes`` (softmax cross
 entropy; accuracy).  ``weight_column`` weights each example's loss (training and evaluation;
-serving does not read it).  Default optimizers as TensorFlow's: linear parts Ftrl with
-learning rate ``min(0.2, 1/sqrt(#columns))``, DNN parts Adagrad 0.05.
+serving does not read it).
+
+Defaults are TensorFlow 2.15's ``tf.estimator`` (the V2 canned estimators of
+``tensorflow_estimator/python/estimator/canned/``):
+
+* optimizers by name are ``tf.keras.optimizers.legacy``'s (:mod:`.optimizers`); a DNN
+  estimator's named optimizer keeps its own default learning rate (Adagrad, Adam, Ftrl 0.001,
+  SGD 0.01: ``dnn.py`` calls ``get_optimizer_instance_v2(optimizer)``), a linear
+  estimator's gets 0.2 (``linear.py`` ``_LEARNING_RATE``; ``optimizer=None`` gives Ftrl at
+  ``min(0.2, 1/sqrt(#columns))``), a combined estimator's DNN part 0.001 and linear part
+  ``min(0.005, 1/sqrt(#linear columns))`` (``dnn_linear_combined.py``
+  ``_DNN_LEARNING_RATE``, ``_LINEAR_LEARNING_RATE``, ``_linear_learning_rate``);
+* hidden and logits layers: Glorot-uniform kernels, zero biases; each hidden layer is
+  ``activation(dense)`` then dropout (training only) then batch normalization
+  (momentum 0.999), as ``_DNNModelV2.call``;
+* the training loss is ``SUM_OVER_BATCH_SIZE`` (``loss_reduction=SUM`` also honoured):
+  the per-example (weighted) losses summed and divided by the batch size.
 """
 
 from __future__ import annotations
@@ -28,7 +43,7 @@ from ..graph import losses
 from . import metrics
 from .estimator import Estimator
 from .fetches import check_labels
-from .optimizers import get_optimizer, group
+from .optimizers import Ftrl, get_optimizer, get_optimizer_v1, group
 from .spec import EstimatorSpec, ModeKeys
 
 
@@ -52,9 +67,10 @@ class Head:
     """Loss, predictions and metrics of a pre-made estimator (see the module docstring)."""
 
     def __init__(self, kind: str, n_classes: int = 2, label_dimension: int = 1,
-                 weight_column: Any = None, label_vocabulary: Sequence[str] | None = None
-                 ) -> None:
+                 weight_column: Any = None, label_vocabulary: Sequence[str] | None = None,
+                 loss_reduction: Any = None) -> None:
         self.kind = kind
+        self.loss_reduction = _loss_reduction(loss_reduction)
         self.n_classes = int(n_classes)
         if kind == "classification" and self.n_classes < 2:
             raise ConfigError(f"n_classes must be >= 2, got {n_classes}")
@@ -143,12 +159,15 @@ class Head:
             spec.derived_predictions = derived
             return spec
         weights = self._weights(features, mode)
+        how = (losses.Reduction.SUM if self.loss_reduction == "sum"
+               else losses.Reduction.SUM_OVER_BATCH_SIZE)
         if self.kind == "regression":
-            loss = losses.mean_squared_error(labels, logits, weights=weights)
+            loss = losses.mean_squared_error(labels, logits, weights=weights, reduction=how)
         elif self.n_classes == 2:
-            loss = losses.sigmoid_cross_entropy(labels, logits, weights=weights)
+            loss = losses.sigmoid_cross_entropy(labels, logits, weights=weights, reduction=how)
         else:
-            loss = losses.sparse_softmax_cross_entropy(labels, logits, weights=weights)
+            loss = losses.sparse_softmax_cross_entropy(labels, logits, weights=weights,
+                                                       reduction=how)
         ops: dict[str, Any] = {"label/mean": metrics.mean(labels),
                                "prediction/mean": metrics.mean(served)}
         if self.kind == "classification":
@@ -168,6 +187,8 @@ class Head:
 
 def _dnn_logits(features, columns, hidden_units, units, activation_fn, dropout, batch_norm,
                 mode) -> Tensor:
+    """TensorFlow's ``_DNNModelV2``: per hidden layer ``activation(dense)``, dropout while
+    training, batch normalization (momentum 0.999); then the logits layer."""
     g = current_graph("dnn")
     act = _activation(activation_fn)
     if not hidden_units:
@@ -176,13 +197,13 @@ def _dnn_logits(features, columns, hidden_units, units, activation_fn, dropout, 
         with g.scope("input_from_feature_columns"):
             net = fc.input_layer(features, columns)
         for i, n in enumerate(hidden_units):
-            net = L.dense(net, int(n), name=f"hiddenlayer_{i}")
-            if batch_norm:
-                net = L.batch_normalization(net, momentum=0.999,
-                                            name=f"hiddenlayer_{i}/batchnorm_{i}")
-            net = act(net)
+            net = act(L.dense(net, int(n), name=f"hiddenlayer_{i}"))
             if dropout:
                 net = L.dropout(net, rate=float(dropout), training=mode == ModeKeys.TRAIN)
+            if batch_norm:
+                net = L.batch_normalization(net, momentum=0.999,
+                                            training=mode == ModeKeys.TRAIN,
+                                            name=f"hiddenlayer_{i}/batchnorm_{i}")
         return L.dense(net, units, name="logits")
 
 
@@ -224,15 +245,43 @@ def _dnn_args(hidden_units: Any, feature_columns: Any) -> tuple[Any, Any]:
     return hidden_units, feature_columns
 
 
-def _linear_lr(columns: list) -> float:
-    return min(0.2, 1.0 / math.sqrt(max(len(columns), 1)))
+#: ``linear.py`` ``_LEARNING_RATE``: a linear estimator's named optimizer's learning rate.
+LINEAR_LEARNING_RATE = 0.2
+#: ``dnn_linear_combined.py`` ``_DNN_LEARNING_RATE`` / ``_LINEAR_LEARNING_RATE``.
+COMBINED_DNN_LEARNING_RATE = 0.001
+COMBINED_LINEAR_LEARNING_RATE = 0.005
 
 
-def _check_loss_reduction(value: Any) -> None:
-    name = str(getattr(value, "name", value) or "").lower()
-    if name not in ("", "none", "sum_over_batch_size", "weighted_mean"):
-        raise ConfigError(f"loss_reduction {value!r} is not supported: losses are averaged "
-                          "over the batch (SUM_OVER_BATCH_SIZE)")
+def _inverse_sqrt(columns: list) -> float:
+    return 1.0 / math.sqrt(max(len(columns), 1))
+
+
+def _linear_optimizer(optimizer: Any, columns: list, what: str):
+    """``_linear_model_fn_v2``: a given optimizer (a name at learning rate 0.2); none: Ftrl at
+    ``min(0.2, 1/sqrt(#columns))`` (``_get_default_optimizer_v2``)."""
+    if not optimizer:
+        return Ftrl(learning_rate=min(LINEAR_LEARNING_RATE, _inverse_sqrt(columns)))
+    return get_optimizer(optimizer, LINEAR_LEARNING_RATE, what)
+
+
+def _combined_optimizers(linear_optimizer: Any, dnn_optimizer: Any, linear_columns: list):
+    """``_dnn_linear_combined_model_fn_v2``'s two optimizers."""
+    lr = min(COMBINED_LINEAR_LEARNING_RATE, _inverse_sqrt(linear_columns))
+    return (get_optimizer(linear_optimizer, lr, "linear_optimizer"),
+            get_optimizer(dnn_optimizer, COMBINED_DNN_LEARNING_RATE, "dnn_optimizer"))
+
+
+def _loss_reduction(value: Any) -> str:
+    """``'mean'`` (``SUM_OVER_BATCH_SIZE``, the V2 estimators' default; ``AUTO``) or
+    ``'sum'`` (``SUM``, the V1 estimators')."""
+    if value is None:
+        return "mean"
+    name = str(getattr(value, "value", getattr(value, "name", value))).lower()
+    how = losses.reduction_of(value, "loss_reduction") if name != "none" else None
+    if how not in ("mean", "sum"):
+        raise ConfigError(f"loss_reduction {value!r} is not supported: SUM_OVER_BATCH_SIZE "
+                          "(the default) or SUM")
+    return how
 
 
 class _Canned(Estimator):
@@ -246,7 +295,7 @@ class _Canned(Estimator):
         """Build a DNN over ``self.head`` (the two DNN estimators' one body)."""
         hidden_units, feature_columns = _dnn_args(hidden_units, feature_columns)
         cols = _columns(feature_columns, "feature_columns")
-        opt = get_optimizer(optimizer, 0.05, f"{type(self).__name__} optimizer")
+        opt = get_optimizer(optimizer, None, f"{type(self).__name__} optimizer")
         hidden = list(hidden_units)
 
         def model_fn(features, labels, mode, config):
@@ -261,7 +310,7 @@ class _Canned(Estimator):
                 sparse_combiner: str) -> None:
         """Build a linear model over ``self.head`` (the two linear estimators' one body)."""
         cols = _columns(feature_columns, "feature_columns")
-        opt = get_optimizer(optimizer, _linear_lr(cols), f"{type(self).__name__} optimizer")
+        opt = _linear_optimizer(optimizer, cols, f"{type(self).__name__} optimizer")
 
         def model_fn(features, labels, mode, config):
             logits = _linear_logits(features, cols, self.head.logits_dimension, sparse_combiner)
@@ -276,9 +325,8 @@ class LinearRegressor(_Canned):
                  weight_column=None, optimizer: Any = "Ftrl", config=None,
                  warm_start_from=None, loss_reduction: Any = None,
                  sparse_combiner: str = "sum") -> None:
-        _check_loss_reduction(loss_reduction)
         self.head = Head("regression", label_dimension=label_dimension,
-                         weight_column=weight_column)
+                         weight_column=weight_column, loss_reduction=loss_reduction)
         self._linear(feature_columns, optimizer, model_dir, config, warm_start_from,
                      sparse_combiner)
 
@@ -288,9 +336,8 @@ class LinearClassifier(_Canned):
                  label_vocabulary=None, optimizer: Any = "Ftrl", config=None,
                  warm_start_from=None, loss_reduction: Any = None,
                  sparse_combiner: str = "sum") -> None:
-        _check_loss_reduction(loss_reduction)
         self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
-                         label_vocabulary=label_vocabulary)
+                         label_vocabulary=label_vocabulary, loss_reduction=loss_reduction)
         self._linear(feature_columns, optimizer, model_dir, config, warm_start_from,
                      sparse_combiner)
 
@@ -299,13 +346,13 @@ class DNNRegressor(_Canned):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._setup(*_dnn_positional(args, kwargs), **kwargs)
 
-    def _setup(self, hidden_units=None, feature_columns=None, model_dir=None, label_dimension: int = 1,
-                 weight_column=None, optimizer: Any = "Adagrad", activation_fn: Any = None,
-                 dropout: float | None = None, config=None, warm_start_from=None,
-                 loss_reduction: Any = None, batch_norm: bool = False) -> None:
-        _check_loss_reduction(loss_reduction)
+    def _setup(self, hidden_units=None, feature_columns=None, model_dir=None,
+               label_dimension: int = 1, weight_column=None, optimizer: Any = "Adagrad",
+               activation_fn: Any = None, dropout: float | None = None, config=None,
+               warm_start_from=None, loss_reduction: Any = None,
+               batch_norm: bool = False) -> None:
         self.head = Head("regression", label_dimension=label_dimension,
-                         weight_column=weight_column)
+                         weight_column=weight_column, loss_reduction=loss_reduction)
         self._dnn(hidden_units, feature_columns, optimizer, activation_fn, dropout, batch_norm,
                   model_dir, config, warm_start_from)
 
@@ -319,9 +366,8 @@ class DNNClassifier(_Canned):
                  activation_fn: Any = None, dropout: float | None = None, config=None,
                  warm_start_from=None, loss_reduction: Any = None,
                  batch_norm: bool = False) -> None:
-        _check_loss_reduction(loss_reduction)
         self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
-                         label_vocabulary=label_vocabulary)
+                         label_vocabulary=label_vocabulary, loss_reduction=loss_reduction)
         self._dnn(hidden_units, feature_columns, optimizer, activation_fn, dropout, batch_norm,
                   model_dir, config, warm_start_from)
 
@@ -361,15 +407,13 @@ class DNNLinearCombinedRegressor(_Canned):
                  label_dimension: int = 1, weight_column=None, config=None,
                  warm_start_from=None, loss_reduction: Any = None, batch_norm: bool = False,
                  linear_sparse_combiner: str = "sum") -> None:
-        _check_loss_reduction(loss_reduction)
         self.head = Head("regression", label_dimension=label_dimension,
-                         weight_column=weight_column)
+                         weight_column=weight_column, loss_reduction=loss_reduction)
         lin, dnn = _columns(linear_feature_columns, "l"), _columns(dnn_feature_columns, "d")
         if dnn and not dnn_hidden_units:
             raise ConfigError("dnn_hidden_units must be given with dnn_feature_columns")
         fn = _combined_fn(self.head, lin, dnn, list(dnn_hidden_units or []),
-                          get_optimizer(linear_optimizer, _linear_lr(lin), "linear_optimizer"),
-                          get_optimizer(dnn_optimizer, 0.05, "dnn_optimizer"),
+                          *_combined_optimizers(linear_optimizer, dnn_optimizer, lin),
                           dnn_activation_fn, dnn_dropout, batch_norm, linear_sparse_combiner)
         super().__init__(fn, model_dir, config, warm_start_from=warm_start_from)
 
@@ -382,23 +426,40 @@ class DNNLinearCombinedClassifier(_Canned):
                  n_classes: int = 2, weight_column=None, label_vocabulary=None, config=None,
                  warm_start_from=None, loss_reduction: Any = None, batch_norm: bool = False,
                  linear_sparse_combiner: str = "sum") -> None:
-        _check_loss_reduction(loss_reduction)
         self.head = Head("classification", n_classes=n_classes, weight_column=weight_column,
-                         label_vocabulary=label_vocabulary)
+                         label_vocabulary=label_vocabulary, loss_reduction=loss_reduction)
         lin, dnn = _columns(linear_feature_columns, "l"), _columns(dnn_feature_columns, "d")
         if dnn and not dnn_hidden_units:
             raise ConfigError("dnn_hidden_units must be given with dnn_feature_columns")
         fn = _combined_fn(self.head, lin, dnn, list(dnn_hidden_units or []),
-                          get_optimizer(linear_optimizer, _linear_lr(lin), "linear_optimizer"),
-                          get_optimizer(dnn_optimizer, 0.05, "dnn_optimizer"),
+                          *_combined_optimizers(linear_optimizer, dnn_optimizer, lin),
                           dnn_activation_fn, dnn_dropout, batch_norm, linear_sparse_combiner)
         super().__init__(fn, model_dir, config, warm_start_from=warm_start_from)
 
 
+def _deepctr_dnn(net: Tensor, hidden_units, activation_fn, dropout, use_bn, mode) -> Tensor:
+    """DeepCTR's ``DNN`` layer and logit: per layer ``dense`` (Glorot-normal kernel, zero
+    bias), batch normalization (keras' momentum 0.99) before the activation, dropout after it
+    (training only); the logit a bias-free ``Dense(1)``."""
+    act = _activation(activation_fn)
+    for i, n in enumerate(hidden_units):
+        net = L.dense(net, int(n), kernel_initializer="glorot_normal", name=f"dnn_{i}")
+        if use_bn:
+            net = L.batch_normalization(net, momentum=0.99, training=mode == ModeKeys.TRAIN,
+                                        name=f"dnn_{i}/batch_normalization")
+        net = act(net)
+        if dropout:
+            net = L.dropout(net, rate=float(dropout), training=mode == ModeKeys.TRAIN)
+    return L.dense(net, 1, use_bias=False, kernel_initializer="glorot_normal", name="logits")
+
+
 class DeepFMEstimator(_Canned):
-    """DeepCTR's ``DeepFMEstimator``: linear part + second-order FM over the embedding
-    columns of ``dnn_feature_columns`` (all of one dimension) + a DNN, summed into one
-    logit; ``task`` ``'binary'`` or ``'regression'``.  ``_model_fn(features, labels, mode,
+    """DeepCTR's ``DeepFMEstimator`` (``deepctr/estimator/models/deepfm.py``): linear part +
+    second-order FM over the embedding columns of ``dnn_feature_columns`` (all of one
+    dimension) + a DNN over the embeddings then the other columns, summed into one logit;
+    ``task`` ``'binary'`` or ``'regression'``.  As DeepCTR: the loss is summed over the batch
+    (``Reduction.SUM``), optimizers by name are ``tf.compat.v1.train``'s at learning rate 0.005
+    (linear) and 0.01 (DNN) (``deepctr_model_fn``).  ``_model_fn(features, labels, mode,
     config)`` is the model function (DLRover's adaptor pattern calls it).  The L2
     regularisation settings are not applied (warned once when non-zero)."""
 
@@ -416,11 +477,12 @@ class DeepFMEstimator(_Canned):
                             ("l2_reg_embedding", l2_reg_embedding), ("l2_reg_dnn", l2_reg_dnn)):
             if value:
                 warn_once(f"DeepFMEstimator.{name}", "L2 regularisation is not applied")
-        self.head = Head("classification" if task == "binary" else "regression")
+        self.head = Head("classification" if task == "binary" else "regression",
+                         loss_reduction="sum")
         lin = list(linear_feature_columns)
         dnn = list(dnn_feature_columns)
-        linear_opt = get_optimizer(linear_optimizer, _linear_lr(lin), "linear_optimizer")
-        dnn_opt = get_optimizer(dnn_optimizer, 0.05, "dnn_optimizer")
+        linear_opt = get_optimizer_v1(linear_optimizer, 0.005, "linear_optimizer")
+        dnn_opt = get_optimizer_v1(dnn_optimizer, 0.01, "dnn_optimizer")
         hidden = list(dnn_hidden_units)
 
         def model_fn(features, labels, mode, config=None):
@@ -431,22 +493,25 @@ class DeepFMEstimator(_Canned):
             if lin:
                 parts.append(_linear_logits(features, lin, 1, "sum"))
             with g.scope("dnn"):
+                inputs = []
                 if embs:
                     dims = {c.dimension for c in embs}
                     if len(dims) != 1:
                         raise ConfigError(f"DeepFM: the embedding columns must share one "
                                           f"dimension, got {sorted(dims)}")
                     dim = dims.pop()
-                    with g.scope("fm"):
-                        emb = fc.input_layer(features, embs)
+                    emb = fc.input_layer(features, embs)
+                    inputs.append(emb)
                     fm = L._unary("FmOrder2", emb, "fm", {"out_dim": dim})
                     g.shapes[fm.name] = (dim,)
                     fm = Tensor(g, fm.name, (dim,))
                     parts.append(L.reduce_sum(fm, axis=1, name="fm_sum"))
-            dnn_in = [*cols, *embs]
-            if dnn_in:
-                parts.append(_dnn_logits(features, dnn_in, hidden, 1, dnn_activation,
-                                         dnn_dropout, dnn_use_bn, mode))
+                if cols:
+                    inputs.append(fc.input_layer(features, cols))
+                if inputs:
+                    net = inputs[0] if len(inputs) == 1 else L.concat(inputs, name="dnn_input")
+                    parts.append(_deepctr_dnn(net, hidden, dnn_activation, dnn_dropout,
+                                              dnn_use_bn, mode))
             logits = parts[0] if len(parts) == 1 else L.add(parts, name="deepfm_logits")
 
             def train_op_fn(loss):

@@ -104,6 +104,11 @@ class Program:
         self._bind_variables()
         self._bind_tables()
         self.loss_scales = dict(loss.terms) if loss is not None else {}
+        reductions = {layer.get("reduction", "mean") for layer in graph.layers
+                      if isinstance(layer.get("top"), str) and layer["top"] in self.loss_scales}
+        #: the loss sums its examples' losses (``Reduction.SUM``): a batch's loss divided by
+        #: its size is the per-example loss
+        self.loss_is_sum = reductions == {"sum"}
 
     # -- variables -----------------------------------------------------------------------
 

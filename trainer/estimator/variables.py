@@ -151,6 +151,30 @@ class VariableStore:
         if states and set(states) == set(table.state):
             table.load_optimizer_state(keys, states)
 
+    def assign(self, name: str, value: Any) -> None:
+        """Set variable ``name`` (a dense or non-trainable variable, or a column's embedding
+        weights ``[num_buckets, dim]`` by its TensorFlow name) to ``value``; the variable must
+        exist (a program built it) and have ``value``'s shape."""
+        value = np.asarray(value, dtype=np.float32)
+        for pool in (self.dense, self.state):
+            if name in pool:
+                if pool[name].shape != value.shape:
+                    raise ConfigError(f"assign {name!r}: shape {list(value.shape)}, the variable "
+                                      f"has {list(pool[name].shape)}")
+                pool[name][...] = value
+                return
+        for tname, info in self.table_info.items():
+            if name in info.display and tname in self.tables:
+                slot = info.display.index(name)
+                off, n = info.offsets[slot], info.buckets[slot]
+                if value.shape != (n, info.dim):
+                    raise ConfigError(f"assign {name!r}: shape {list(value.shape)}, the column "
+                                      f"has [{n}, {info.dim}]")
+                keys = np.arange(off, off + n, dtype=np.int64)
+                self.tables[tname].load(SparseTable(keys, value))
+                return
+        raise ConfigError(f"assign: no variable named {name!r} has been built")
+
     # -- checkpoints ---------------------------------------------------------------------
 
     def signature(self) -> dict[str, Any]:
@@ -216,7 +240,7 @@ class VariableStore:
                 info = self.table_info[name]
                 params = self.tables[name].optimizer.params
                 table = self._new_table(name, info.dim, self.tables[name].workspace_rows,
-                                        params, info.combiner, self.tables[name]._bound)
+                                        params, info.combiner, self.tables[name].init_scale)
                 self._load_table(table, arrays)
                 self.tables[name] = table
             else:

@@ -1,11 +1,11 @@
 """Feature columns (as ``tf.feature_column``): how raw features become a model's input.
 
 Numeric, bucketized and indicator columns fill the dense input (the server's ``DES``);
-categorical columns turn raw values into ids with vectorised numpy (vocabulary lookup by
-binary search, FNV-1a / splitmix64 hashing, ``np.digitize``); embedding columns look those
-ids up in the trainer's embedding tables, so an exported model's tables go into the parameter
-server like any other model's.  See :mod:`.columns` for the columns and :mod:`.layers` for
-``DenseFeatures``, ``input_layer`` and ``linear_model``.
+categorical columns turn raw values into TensorFlow's ids, vectorised (vocabulary lookup by
+binary search, FarmHash ``Fingerprint64`` hashing in numba, float32 bucketing); embedding
+columns look those ids up in the trainer's embedding tables, so an exported model's tables
+go into the parameter server like any other model's.  See :mod:`.columns` for the columns
+and :mod:`.layers` for ``DenseFeatures``, ``input_layer`` and ``linear_model``.
 """
 
 from ..graph.tensors import FeatureTensor, Tensor, register_feature_conversion

@@ -2,16 +2,17 @@
 
 Numeric, bucketized and indicator columns fill the dense input (the server's ``DES``);
 categorical columns turn raw values into ids, vectorised with numpy (vocabulary lookup by
-binary search, FNV-1a / splitmix64 hashing, ``np.digitize``); embedding columns look those
-ids up in the trainer's embedding tables (:class:`~tierserve.trainer.embedding.EmbeddingTable`),
-so an exported model's tables go into the parameter server like any model's.  Columns of one
+binary search, TensorFlow's FarmHash ``Fingerprint64`` hashing, bucketing in float32);
+embedding columns look those ids up in the trainer's embedding tables
+(:class:`~tierserve.trainer.embedding.EmbeddingTable`), so an exported model's tables go into the parameter server like any model's.  Columns of one
 ``DenseFeatures`` call with the same dimension and combiner share one table, a slot each
 (HugeCTR's layout: ids offset per slot), which is what the server looks up as ``CATCOLUMN``.
 
 Missing values: an empty string, ``None``, NaN or (integer columns) ``-1`` is no id, as
-TensorFlow drops them; an empty row pools to zeros.  Hashes are stable across processes
-(FNV-1a 64 of the UTF-8 bytes for strings, splitmix64 for integers), not TensorFlow's
-FarmHash: a model trained here hashes the same at serving time, but not as TensorFlow did.
+TensorFlow drops them; an empty row pools to zeros.  Ids are TensorFlow's: hash buckets and
+vocabulary OOV buckets are ``Fingerprint64(str(value)) % buckets`` (integers hash as their
+decimal string), crosses chain ``FingerprintCat64`` from the hash key (default
+``0xDECAFCAFFE``) over the inputs' fingerprints, bucket boundaries compare in float32.
 """
 
 from __future__ import annotations
@@ -24,35 +25,14 @@ from typing import Any
 import numpy as np
 
 from tierserve.core.errors import ConfigError, InvalidInputError
-from tierserve.ps.partition import mix64
 
-_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
-
-
-# -- raw values --------------------------------------------------------------------------------
+from .hashing import DEFAULT_HASH_KEY, cross_feature, fingerprint64, fingerprint_cat64
 
 
 def fingerprint(values: np.ndarray) -> np.ndarray:
-    """A stable uint64 hash per value: FNV-1a 64 of a string's UTF-8 bytes, splitmix64 of an
-    integer (vectorised; the loop runs over character positions, not values)."""
-    values = np.asarray(values)
-    if values.dtype.kind in "iub":
-        return mix64(values.astype(np.int64))
-    if values.dtype.kind == "f":
-        return mix64(values.astype(np.float64).view(np.int64))
-    data = np.char.encode(values.astype(str), "utf-8")
-    lengths = np.char.str_len(data)
-    width = data.dtype.itemsize
-    h = np.full(len(data), _FNV_OFFSET, dtype=np.uint64)
-    if width == 0 or len(data) == 0:
-        return h
-    raw = np.frombuffer(data.tobytes(), dtype=np.uint8).reshape(len(data), width)
-    for j in range(int(lengths.max())):
-        active = lengths > j
-        mixed = (h ^ raw[:, j].astype(np.uint64)) * _FNV_PRIME
-        h = np.where(active, mixed, h)
-    return h
+    """TensorFlow's ``Fingerprint64`` of each value (uint64): FarmHash of a string's UTF-8
+    bytes, of an integer's decimal string (see :mod:`.hashing`)."""
+    return fingerprint64(values)
 
 
 @dataclass
@@ -109,11 +89,12 @@ def _typed(arr: np.ndarray) -> np.ndarray:
     return typed if typed.dtype != object else arr
 
 
-def raw_values(column_name: str, key: str, value: Any) -> tuple[np.ndarray, np.ndarray | None,
-                                                                  int]:
+def raw_values(column_name: str, key: str, value: Any, drop_missing: bool = True
+               ) -> tuple[np.ndarray, np.ndarray | None, int]:
     """``(values, offsets or None, batch_size)`` of a raw categorical feature: a 1-D array (one
     value per row), a 2-D array (values per row) or a list of lists (ragged); missing values
-    are dropped."""
+    are dropped unless ``drop_missing`` is False (a crossed column's raw keys: TensorFlow
+    crosses every value of a dense feature, ``''`` and ``-1`` included)."""
     arr = value if isinstance(value, np.ndarray) else None
     if arr is None:
         try:
@@ -128,6 +109,8 @@ def raw_values(column_name: str, key: str, value: Any) -> tuple[np.ndarray, np.n
             if flat.dtype == object:
                 flat = _typed(flat)
             offsets = np.concatenate([[0], np.cumsum(counts)])
+            if not drop_missing:
+                return flat, offsets, len(rows)
             return _drop_missing(flat, offsets, len(rows))
     if arr.ndim == 0:
         arr = arr.reshape(1)
@@ -138,6 +121,10 @@ def raw_values(column_name: str, key: str, value: Any) -> tuple[np.ndarray, np.n
         arr = _typed(arr)
     if arr.ndim == 2 and arr.shape[1] == 1:
         arr = arr[:, 0]
+    if not drop_missing:
+        if arr.ndim == 1:
+            return arr, None, len(arr)
+        return arr.reshape(-1), np.arange(0, arr.size + 1, arr.shape[1], dtype=np.int64), len(arr)
     if arr.ndim == 1:
         missing = _missing_mask(arr)
         if not missing.any():
@@ -205,6 +192,11 @@ class CategoricalColumn(FeatureColumn):
 
     def ids(self, features: dict) -> Ids:
         raise NotImplementedError
+
+    def cross_ids(self, features: dict) -> Ids:
+        """The ids a crossed column combines (the ids, save where TensorFlow crosses ids
+        the embedding lookup would drop)."""
+        return self.ids(features)
 
 
 # -- numeric and bucketized ------------------------------------------------------------------
@@ -276,6 +268,8 @@ class BucketizedColumn(DenseColumn, CategoricalColumn):
                               f"non-empty increasing list, got {list(boundaries)}")
         self.source_column = source_column
         self.boundaries = np.asarray(b, np.float64)
+        # TensorFlow's Bucketize op holds the boundaries as float32 and compares float32 values
+        self._boundaries32 = self.boundaries.astype(np.float32)
         self.name = f"{source_column.name}_bucketized"
         self.num_buckets = (len(b) + 1) * source_column.dense_width
 
@@ -288,8 +282,8 @@ class BucketizedColumn(DenseColumn, CategoricalColumn):
         return self.num_buckets
 
     def _buckets(self, features: dict) -> np.ndarray:
-        x = self.source_column.values(features).astype(np.float64)
-        idx = np.digitize(x, self.boundaries)  # [B, w]
+        x = self.source_column.values(features)  # float32
+        idx = np.searchsorted(self._boundaries32, x, side="right")  # [B, w]: boundaries <= x
         return idx + (len(self.boundaries) + 1) * np.arange(x.shape[1])[None, :]
 
     def ids(self, features: dict) -> Ids:
@@ -381,7 +375,9 @@ class VocabularyListCategoricalColumn(CategoricalColumn):
     def input_keys(self) -> list[str]:
         return [self.key]
 
-    def ids(self, features: dict) -> Ids:
+    def _lookup(self, features: dict) -> Ids:
+        """Ids with TensorFlow's default_value (-1 by default) for values out of vocabulary
+        when there are no OOV buckets."""
         values, offsets, b = raw_values(self.name, self.key,
                                         _feature(features, self.key, self.name))
         if self.vocabulary.dtype.kind in "US":
@@ -395,19 +391,26 @@ class VocabularyListCategoricalColumn(CategoricalColumn):
         found = self._sorted[pos] == values
         ids = self._order[pos].astype(np.int64)
         if not found.all():
-            if self.num_oov_buckets:
-                oov = len(self.vocabulary) + (fingerprint(values) % np.uint64(
+            if self.num_oov_buckets:  # index_table_from_tensor: to_hash_bucket_fast(as_string)
+                oov = len(self.vocabulary) + (fingerprint64(values) % np.uint64(
                     self.num_oov_buckets)).astype(np.int64)
                 ids = np.where(found, ids, oov)
             else:
                 ids = np.where(found, ids, self.default_value)
-                if self.default_value == -1:  # out of vocabulary: no id, as TensorFlow
-                    keep = found.astype(np.int64)
-                    if offsets is None:
-                        offsets = np.arange(b + 1, dtype=np.int64)
-                    csum = np.concatenate([[0], np.cumsum(keep)])
-                    return Ids(ids[found], csum[offsets], b)
         return Ids(ids, offsets, b)
+
+    def ids(self, features: dict) -> Ids:
+        ids = self._lookup(features)
+        missing = ids.values < 0
+        if not missing.any():
+            return ids
+        # out of vocabulary with default_value -1: no id (the embedding lookup prunes it)
+        offsets = ids.offsets if ids.offsets is not None else np.arange(ids.batch_size + 1)
+        csum = np.concatenate([[0], np.cumsum(~missing)])
+        return Ids(ids.values[~missing], csum[offsets], ids.batch_size)
+
+    def cross_ids(self, features: dict) -> Ids:
+        return self._lookup(features)  # a crossed column crosses the -1 ids too
 
     def config(self) -> dict[str, Any]:
         return {"type": "vocabulary", "key": self.key, "vocabulary": self.vocabulary.tolist(),
@@ -429,7 +432,11 @@ class HashedCategoricalColumn(CategoricalColumn):
     def ids(self, features: dict) -> Ids:
         values, offsets, b = raw_values(self.name, self.key,
                                         _feature(features, self.key, self.name))
-        h = fingerprint(values) % np.uint64(self.num_buckets)
+        try:
+            h = fingerprint64(values) % np.uint64(self.num_buckets)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"categorical_column_with_hash_bucket {self.name!r}: "
+                                    f"feature {self.key!r}: {exc}") from None
         return Ids(h.astype(np.int64), offsets, b)
 
     def config(self) -> dict[str, Any]:
@@ -437,6 +444,15 @@ class HashedCategoricalColumn(CategoricalColumn):
 
 
 class CrossedColumn(CategoricalColumn):
+    """TensorFlow's ``crossed_column``: ``tf.sparse.cross_hashed`` over the keys' values.
+
+    Each example gets one id per combination of its inputs' values (the cartesian product;
+    an input with no value gives no id): ``FingerprintCat64`` chained from ``hash_key`` over
+    ``Fingerprint64`` of a raw string, the value of a raw integer, the id of a categorical
+    column, then ``% hash_bucket_size``.  A raw feature's every value is crossed (``''`` and
+    ``-1`` included, as TensorFlow's dense inputs are); nested crossed columns are flattened
+    into their keys, as TensorFlow does."""
+
     def __init__(self, keys: Sequence[Any], hash_bucket_size: int, hash_key: int | None = None
                  ) -> None:
         if len(keys) < 2:
@@ -447,11 +463,21 @@ class CrossedColumn(CategoricalColumn):
                     EmbeddingColumn, IndicatorColumn)):
                 raise ConfigError(f"crossed_column: {k!r} is neither a feature key nor a "
                                   "categorical column")
-        self.name = "_X_".join(k if isinstance(k, str) else k.name for k in self.keys)
+            if isinstance(k, WeightedCategoricalColumn):
+                raise ConfigError(f"crossed_column: {k.name!r} has weights; crossed_column does "
+                                  "not support weighted columns (as in TensorFlow)")
+            if isinstance(k, HashedCategoricalColumn):
+                raise ConfigError(
+                    f"crossed_column: categorical_column_with_hash_bucket {k.name!r} is not "
+                    "supported for crossing (as in TensorFlow: hashing before crossing adds "
+                    "collisions); give the feature name as a string instead")
+        # TensorFlow's name: the leaf keys' names, sorted
+        self.name = "_X_".join(sorted(k if isinstance(k, str) else k.name
+                                      for k in self._leaf_keys()))
         self.num_buckets = int(hash_bucket_size)
         if self.num_buckets < 1:
             raise ConfigError(f"crossed_column {self.name!r}: hash_bucket_size must be positive")
-        self.hash_key = int(hash_key or 0)
+        self.hash_key = DEFAULT_HASH_KEY if hash_key is None else int(hash_key)
 
     @property
     def input_keys(self) -> list[str]:
@@ -460,26 +486,64 @@ class CrossedColumn(CategoricalColumn):
             out.extend([k] if isinstance(k, str) else k.input_keys)
         return out
 
-    def ids(self, features: dict) -> Ids:
-        h = None
-        b = None
+    def _leaf_keys(self) -> list[Any]:
+        out: list[Any] = []
         for k in self.keys:
+            out.extend(k._leaf_keys() if isinstance(k, CrossedColumn) else [k])
+        return out
+
+    def _inputs(self, features: dict) -> list[tuple[np.ndarray, np.ndarray, int]]:
+        """Per leaf key: (uint64 features to combine, CSR offsets, batch size)."""
+        out = []
+        for k in self._leaf_keys():
+            what = k if isinstance(k, str) else k.name
             if isinstance(k, str):
-                values, offsets, n = raw_values(self.name, k, _feature(features, k, self.name))
-                part = fingerprint(values)
+                values, offsets, n = raw_values(self.name, k, _feature(features, k, self.name),
+                                                drop_missing=False)
+                try:
+                    part = cross_feature(values)
+                except InvalidInputError as exc:
+                    raise InvalidInputError(f"crossed_column {self.name!r}: feature {k!r}: "
+                                            f"{exc}") from None
             else:
-                ids = k.ids(features)
-                values, offsets, n = ids.values, ids.offsets, ids.batch_size
-                part = mix64(values)
-            if offsets is not None:
-                raise InvalidInputError(
-                    f"crossed_column {self.name!r}: {k if isinstance(k, str) else k.name!r} "
-                    "must have exactly one value per example (missing or several values "
-                    "cannot be crossed here)")
-            b = n
-            h = part if h is None else mix64((h * np.uint64(31) + part).view(np.int64))
-        h = mix64((h ^ np.uint64(self.hash_key)).view(np.int64))
-        return Ids((h % np.uint64(self.num_buckets)).astype(np.int64), None, b)
+                ids = k.cross_ids(features)
+                offsets, n = ids.offsets, ids.batch_size
+                part = ids.values.astype(np.int64).view(np.uint64)
+            if out and n != out[0][2]:
+                raise InvalidInputError(f"crossed_column {self.name!r}: {what!r} has {n} "
+                                        f"examples, the others {out[0][2]}")
+            if offsets is None:
+                offsets = np.arange(n + 1, dtype=np.int64)
+            out.append((part, np.asarray(offsets, np.int64), n))
+        return out
+
+    def ids(self, features: dict) -> Ids:
+        inputs = self._inputs(features)
+        b = inputs[0][2]
+        counts = [np.diff(off) for _, off, _ in inputs]
+        if all((c == 1).all() for c in counts):  # one value each: no product to expand
+            h = np.full(b, self.hash_key, np.uint64)
+            for part, off, _ in inputs:
+                h = fingerprint_cat64(h, part[off[:-1]])
+            return Ids((h % np.uint64(self.num_buckets)).astype(np.int64), None, b)
+        per_row = np.ones(b, np.int64)
+        for c in counts:
+            per_row *= c
+        offsets = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
+        row = np.repeat(np.arange(b, dtype=np.int64), per_row)
+        rest = np.arange(int(offsets[-1]), dtype=np.int64) - offsets[row]  # index in the product
+        h = np.full(len(row), self.hash_key, np.uint64)
+        picks = []
+        for part, off, _ in reversed(inputs):  # the last input varies fastest
+            c = np.diff(off)[row]
+            picks.append(part[off[:-1][row] + rest % np.maximum(c, 1)])
+            rest //= np.maximum(c, 1)
+        for pick in reversed(picks):
+            h = fingerprint_cat64(h, pick)
+        return Ids((h % np.uint64(self.num_buckets)).astype(np.int64), offsets, b)
+
+    def cross_ids(self, features: dict) -> Ids:
+        return self.ids(features)
 
     def config(self) -> dict[str, Any]:
         return {"type": "crossed", "keys": [k if isinstance(k, str) else k.config()

@@ -4,8 +4,8 @@
 Dense columns (numeric, bucketized, indicator) become a ``Slice`` of the dense input; the
 embedding columns of one call with the same settings share one table, a slot per column, and
 become a ``Reshape`` of its output.  The result concatenates the columns sorted by name, as
-TensorFlow does, except that the columns of one shared table stay together (in name order)
-where that table's first column sorts.
+TensorFlow does (columns next to each other in that order and in one table are read by one
+``Reshape``).
 """
 
 from __future__ import annotations
@@ -211,22 +211,30 @@ def build_dense_features(features: Any, feature_columns: Any, options: dict | No
         by_name[col.name] = _weighted_input(
             g, col, col.dimension, col.combiner,
             emb_options.resolve(col.name, col.options, call_options), zero_init=False)
-    group_tensor: dict[str, Tensor] = {}
-    first_col: dict[str, str] = {}
+    slot_of: dict[str, tuple[SparseGroup, int]] = {}
     for group, slots in groups:
-        group_tensor[group.table] = _reshape_slots(g, group, slots)
-    for col in emb_cols:
-        for group, slots in groups:
-            if any(group.columns[s] is col.categorical_column for s in slots):
-                first_col.setdefault(group.table, col.name)
+        for slot in slots:
+            for col in emb_cols:
+                if group.columns[slot] is col.categorical_column and col.name not in slot_of:
+                    slot_of[col.name] = (group, slot)
+    # TensorFlow's order (by column name); neighbours in one table are read by one reshape
     parts: list[Tensor] = []
+    run: list[int] = []
+    run_group: SparseGroup | None = None
     for col in cols:
-        if col.name in by_name:
-            parts.append(by_name[col.name])
+        hit = slot_of.get(col.name)
+        if hit is not None and hit[0] is run_group:
+            run.append(hit[1])
+            continue
+        if run_group is not None:
+            parts.append(_reshape_slots(g, run_group, run))
+            run_group, run = None, []
+        if hit is not None:
+            run_group, run = hit[0], [hit[1]]
         else:
-            for table, name in first_col.items():
-                if name == col.name:
-                    parts.append(group_tensor[table])
+            parts.append(by_name[col.name])
+    if run_group is not None:
+        parts.append(_reshape_slots(g, run_group, run))
     return _concat(g, parts, "input_layer/concat")
 
 

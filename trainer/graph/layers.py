@@ -16,14 +16,16 @@ from tierserve.core.errors import ConfigError
 from tierserve.trainer.graph.tensors import Tensor, as_tensor, current_graph
 
 _INITIALIZERS = {
-    None: "Default", "default": "Default", "glorot_normal": "XavierNorm",
+    "default": "Default", "glorot_normal": "XavierNorm",
     "xavier_normal": "XavierNorm", "glorot_uniform": "XavierUniform",
     "xavier_uniform": "XavierUniform", "zeros": "Zero", "zero": "Zero", "uniform": "Uniform",
 }
 
 
-def _initializer(value: Any, what: str) -> tuple[str, Callable | None]:
-    """(graph-JSON initializer name, callable or None)."""
+def _initializer(value: Any, what: str, default: str) -> tuple[str, Callable | None]:
+    """(graph-JSON initializer name, callable or None); None gives ``default``."""
+    if value is None:
+        return default, None
     if callable(value):
         return "Default", value
     key = getattr(value, "name", value)
@@ -83,7 +85,8 @@ def dense(inputs: Any, units: int, activation: Any = None, use_bias: bool = True
           kernel_initializer: Any = None, bias_initializer: Any = None,
           trainable: bool = True, name: str | None = None) -> Tensor:
     """Fully connected layer (``InnerProduct``): variables ``<name>/kernel``, ``<name>/bias``.
-    ``use_bias=False`` keeps the bias at zero (never trained)."""
+    Initializers default to TensorFlow's (``tf.layers.dense``, keras ``Dense``): Glorot-uniform
+    kernel, zero bias.  ``use_bias=False`` keeps the bias at zero (never trained)."""
     g = current_graph("dense")
     x = as_tensor(inputs, "dense")
     if len(x.shape) != 1:
@@ -92,8 +95,9 @@ def dense(inputs: Any, units: int, activation: Any = None, use_bias: bool = True
     if units < 1:
         raise ConfigError(f"dense: units must be positive, got {units}")
     lname = g.unique(name or "dense")
-    w_init, w_fn = _initializer(kernel_initializer, f"dense {lname!r} kernel_initializer")
-    b_init, b_fn = _initializer(bias_initializer, f"dense {lname!r} bias_initializer")
+    w_init, w_fn = _initializer(kernel_initializer, f"dense {lname!r} kernel_initializer",
+                                "XavierUniform")
+    b_init, b_fn = _initializer(bias_initializer, f"dense {lname!r} bias_initializer", "Zero")
     layer = {"name": lname, "type": "InnerProduct", "bottom": x.name, "top": lname,
              "fc_param": {"num_output": units, "weight_init": w_init, "bias_init": b_init}}
     kernel, bias = f"{lname}/kernel", f"{lname}/bias"
@@ -124,13 +128,18 @@ def dropout(inputs: Any, rate: float = 0.5, training: bool = False,
 
 def batch_normalization(inputs: Any, momentum: float = 0.99, epsilon: float = 1e-3,
                         training: bool = False, name: str | None = None) -> Tensor:
-    """Batch normalization (``BatchNorm``): ``<name>/gamma``, ``<name>/beta`` trained,
-    ``<name>/moving_mean``, ``<name>/moving_variance`` updated with ``momentum``."""
+    """Batch normalization (``BatchNorm``) as TensorFlow's (``tf.layers`` / keras, 2-D input):
+    ``<name>/gamma``, ``<name>/beta`` trained; ``<name>/moving_mean``,
+    ``<name>/moving_variance`` updated as ``moving * momentum + batch * (1 - momentum)`` with
+    the batch's biased variance."""
     g = current_graph("batch_normalization")
     x = as_tensor(inputs, "batch_normalization")
+    if not 0.0 <= float(momentum) <= 1.0:
+        raise ConfigError(f"batch_normalization: momentum must lie in [0, 1], got {momentum}")
     lname = g.unique(name or "batch_normalization")
     layer = {"name": lname, "type": "BatchNorm", "bottom": x.name, "top": lname,
-             "bn_param": {"factor": float(momentum), "eps": float(epsilon)}}
+             "bn_param": {"factor": 1.0 - float(momentum), "eps": float(epsilon),
+                          "unbiased_variance": False}}
     out = g.add_layer(layer, [lname], [x.shape], [f"{lname}/gamma", f"{lname}/beta"])[0]
     g.state_names[lname] = [f"{lname}/moving_mean", f"{lname}/moving_variance"]
     return out

@@ -57,41 +57,91 @@ def _weights(graph: Graph, weights: Any, what: str) -> Tensor | None:
     return as_tensor(weights, f"{what} weights")
 
 
+class Reduction:
+    """``tf.compat.v1.losses.Reduction`` (and keras' ``tf.losses.Reduction`` names)."""
+
+    NONE = "none"
+    SUM = "weighted_sum"
+    SUM_OVER_BATCH_SIZE = "weighted_sum_over_batch_size"
+    MEAN = "weighted_mean"
+    SUM_BY_NONZERO_WEIGHTS = "weighted_sum_by_nonzero_weights"
+    SUM_OVER_NONZERO_WEIGHTS = SUM_BY_NONZERO_WEIGHTS
+    AUTO = "auto"
+
+
+#: Reduction names (TensorFlow 1 and keras spellings) -> the loss layers' ``reduction``.
+_REDUCTION = {
+    "weighted_sum": "sum", "sum": "sum", "weighted_sum_over_batch_size": "mean",
+    "sum_over_batch_size": "mean", "auto": "mean", "weighted_mean": "weighted_mean",
+    "mean": "weighted_mean", "weighted_sum_by_nonzero_weights": "nonzero_weights",
+    "sum_by_nonzero_weights": "nonzero_weights",
+}
+
+
+def reduction_of(value: Any, what: str) -> str:
+    """The loss layers' reduction for a TensorFlow ``Reduction`` value (or its name)."""
+    key = str(getattr(value, "value", getattr(value, "name", value))).lower()
+    if key not in _REDUCTION:
+        raise ConfigError(f"{what}: reduction {value!r} is not supported (a scalar loss: "
+                          "SUM, SUM_OVER_BATCH_SIZE, MEAN or SUM_BY_NONZERO_WEIGHTS)")
+    return _REDUCTION[key]
+
+
 def _loss(kind: str, logits: Any, labels: Any, weights: Any, name: str,
-          weighted_kind: str | None = None) -> Loss:
+          reduced_kind: str, reduction: Any) -> Loss:
+    """A loss layer: HugeCTR's ``kind`` (the plain mean) when that is what is asked, else
+    the Estimator's ``reduced_kind`` with example weights and the reduction."""
     g = current_graph(name)
     x = as_tensor(logits, name)
     y = _label(g, labels, name, x.width)
     w = _weights(g, weights, name)
+    how = reduction_of(reduction, name)
     lname = g.unique(name)
     bottoms = [x.name, y.name]
-    if w is not None:
-        kind = weighted_kind or kind
-        bottoms.append(w.name)
-    layer = {"name": lname, "type": kind, "bottom": bottoms, "top": lname}
+    layer: dict[str, Any] = {"name": lname, "type": kind, "bottom": bottoms, "top": lname}
+    if w is not None or how not in ("mean", "nonzero_weights", "weighted_mean"):
+        layer["type"] = reduced_kind
+        layer["reduction"] = how
+        if w is not None:
+            bottoms.append(w.name)
     g.add_layer(layer, [lname], [(1,)])
     loss = Loss(g, {lname: 1.0})
     g.losses.append(loss)
     return loss
 
 
+def _no_smoothing(label_smoothing: float, what: str) -> None:
+    if label_smoothing:
+        raise ConfigError(f"{what}: label_smoothing={label_smoothing} is not supported")
+
+
 def sigmoid_cross_entropy(multi_class_labels: Any, logits: Any, weights: Any = 1.0,
+                          label_smoothing: float = 0, scope: Any = None,
+                          loss_collection: Any = None,
+                          reduction: Any = Reduction.SUM_BY_NONZERO_WEIGHTS,
                           name: str | None = None) -> Loss:
-    """Mean binary cross entropy of ``logits`` (sigmoid fused in) against 0/1 labels."""
+    """Binary cross entropy of ``logits`` (sigmoid fused in) against 0/1 labels, reduced as
+    ``tf.compat.v1.losses`` does (default: over the examples with a non-zero weight)."""
+    _no_smoothing(label_smoothing, "sigmoid_cross_entropy")
     return _loss("BinaryCrossEntropyLoss", logits, multi_class_labels, weights,
-                 name or "sigmoid_cross_entropy_loss", "WeightedBinaryCrossEntropyLoss")
+                 name or scope or "sigmoid_cross_entropy_loss",
+                 "WeightedBinaryCrossEntropyLoss", reduction)
 
 
 def sparse_softmax_cross_entropy(labels: Any, logits: Any, weights: Any = 1.0,
+                                 scope: Any = None, loss_collection: Any = None,
+                                 reduction: Any = Reduction.SUM_BY_NONZERO_WEIGHTS,
                                  name: str | None = None) -> Loss:
-    """Mean softmax cross entropy; ``labels`` hold class indices."""
+    """Softmax cross entropy; ``labels`` hold class indices."""
     return _loss("CrossEntropyLoss", logits, labels, weights,
-                 name or "sparse_softmax_cross_entropy_loss", "WeightedCrossEntropyLoss")
+                 name or scope or "sparse_softmax_cross_entropy_loss",
+                 "WeightedCrossEntropyLoss", reduction)
 
 
 def softmax_cross_entropy(onehot_labels: Any, logits: Any, weights: Any = 1.0,
                           label_smoothing: float = 0.0, scope: Any = None,
-                          loss_collection: Any = None, reduction: Any = None,
+                          loss_collection: Any = None,
+                          reduction: Any = Reduction.SUM_BY_NONZERO_WEIGHTS,
                           name: str | None = None) -> Loss:
     """Softmax cross entropy against label distributions of the logits' shape
     (``one_hot(labels, n)``, or soft labels), averaged over the examples (what every
@@ -102,8 +152,7 @@ def softmax_cross_entropy(onehot_labels: Any, logits: Any, weights: Any = 1.0,
     if _weights(g, weights, what) is not None:
         raise ConfigError(f"{what}: per-example weights are not supported; use "
                           "sparse_softmax_cross_entropy(class ids, logits, weights=...)")
-    how = str(getattr(reduction, "value", reduction) or "").lower()
-    if how in ("none", "sum", "weighted_sum"):
+    if reduction_of(reduction, what) == "sum":
         raise ConfigError(f"{what}: reduction {reduction!r} is not supported; the loss is the "
                           "mean over the examples")
     if not 0.0 <= float(label_smoothing) < 1.0:
@@ -121,11 +170,14 @@ def softmax_cross_entropy(onehot_labels: Any, logits: Any, weights: Any = 1.0,
     return loss
 
 
-def mean_squared_error(labels: Any, predictions: Any, weights: Any = 1.0,
+def mean_squared_error(labels: Any, predictions: Any, weights: Any = 1.0, scope: Any = None,
+                       loss_collection: Any = None,
+                       reduction: Any = Reduction.SUM_BY_NONZERO_WEIGHTS,
                        name: str | None = None) -> Loss:
-    """Mean of squared differences (weighted mean with ``weights``)."""
+    """Squared differences, reduced as ``tf.compat.v1.losses`` does."""
     return _loss("MeanSquaredErrorLoss", predictions, labels, weights,
-                 name or "mean_squared_error_loss")
+                 name or scope or "mean_squared_error_loss", "MeanSquaredErrorLoss",
+                 reduction)
 
 
 def get_total_loss(add_regularization_losses: bool = True, name: str | None = None) -> Loss:
@@ -139,5 +191,6 @@ def get_total_loss(add_regularization_losses: bool = True, name: str | None = No
     return total
 
 
-__all__ = ["LabelTensor", "Loss", "get_total_loss", "mean_squared_error",
-           "sigmoid_cross_entropy", "softmax_cross_entropy", "sparse_softmax_cross_entropy"]
+__all__ = ["LabelTensor", "Loss", "Reduction", "get_total_loss", "mean_squared_error",
+           "reduction_of", "sigmoid_cross_entropy", "softmax_cross_entropy",
+           "sparse_softmax_cross_entropy"]

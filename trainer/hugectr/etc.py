@@ -213,8 +213,7 @@ class TableServer:
 
     def __init__(self, name: str, ps_type: TrainPSType_t, layout: _RowLayout,
                  local_path: str | None = None, cache: HMemCacheConfig | None = None) -> None:
-        from tierserve.ps.config import HashMapConfig
-        from tierserve.ps.hash_map import HashMapTier
+        from tierserve.ps.hash_map import HashMapConfig, HashMapTier
 
         self.tag = f"etc.{name}"
         self.layout = layout
@@ -292,8 +291,7 @@ def _bounded_rocksdb(path: str, write_buffer: int = ROCKSDB_WRITE_BUFFER_BYTES,
     """The project's RocksDB tier with RocksDB's own memory bounded: two memtables of
     ``write_buffer`` bytes at most and a block cache of ``block_cache`` bytes, which holds the
     index and filter blocks too."""
-    from tierserve.ps.config import RocksDBConfig
-    from tierserve.ps.rocksdb_tier import RocksDBTier
+    from tierserve.ps.rocksdb_tier import RocksDBConfig, RocksDBTier
 
     class BoundedRocksDBTier(RocksDBTier):
         def _options(self):

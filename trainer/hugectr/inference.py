@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from tierserve.cache.model_cache import CreateEmbeddingCache
-from tierserve.ps.config import (
+from tierserve.ps.config_base import (
     DatabaseHashMapAlgorithm_t,
     DatabaseOverflowPolicy_t,
     DatabaseType_t,

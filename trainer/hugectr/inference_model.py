@@ -15,10 +15,10 @@ import numpy as np
 
 from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.model.batch import Batch, SparseInput
-from tierserve.ps.config import DisabledConfig
-from tierserve.ps.params import VolatileDatabaseParams
+from tierserve.ps.config import PSConfig
+from tierserve.ps.config_base import DisabledConfig
+from tierserve.ps.hash_map import HashMapConfig
 from tierserve.server import inference_model as runtime
-from tierserve.server.inference_model import InferenceParams
 
 
 class InferenceModel(runtime.InferenceModel):
@@ -108,28 +108,24 @@ class InferenceSession:
         if model_name is None and embedding_cache is not None:
             model_name = getattr(embedding_cache, "model", None)
         config = model_config_from_inference_json(config_file, model_name)
-        if sparse_model_files or dense_model_file:
-            config = config.model_copy(update={
-                "sparse_files": list(sparse_model_files or config.sparse_files),
-                "dense_file": dense_model_file or config.dense_file,
-            })
+        changes: dict[str, Any] = {"deployed_device_list": [device_id]}
+        if sparse_model_files:
+            changes["sparse_files"] = list(sparse_model_files)
+        if dense_model_file:
+            changes["dense_file"] = dense_model_file
+        if max_batchsize:
+            changes["max_batch_size"] = max_batchsize
+        config = config.updated("InferenceSession", **changes)
         bits = input_key_bits(config_file)
         if bits is None:
             bits = 64 if getattr(embedding_cache, "i64_input_key", True) else 32
-        params = InferenceParams(
-            model_name=config.model,
-            max_batchsize=int(max_batchsize or config.max_batch_size),
-            hit_rate_threshold=config.hit_rate_threshold,
-            dense_model_file=config.dense_file,
-            sparse_model_files=list(config.sparse_files),
-            use_gpu_embedding_cache=False,
-            cache_size_percentage=config.gpucacheper,
-            i64_input_key=bits == 64,
-            deployed_devices=[device_id],
-            volatile_db=VolatileDatabaseParams(type="hash_map"),
-            persistent_db=DisabledConfig(),
-        )
-        self.model = InferenceModel(config_file, params, parameter_server=embedding_cache)
+        ps_config = None
+        if embedding_cache is None:  # the files in a hash map of the session's own
+            ps_config = PSConfig(supportlonglong=bits == 64, volatile_db=HashMapConfig(),
+                                 persistent_db=DisabledConfig(), models=[])  # fmt: skip
+        self.model = InferenceModel.open(config, embedding_cache, ps_config,
+                                         i64_input_key=bits == 64,
+                                         use_gpu_embedding_cache=False)  # fmt: skip
 
     @classmethod
     def from_model(cls, model: InferenceModel) -> InferenceSession:

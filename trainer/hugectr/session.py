@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +23,48 @@ from tierserve.trainer.hugectr.model import Model
 from tierserve.trainer.lr_scheduler import LearningRateScheduler
 from tierserve.trainer.optimizers import OptParamsPy
 
-from .solver import CreateSolver
+from .solver import Solver, like_solver, solver_from_clause
 
 
 @dataclass
 class SolverParser:
-    """What ``solver_parser_helper`` returns (HugeCTR's older ``SolverParser``)."""
+    """What ``solver_parser_helper`` returns (HugeCTR's older ``SolverParser``): solver
+    settings, whose defaults are :class:`~tierserve.trainer.hugectr.solver.Solver`'s, and the files a
+    :class:`Session` starts from (:data:`FILES`)."""
 
-    seed: int = 0
-    max_eval_batches: int = 100
-    batchsize_eval: int = 2048
-    batchsize: int = 2048
+    seed: int = like_solver("seed")
+    max_eval_batches: int = like_solver("max_eval_batches")
+    batchsize_eval: int = like_solver("batchsize_eval")
+    batchsize: int = like_solver("batchsize")
     model_file: str = ""
     dense_opt_states_file: str = ""
     embedding_files: list = field(default_factory=list)
     sparse_opt_states_file: Any = field(default_factory=list)
-    vvgpu: list = field(default_factory=lambda: [[0]])
-    use_mixed_precision: bool = False
-    enable_tf32_compute: bool = False
-    scaler: float = 1.0
-    i64_input_key: bool = False
-    use_algorithm_search: bool = True
-    use_cuda_graph: bool = True
-    repeat_dataset: bool = True
+    vvgpu: list = like_solver("vvgpu")
+    use_mixed_precision: bool = like_solver("use_mixed_precision")
+    enable_tf32_compute: bool = like_solver("enable_tf32_compute")
+    scaler: float = like_solver("scaler")
+    i64_input_key: bool = like_solver("i64_input_key")
+    use_algorithm_search: bool = like_solver("use_algorithm_search")
+    use_cuda_graph: bool = like_solver("use_cuda_graph")
+    repeat_dataset: bool = like_solver("repeat_dataset")
+
+    def solver(self, clause: dict[str, Any] | None = None) -> Solver:
+        """The :class:`Solver` these settings give over a graph JSON's ``"solver"`` clause
+        (which gives the rest: ``model_name``, the learning-rate schedule, ``metrics_spec``;
+        where both give a setting, this object's wins, as in HugeCTR)."""
+        given = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in FILES}
+        return solver_from_clause(clause, **given)
+
+
+#: The fields of :class:`SolverParser` that are not solver settings: the files a Session
+#: loads, each with the Model method that loads it.
+FILES = {
+    "model_file": "load_dense_weights",
+    "dense_opt_states_file": "load_dense_optimizer_states",
+    "embedding_files": "load_sparse_weights",
+    "sparse_opt_states_file": "load_sparse_optimizer_states",
+}
 
 
 def solver_parser_helper(**kwargs: Any) -> SolverParser:
@@ -73,20 +92,13 @@ def _config(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-_SCHEDULE = ("lr", "warmup_steps", "decay_start", "decay_steps", "decay_power", "end_lr")
-
-
 def get_learning_rate_scheduler(configure_file: str | os.PathLike) -> LearningRateScheduler:
     """HugeCTR's module-level ``get_learning_rate_scheduler``: the schedule of the JSON
     file's ``solver`` clause (``lr``, ``warmup_steps``, ``decay_start``, ``decay_steps``,
-    ``decay_power``, ``end_lr``; HugeCTR's defaults where absent)."""
-    solver = _config(configure_file).get("solver") or {}
-    defaults = dict(lr=0.001, warmup_steps=1, decay_start=0, decay_steps=1, decay_power=2.0,
-                    end_lr=0.0)
-    values = {k: solver.get(k, defaults[k]) for k in _SCHEDULE}
-    return LearningRateScheduler(float(values["lr"]), int(values["warmup_steps"]),
-                                 int(values["decay_start"]), int(values["decay_steps"]),
-                                 float(values["decay_power"]), float(values["end_lr"]))
+    ``decay_power``, ``end_lr``; the solver's defaults where absent)."""
+    from .adapters import make_scheduler
+
+    return make_scheduler(solver_from_clause(_config(configure_file).get("solver")))
 
 
 def _data_reader_params(config: dict[str, Any], path) -> DataReaderParams:
@@ -121,31 +133,17 @@ class Session:
     def __init__(self, solver_config: SolverParser, config_file: str | os.PathLike,
                  use_model_oversubscriber: bool = False, temp_embedding_dir: str = "") -> None:
         config = _config(config_file)
-        clause = config.get("solver") or {}
         sp = solver_config
-        solver = CreateSolver(
-            model_name=str(clause.get("model_name", "")),
-            seed=sp.seed, max_eval_batches=sp.max_eval_batches,
-            batchsize_eval=sp.batchsize_eval, batchsize=sp.batchsize, vvgpu=sp.vvgpu,
-            use_mixed_precision=sp.use_mixed_precision,
-            enable_tf32_compute=sp.enable_tf32_compute, scaler=sp.scaler,
-            i64_input_key=sp.i64_input_key, use_algorithm_search=sp.use_algorithm_search,
-            use_cuda_graph=sp.use_cuda_graph, repeat_dataset=sp.repeat_dataset,
-            **{k: clause[k] for k in _SCHEDULE if k in clause},
-        )
         self.solver_config = sp
-        self.model = Model(solver, _data_reader_params(config, config_file),
+        self.model = Model(sp.solver(config.get("solver")),
+                           _data_reader_params(config, config_file),
                            OptParamsPy.from_dict(config.get("optimizer") or {"type": "Adam"}))
         self.model.construct_from_json(str(config_file), True)
         self.model.compile()
-        if sp.model_file:
-            self.model.load_dense_weights(sp.model_file)
-        if sp.dense_opt_states_file:
-            self.model.load_dense_optimizer_states(sp.dense_opt_states_file)
-        if sp.embedding_files:
-            self.model.load_sparse_weights(list(sp.embedding_files))
-        if sp.sparse_opt_states_file:
-            self.model.load_sparse_optimizer_states(list(sp.sparse_opt_states_file))
+        for name, load in FILES.items():
+            files = getattr(sp, name)
+            if files:
+                getattr(self.model, load)(list(files) if isinstance(files, (list, tuple)) else files)
         self._oversubscriber = ModelOversubscriber() if use_model_oversubscriber else None
         self.temp_embedding_dir = temp_embedding_dir
 
@@ -201,7 +199,7 @@ class Session:
         reader = self.model.get_data_reader_eval()
         if reader is not None and hasattr(reader, "set_source"):
             reader.set_source()
-        for _ in range(self.solver_config.max_eval_batches):
+        for _ in range(self.model.solver.max_eval_batches):  # as Model's own evaluation
             if not self.model.eval():
                 break
             if export_predictions_out_file is not None:

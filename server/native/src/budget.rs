@@ -115,6 +115,15 @@ impl Held {
         Some(Held { budget: budget.clone(), connection: None, calls: 1, bytes: 0 })
     }
 
+    /// One call and `bytes` bytes together (an HTTP request: its connection holds no other);
+    /// waits until `deadline` for room (None: refused).
+    pub async fn request(budget: &Arc<Shared>, bytes: usize, deadline: Instant) -> Option<Held> {
+        if !wait_for(&budget.freed, deadline, || budget.try_take(1, bytes)).await {
+            return None;
+        }
+        Some(Held { budget: budget.clone(), connection: None, calls: 1, bytes })
+    }
+
     /// Hold `bytes` bytes for this call, from `connection`'s pool and the process's: more
     /// waits until `deadline` for room in both (false: refused, what was held is kept), less
     /// gives the rest back.
@@ -188,6 +197,14 @@ impl Connection {
 #[pyclass(module = "tierserve_native", frozen)]
 pub struct Budget {
     pub shared: Arc<Shared>,
+}
+
+impl Budget {
+    /// A budget's shared part on its own (for tests).
+    #[cfg(test)]
+    pub fn shared(max_bytes: usize, max_calls: usize) -> Arc<Shared> {
+        Budget::new(max_bytes, max_calls).shared
+    }
 }
 
 #[pymethods]

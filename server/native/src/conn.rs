@@ -7,7 +7,6 @@
 //! connections already waiting in the listener's accept queue are accepted first (their
 //! clients may have sent calls on them), then every connection is asked to go.
 
-use std::convert::Infallible;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
@@ -17,10 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use hyper::server::conn::http2;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -28,7 +24,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::budget;
-use crate::grpc::{handle, GrpcBody, Server};
+use crate::grpc::{self, Server};
 
 /// The client connection preface every HTTP/2 connection starts with (RFC 9113, 3.4).
 const PREFACE_LEN: usize = 24;
@@ -163,13 +159,7 @@ async fn serve_connection(server: Arc<Server>, stream: TcpStream, shutdown: watc
     let limits = server.limits;
     let state = Arc::new(ConnState::new(limits.max_connection_bytes));
     let io = Watched { stream, state: state.clone() };
-    let service = {
-        let (server, state) = (server.clone(), state.clone());
-        service_fn(move |request: Request<Incoming>| -> _ {
-            let (server, state) = (server.clone(), state.clone());
-            async move { Ok::<Response<GrpcBody>, Infallible>(handle(server, state, request).await) }
-        })
-    };
+    let service = grpc::service(server.clone(), state.clone());
     let connection = http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
@@ -204,7 +194,7 @@ async fn serve_connection(server: Arc<Server>, stream: TcpStream, shutdown: watc
 
 /// Connections waiting in the accept queue of listening socket `fd` (Linux: TCP_INFO's
 /// `tcpi_unacked` on a listener); 0 where it cannot be read.
-fn accept_queue(fd: RawFd) -> u32 {
+pub fn accept_queue(fd: RawFd) -> u32 {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: tcp_info is plain old data; getsockopt writes at most `len` bytes into it.
@@ -221,7 +211,7 @@ fn accept_queue(fd: RawFd) -> u32 {
     0
 }
 
-fn admit(server: &Arc<Server>, stream: TcpStream, shutdown: &watch::Receiver<bool>) {
+fn admit(server: &Arc<Server>, stream: TcpStream, shutdown: &watch::Receiver<bool>, kill: &watch::Receiver<bool>) {
     let limits = &server.limits;
     if stream.as_raw_fd() >= limits.max_descriptor {
         server.refused.fetch_add(1, Ordering::Relaxed);
@@ -232,16 +222,21 @@ fn admit(server: &Arc<Server>, stream: TcpStream, shutdown: &watch::Receiver<boo
         server.refused.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    tokio::spawn(serve_connection(server.clone(), stream, shutdown.clone()));
+    crate::spawn_killable(kill, serve_connection(server.clone(), stream, shutdown.clone()));
 }
 
-pub async fn accept_loop(server: Arc<Server>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+pub async fn accept_loop(
+    server: Arc<Server>,
+    listener: TcpListener,
+    shutdown: watch::Receiver<bool>,
+    kill: watch::Receiver<bool>,
+) {
     let stop = closing(shutdown.clone());
     tokio::pin!(stop);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => admit(&server, stream, &shutdown),
+                Ok((stream, _)) => admit(&server, stream, &shutdown, &kill),
                 // out of descriptors and the like: a moment, then accept again
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             },
@@ -252,7 +247,7 @@ pub async fn accept_loop(server: Arc<Server>, listener: TcpListener, shutdown: w
     let fd = listener.as_raw_fd();
     while accept_queue(fd) > 0 {
         match tokio::time::timeout(Duration::from_millis(100), listener.accept()).await {
-            Ok(Ok((stream, _))) => admit(&server, stream, &shutdown),
+            Ok(Ok((stream, _))) => admit(&server, stream, &shutdown, &kill),
             _ => break,
         }
     }

@@ -1,10 +1,12 @@
-//! One gRPC call: its headers checked, its message read within the limits (room in the
-//! budget taken before the body is read, the body within the body timeout), queued for
-//! Python, and its answer framed.
+//! One gRPC call: its room in the budget taken and its message read within the limits (room
+//! before the body is read, the body within the body timeout), then handed to tonic, which
+//! unframes and inflates it (gzip, deflate; bounded by the message limit), and answers it:
+//! status, percent-encoded message, trailers.  The message itself stays bytes (`Raw`): it is
+//! queued for Python, which decodes the protobuf and replies.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::io::Read;
+use std::future::Future;
 use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -12,14 +14,15 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body::Frame;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::{Code, Status};
 
 use crate::budget::{self, Held};
 use crate::conn::{ConnState, Limits};
@@ -29,13 +32,6 @@ const SERVICE_PREFIX: &str = "/inference.GRPCInferenceService/";
 /// The largest HTTP/2 frame a client may send: what a call reads before it knows its
 /// message's length (and has room for it).
 pub const MAX_FRAME: usize = 64 << 10;
-
-/// gRPC status codes used by the transport itself.
-const DEADLINE_EXCEEDED: u32 = 4;
-const UNIMPLEMENTED: u32 = 12;
-const INTERNAL: u32 = 13;
-const RESOURCE_EXHAUSTED: u32 = 8;
-const UNAVAILABLE: u32 = 14;
 
 /// One RPC waiting for Python.
 pub struct Call {
@@ -68,16 +64,11 @@ pub struct Server {
 
 impl Server {
     pub fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd; a full counter (EAGAIN)
-        // already means "wake up".
-        unsafe { libc::write(self.eventfd, &one as *const u64 as *const libc::c_void, 8) };
+        crate::wake(self.eventfd);
     }
 
     pub fn clear_wake(&self) {
-        let mut count: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd.
-        unsafe { libc::read(self.eventfd, &mut count as *mut u64 as *mut libc::c_void, 8) };
+        crate::clear_wake(self.eventfd);
     }
 }
 
@@ -119,7 +110,8 @@ impl Drop for InFlight {
 }
 
 /// The `grpc-timeout` header's duration ("Timeout": at most 8 digits and a unit, H M S m u
-/// n), at most a year (the timer's range), or `None` when it is malformed.
+/// n), at most a year (the timer's range), or `None` when it is malformed.  (tonic parses it
+/// only inside its own server, whose connections this transport does not use.)
 pub fn grpc_timeout(value: &str) -> Option<Duration> {
     if value.len() < 2 || value.len() > 9 || !value.is_ascii() {
         return None;
@@ -141,130 +133,95 @@ pub fn grpc_timeout(value: &str) -> Option<Duration> {
     }))
 }
 
-/// A unary gRPC response body: at most one data frame, then the trailers.  A call refused
-/// before its request was read keeps the request here until the answer is sent: dropping an
-/// unread request first would reset the stream (CANCEL) ahead of the answer.
-#[derive(Debug)]
-pub struct GrpcBody {
-    data: Option<Bytes>,
-    trailers: Option<HeaderMap>,
-    request: Option<Incoming>,
+/// Messages as bytes both ways: Python decodes requests and encodes responses.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Raw;
+
+impl Codec for Raw {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = Raw;
+    type Decoder = Raw;
+
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
 }
 
-/// `response`, keeping `request` until it is sent.
-fn holding(mut response: Response<GrpcBody>, request: Incoming) -> Response<GrpcBody> {
-    response.body_mut().request = Some(request);
-    response
+impl Encoder for Raw {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for Raw {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        let length = src.remaining();
+        Ok(Some(src.copy_to_bytes(length)))
+    }
+}
+
+/// A response body: tonic's, holding the request until it is sent when the call was refused
+/// before its request was read (dropping an unread request first would reset the stream,
+/// CANCEL, ahead of the answer).
+pub struct GrpcBody {
+    inner: tonic::body::Body,
+    #[allow(dead_code)] // held, not read
+    request: Option<Incoming>,
 }
 
 impl http_body::Body for GrpcBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = Status;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(data) = self.data.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        if let Some(trailers) = self.trailers.take() {
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-        }
-        Poll::Ready(None)
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_none() && self.trailers.is_none()
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
-/// grpc-message is percent-encoded (gRPC over HTTP/2, "Responses").
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+fn refusal(code: Code, message: impl Into<String>) -> Response<tonic::body::Body> {
+    Status::new(code, message).into_http()
 }
 
-fn grpc_headers(headers: &mut HeaderMap) {
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity,gzip,deflate"));
-}
-
-/// A Trailers-Only response: the status in the headers, no body.
-fn status_only(status: u32, message: &str) -> Response<GrpcBody> {
-    let mut response = Response::new(GrpcBody { data: None, trailers: None, request: None });
-    let headers = response.headers_mut();
-    grpc_headers(headers);
-    headers.insert("grpc-status", HeaderValue::from(status));
-    if let Ok(value) = HeaderValue::from_str(&percent_encode(message)) {
-        headers.insert("grpc-message", value);
-    }
-    response
-}
-
-fn answer(reply: Reply) -> Response<GrpcBody> {
-    if reply.status != 0 {
-        return status_only(reply.status, &reply.message);
-    }
-    let mut trailers = HeaderMap::new();
-    trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    let mut response = Response::new(GrpcBody { data: Some(reply.payload), trailers: Some(trailers), request: None });
-    grpc_headers(response.headers_mut());
-    response
-}
-
-fn too_large(limit: usize) -> Response<GrpcBody> {
-    status_only(RESOURCE_EXHAUSTED, &format!("received message larger than max ({limit} bytes)"))
+fn too_large(limit: usize) -> Response<tonic::body::Body> {
+    refusal(Code::ResourceExhausted, format!("received message larger than max ({limit} bytes)"))
 }
 
 /// The refusal of a call that found no room within the admission timeout.
-fn busy(server: &Server) -> Response<GrpcBody> {
+fn busy(server: &Server) -> Status {
     let limits = &server.limits;
-    status_only(
-        RESOURCE_EXHAUSTED,
-        &format!(
-            "the server is busy: no room for this call within admission_timeout_s ({} s) under \
-             max_inflight_calls ({}), max_inflight_bytes ({}) and max_connection_bytes ({}); retry later",
-            limits.admission_timeout.as_secs_f64(),
-            server.budget.calls.max(),
-            server.budget.bytes.max(),
-            limits.max_connection_bytes,
-        ),
-    )
-}
-
-/// A compressed request message, inflated to at most `limit` bytes.
-fn decompress(encoding: &str, compressed: &[u8], limit: usize) -> Result<Bytes, Response<GrpcBody>> {
-    let mut inflated = Vec::new();
-    let read = match encoding {
-        "gzip" => flate2::read::GzDecoder::new(compressed).take(limit as u64 + 1).read_to_end(&mut inflated),
-        "deflate" => flate2::read::ZlibDecoder::new(compressed).take(limit as u64 + 1).read_to_end(&mut inflated),
-        other => {
-            return Err(status_only(
-                UNIMPLEMENTED,
-                &format!("grpc-encoding {other:?} is not supported: use identity, gzip or deflate"),
-            ))
-        }
-    };
-    if let Err(error) = read {
-        return Err(status_only(INTERNAL, &format!("the {encoding} request message does not inflate: {error}")));
-    }
-    if inflated.len() > limit {
-        return Err(too_large(limit));
-    }
-    Ok(Bytes::from(inflated))
+    Status::resource_exhausted(format!(
+        "the server is busy: no room for this call within admission_timeout_s ({} s) under \
+         max_inflight_calls ({}), max_inflight_bytes ({}) and max_connection_bytes ({}); retry later",
+        limits.admission_timeout.as_secs_f64(),
+        server.budget.calls.max(),
+        server.budget.bytes.max(),
+        limits.max_connection_bytes,
+    ))
 }
 
 /// The call's framed message (prefix included), read as room is found for it: one frame's
 /// worth before its length is known, then the whole message; every frame within the body
-/// timeout.
+/// timeout.  The prefix is read only for the length the call must hold; tonic unframes.
 async fn read_message(
     server: &Server,
     connection: &Arc<ConnState>,
@@ -272,35 +229,35 @@ async fn read_message(
     body: &mut Incoming,
     admission: Instant,
     deadline: Instant,
-) -> Result<Bytes, Response<GrpcBody>> {
+) -> Result<Bytes, Response<tonic::body::Body>> {
     let limits = &server.limits;
     let limit = limits.max_message_bytes;
     if !held.resize(&connection.bytes, MAX_FRAME.min(limit + 5), admission).await {
-        return Err(busy(server));
+        return Err(busy(server).into_http());
     }
     let mut buffer = BytesMut::new();
     let mut expected: Option<usize> = None;
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
             Err(_) => {
-                return Err(status_only(
-                    DEADLINE_EXCEEDED,
-                    &format!(
+                return Err(refusal(
+                    Code::DeadlineExceeded,
+                    format!(
                         "the request message did not arrive within body_timeout_s ({} s)",
                         limits.body_timeout.as_secs_f64()
                     ),
                 ))
             }
             Ok(None) => break,
-            Ok(Some(Err(error))) => return Err(status_only(INTERNAL, &format!("reading the request failed: {error}"))),
+            Ok(Some(Err(error))) => return Err(refusal(Code::Internal, format!("reading the request failed: {error}"))),
             Ok(Some(Ok(frame))) => frame,
         };
         let Ok(data) = frame.into_data() else { continue }; // trailers: nothing to read
         if buffer.len() + data.len() > expected.unwrap_or(limit + 5) {
             return Err(match expected {
-                Some(total) => status_only(
-                    INTERNAL,
-                    &format!("malformed gRPC request: the message prefix says {} bytes, the stream carried more", total - 5),
+                Some(total) => refusal(
+                    Code::Internal,
+                    format!("malformed gRPC request: the message prefix says {} bytes, the stream carried more", total - 5),
                 ),
                 None => too_large(limit),
             });
@@ -312,7 +269,7 @@ async fn read_message(
                 return Err(too_large(limit));
             }
             if !held.resize(&connection.bytes, length + 5, admission).await {
-                return Err(busy(server));
+                return Err(busy(server).into_http());
             }
             buffer.reserve(length + 5 - buffer.len());
             expected = Some(length + 5);
@@ -321,112 +278,144 @@ async fn read_message(
     Ok(buffer.freeze())
 }
 
-/// The message of a read body: its prefix checked, inflated when compressed.
-fn unframe(body: Bytes, encoding: &str, limit: usize) -> Result<Bytes, Response<GrpcBody>> {
-    if body.len() < 5 {
-        return Err(status_only(INTERNAL, "malformed gRPC request: no message"));
-    }
-    let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    if length != body.len() - 5 {
-        return Err(status_only(
-            INTERNAL,
-            &format!(
-                "malformed gRPC request: the message prefix says {length} bytes, the stream carried {}",
-                body.len() - 5
-            ),
-        ));
-    }
-    match body[0] {
-        0 => Ok(body.slice(5..)),
-        1 => decompress(encoding, &body[5..], limit),
-        flag => Err(status_only(INTERNAL, &format!("malformed gRPC request: compressed flag {flag}"))),
-    }
-}
-
 pub async fn handle(server: Arc<Server>, connection: Arc<ConnState>, request: Request<Incoming>) -> Response<GrpcBody> {
-    let (head, mut request) = request.into_parts();
-    let answer = call(server, connection, head, &mut request).await;
-    holding(answer, request)
+    let (head, mut body) = request.into_parts();
+    let answer = call(server, connection, head, &mut body).await;
+    answer.map(|inner| GrpcBody { inner, request: Some(body) })
 }
 
 async fn call(
     server: Arc<Server>,
     connection: Arc<ConnState>,
     head: hyper::http::request::Parts,
-    request: &mut Incoming,
-) -> Response<GrpcBody> {
+    body: &mut Incoming,
+) -> Response<tonic::body::Body> {
     let _in_flight = InFlight::new(&server);
     let _active = connection.call();
     let arrived = Instant::now();
     let path = head.uri.path();
     let method = match path.strip_prefix(SERVICE_PREFIX) {
         Some(method) if head.method == Method::POST && !method.is_empty() => method.to_string(),
-        _ => return status_only(UNIMPLEMENTED, &format!("unknown method {path}")),
+        _ => return refusal(Code::Unimplemented, format!("unknown method {path}")),
     };
-    let authorization = head.headers.get("authorization").and_then(|value| value.to_str().ok()).map(str::to_string);
     let timeout = match head.headers.get("grpc-timeout") {
         None => None,
         Some(value) => match value.to_str().ok().and_then(grpc_timeout) {
             Some(timeout) => Some(timeout),
             None => {
-                return status_only(
-                    INTERNAL,
-                    &format!("malformed grpc-timeout header {:?}: give 1-8 digits and a unit (H, M, S, m, u, n)", value),
+                return refusal(
+                    Code::Internal,
+                    format!("malformed grpc-timeout header {value:?}: give 1-8 digits and a unit (H, M, S, m, u, n)"),
                 )
             }
         },
     };
-    let encoding = head.headers.get("grpc-encoding").and_then(|value| value.to_str().ok()).unwrap_or("identity").to_string();
     let limits = server.limits;
     // the call's own deadline, when sooner, ends every wait, and is answered as such
     let called_off = timeout.map(|timeout| arrived + timeout);
     let sooner = |deadline: Instant| called_off.map_or(deadline, |end| end.min(deadline));
     let admission = sooner(arrived + limits.admission_timeout);
     let gave_up = || called_off.is_some_and(|end| Instant::now() >= end);
+    let deadline_exceeded = || refusal(Code::DeadlineExceeded, "deadline exceeded");
     let Some(mut held) = Held::call(&server.budget, admission).await else {
-        return if gave_up() { status_only(DEADLINE_EXCEEDED, "deadline exceeded") } else { busy(&server) };
+        return if gave_up() { deadline_exceeded() } else { busy(&server).into_http() };
     };
     let body_deadline = sooner(arrived + limits.body_timeout);
-    let body = match read_message(&server, &connection, &mut held, request, admission, body_deadline).await {
-        Ok(body) => body,
-        Err(_) if gave_up() => return status_only(DEADLINE_EXCEEDED, "deadline exceeded"),
-        Err(refusal) => return refusal,
-    };
-    let message = match unframe(body, &encoding, limits.max_message_bytes) {
+    let message = match read_message(&server, &connection, &mut held, body, admission, body_deadline).await {
         Ok(message) => message,
+        Err(_) if gave_up() => return deadline_exceeded(),
         Err(refusal) => return refusal,
     };
-    if message.len() > held.bytes() {
-        // inflated: the larger message is what stays; room for it, or refused
-        if !held.resize(&connection.bytes, message.len(), admission).await {
-            return busy(&server);
-        }
+    let dispatch = Dispatch { server: server.clone(), connection, held: Some(held), method, admission };
+    let request = Request::from_parts(head, Full::new(message));
+    let mut grpc = tonic::server::Grpc::new(Raw)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate)
+        .max_decoding_message_size(limits.max_message_bytes)
+        .max_encoding_message_size(usize::MAX);
+    let answered = grpc.unary(dispatch, request);
+    match called_off {
+        None => answered.await,
+        // the client has given up by now: answer as it expects; Python sees the call no
+        // longer pending (the call's future is dropped) and skips it if it has not run yet
+        Some(end) => tokio::time::timeout_at(end, answered).await.unwrap_or_else(|_| deadline_exceeded()),
     }
+}
+
+/// Hands a call tonic has unframed to Python, and its answer back to tonic.
+struct Dispatch {
+    server: Arc<Server>,
+    connection: Arc<ConnState>,
+    held: Option<Held>,
+    method: String,
+    admission: Instant,
+}
+
+type Answer = Result<tonic::Response<Bytes>, Status>;
+
+impl tonic::server::UnaryService<Bytes> for Dispatch {
+    type Response = Bytes;
+    type Future = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+        let (server, connection, held) = (self.server.clone(), self.connection.clone(), self.held.take());
+        let (method, admission) = (std::mem::take(&mut self.method), self.admission);
+        Box::pin(async move {
+            let mut held = held.ok_or_else(|| Status::internal("one message per call"))?;
+            let authorization = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+            let message = request.into_inner();
+            // inflated: the larger message is what stays; room for it, or refused
+            if message.len() > held.bytes() && !held.resize(&connection.bytes, message.len(), admission).await {
+                return Err(busy(&server));
+            }
+            let reply = queue(&server, Call { id: 0, method, message, authorization }).await?;
+            drop(held);
+            if reply.status == 0 {
+                Ok(tonic::Response::new(reply.payload))
+            } else {
+                Err(Status::new(Code::from_i32(reply.status as i32), reply.message))
+            }
+        })
+    }
+}
+
+/// Queue `call` for Python and wait for its reply.
+async fn queue(server: &Arc<Server>, mut call: Call) -> Result<Reply, Status> {
     let (sender, receiver) = oneshot::channel();
     let id = server.next_id.fetch_add(1, Ordering::Relaxed);
+    call.id = id;
     server.waiting.lock().unwrap().insert(id, sender);
     let _waiting = Waiting { server: server.clone(), id };
     let first = {
         let mut queue = server.queue.lock().unwrap();
-        queue.push(Call { id, method, message, authorization });
+        queue.push(call);
         queue.len() == 1
     };
     if first {
         server.wake();
     }
-    let replied = match called_off {
-        None => receiver.await,
-        Some(end) => match tokio::time::timeout_at(end, receiver).await {
-            Ok(replied) => replied,
-            // the client has given up by now: answer as it expects; Python sees the call
-            // no longer pending and skips it if it has not run yet
-            Err(_) => return status_only(DEADLINE_EXCEEDED, "deadline exceeded"),
-        },
-    };
-    match replied {
-        Ok(reply) => answer(reply),
-        Err(_) => status_only(UNAVAILABLE, "the server is shutting down"),
-    }
+    receiver.await.map_err(|_| Status::unavailable("the server is shutting down"))
+}
+
+/// A hyper service answering every request with `handle` (it never fails).
+pub fn service(
+    server: Arc<Server>,
+    state: Arc<ConnState>,
+) -> impl hyper::service::Service<Request<Incoming>, Response = Response<GrpcBody>, Error = Infallible, Future: Send> + Clone {
+    hyper::service::service_fn(move |request: Request<Incoming>| {
+        let (server, state) = (server.clone(), state.clone());
+        async move { Ok::<_, Infallible>(handle(server, state, request).await) }
+    })
+}
+
+/// A framed message (for tests): the 5-byte prefix and `message`.
+#[cfg(test)]
+fn framed(compressed: bool, message: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(message.len() + 5);
+    out.put_u8(compressed as u8);
+    out.put_u32(message.len() as u32);
+    out.extend_from_slice(message);
+    out.freeze()
 }
 
 #[cfg(test)]
@@ -443,25 +432,59 @@ mod tests {
         }
     }
 
-    #[test]
-    fn messages_unframe_and_inflate_within_the_limit() {
-        let framed = Bytes::from_static(b"\x00\x00\x00\x00\x03abc");
-        assert_eq!(unframe(framed, "identity", 10).unwrap(), Bytes::from_static(b"abc"));
-        let short = Bytes::from_static(b"\x00\x00\x00\x00\x05abc");
-        assert!(unframe(short, "identity", 10).is_err());
+    /// A service that answers with the message it was given (the raw codec both ways).
+    struct Echo;
+
+    impl tonic::server::UnaryService<Bytes> for Echo {
+        type Response = Bytes;
+        type Future = std::future::Ready<Answer>;
+
+        fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+            std::future::ready(Ok(tonic::Response::new(request.into_inner())))
+        }
+    }
+
+    async fn through_tonic(body: Bytes, encoding: &str, limit: usize) -> (Option<Bytes>, Option<String>) {
+        let request = Request::builder()
+            .method("POST")
+            .uri("/inference.GRPCInferenceService/ModelInfer")
+            .header("content-type", "application/grpc")
+            .header("grpc-encoding", encoding)
+            .body(Full::new(body))
+            .unwrap();
+        let mut grpc = tonic::server::Grpc::new(Raw)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Deflate)
+            .max_decoding_message_size(limit);
+        let response = grpc.unary(Echo, request).await;
+        let status = response.headers().get("grpc-status").map(|v| v.to_str().unwrap().to_string());
+        let collected = response.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned();
+        let data = collected.to_bytes();
+        let status = status.or_else(|| trailers.and_then(|t| t.get("grpc-status").map(|v| v.to_str().unwrap().to_string())));
+        (if data.is_empty() { None } else { Some(data) }, status)
+    }
+
+    #[tokio::test]
+    async fn messages_pass_through_tonic_as_bytes_and_inflate_within_the_limit() {
+        let (echo, status) = through_tonic(framed(false, b"abc"), "identity", 10).await;
+        assert_eq!((echo, status.as_deref()), (Some(framed(false, b"abc")), Some("0")));
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        std::io::Write::write_all(&mut gz, &[0u8; 100]).unwrap();
+        std::io::Write::write_all(&mut gz, &[7u8; 100]).unwrap();
         let compressed = gz.finish().unwrap();
-        let mut framed = vec![1u8];
-        framed.extend_from_slice(&(compressed.len() as u32).to_be_bytes());
-        framed.extend_from_slice(&compressed);
-        assert_eq!(unframe(Bytes::from(framed.clone()), "gzip", 100).unwrap().len(), 100);
-        let refused = unframe(Bytes::from(framed), "gzip", 99).unwrap_err();
-        assert_eq!(refused.headers()["grpc-status"], "8");
+        let (echo, _) = through_tonic(framed(true, &compressed), "gzip", 100).await;
+        assert_eq!(echo, Some(framed(false, &[7u8; 100]))); // answered uncompressed
+        let (echo, status) = through_tonic(framed(true, &compressed), "gzip", 99).await;
+        assert_eq!((echo, status.as_deref()), (None, Some("8"))); // RESOURCE_EXHAUSTED
+        let (_, status) = through_tonic(framed(true, &compressed), "br", 1000).await;
+        assert_eq!(status.as_deref(), Some("12")); // UNIMPLEMENTED
     }
 
     #[test]
-    fn grpc_messages_are_percent_encoded() {
-        assert_eq!(percent_encode("a b%c\n\u{e9}"), "a b%25c%0A%C3%A9");
+    fn refusals_carry_the_status_and_a_percent_encoded_message() {
+        let response = refusal(Code::Internal, "a b%c\n\u{e9}");
+        assert_eq!(response.headers()["grpc-status"], "13");
+        assert_eq!(response.headers()["grpc-message"], "a%20b%25c%0A%C3%A9");
+        assert_eq!(response.headers()["content-type"], "application/grpc");
     }
 }

@@ -64,7 +64,10 @@ def trained(tmp_path_factory):
     est = estimator.DNNLinearCombinedClassifier(
         model_dir=str(model_dir),
         linear_feature_columns=cats + nums,
-        linear_optimizer=estimator.train.FtrlOptimizer(0.05),
+        # TensorFlow's update rules; the default learning rates (0.005 / 0.001) are too
+        # small for 48 steps
+        linear_optimizer=estimator.train.FtrlOptimizer(0.2),
+        dnn_optimizer=estimator.train.Adagrad(0.1),
         dnn_feature_columns=nums + [fc.embedding_column(c, 8) for c in cats],
         dnn_hidden_units=[64, 32],
         config=estimator.RunConfig(save_checkpoints_steps=1000, save_summary_steps=20),

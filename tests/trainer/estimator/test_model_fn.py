@@ -207,8 +207,8 @@ def test_settings_without_a_meaning_here_are_refused_by_name(tmp_path):
         estimator.RunConfig(session_config=object())
     with pytest.raises(ConfigError, match="checkpoint_save_graph_def"):
         estimator.RunConfig(checkpoint_save_graph_def=False)
-    with pytest.raises(ConfigError, match="loss_reduction 'sum' is not supported"):
-        estimator.LinearRegressor([fc.numeric_column("x")], loss_reduction="sum")
+    with pytest.raises(ConfigError, match="loss_reduction 'none' is not supported"):
+        estimator.LinearRegressor([fc.numeric_column("x")], loss_reduction="none")
     with pytest.raises(ConfigError, match="DenseFeatures\\(trainable=False\\)"):
         fc.DenseFeatures([fc.numeric_column("x")], trainable=False)
     est = make(tmp_path)

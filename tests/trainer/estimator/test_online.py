@@ -69,7 +69,7 @@ def test_settings_are_checked():
 
 
 def test_a_broker_failure_is_logged_and_raised_by_the_next_train(tmp_path, caplog):
-    from tierserve.ps.kafka_updates import UpdateProducer
+    from tierserve.ps.kafka_producer import UpdateProducer
 
     caplog.set_level(logging.ERROR, logger="tierserve.trainer")
     # No broker listens on port 1: each message fails after message.timeout.ms.

@@ -1,30 +1,28 @@
-"""Infer requests answered by the HTTP protocol itself (``GatheringHttpToolsProtocol`` given
-the app's ``InferEndpoint``), without ASGI.
+"""Infer requests over both HTTP transports (python: uvicorn; native: parsed and decoded
+in Rust, see server/http_native.py), each answered as the app's own infer route answers it.
 
 The answers are compared on one real server with the app's own infer route: a path with a
-percent escape (``/v2/models/%6D/infer``, the model ``m``) is left to the ASGI app, which
-unquotes it and serves it through ``InferFastPath``, so the same request reaches both
-implementations.  The HTTP edge cases (pipelining, keep-alive, chunked bodies, Expect:
+percent escape (``/v2/models/%6D/infer``, the model ``m``) is left to the ASGI app (the
+native transport takes only plain infer paths), which unquotes it and serves it through
+``InferFastPath``, so the same request reaches both implementations.  The HTTP edge cases (pipelining, keep-alive, chunked bodies, Expect:
 100-continue, oversize bodies, malformed headers, connection close) run over real sockets.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 import socket
 
 import numpy as np
 import pytest
-import uvicorn
 from doubler_model import binary_body, doubler_loader, write_doubler_repository
 from polling import until
-from uvicorn.server import ServerState
 
-from tierserve.server.app import BackgroundServer, create_app
-from tierserve.server.http_protocol import GatheringHttpToolsProtocol
+from tierserve.server.app import BackgroundServer
 from tierserve.server.settings import Settings
+
+pytestmark = pytest.mark.usefixtures("each_http_transport")
 
 HEADER = "inference-header-content-length"
 LIMIT = 4096
@@ -118,73 +116,6 @@ def _closed(s: socket.socket) -> bool:
         return s.recv(1) == b""
     except OSError:
         return True
-
-
-# --- the protocol answers infer requests itself --------------------------------------------
-
-
-class _Transport:
-    """A transport that keeps what is written (the protocol's only peer in this test)."""
-
-    def __init__(self) -> None:
-        self.data, self.closed = b"", False
-
-    def write(self, data) -> None:
-        self.data += bytes(data)
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def get_extra_info(self, name, default=None):
-        return default
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
-def test_infer_is_answered_by_the_protocol_not_the_app(repo):
-    """An infer request never reaches the ASGI app (no scope, task or messages); any other
-    request does."""
-    settings = Settings.build(model_repository=repo, grpc_port=None, poll_interval_s=0)
-    app = create_app(settings, loader=doubler_loader)
-    reached = []
-
-    async def asgi(scope, receive, send):
-        reached.append(scope["path"])
-        await send({"type": "http.response.start", "status": 204, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    async def main():
-        async with app.router.lifespan_context(app):
-            config = uvicorn.Config(asgi, lifespan="off")
-            config.load()
-            protocol = GatheringHttpToolsProtocol(
-                config=config, server_state=ServerState(), app_state={},
-                infer=app.state.infer_endpoint,
-            )  # fmt: skip
-            transport = _Transport()
-            protocol.connection_made(transport)
-            body = _json_body(DES, CAT)
-            protocol.data_received(_request("/v2/models/m/infer", body))
-            protocol.data_received(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            for _ in range(500):
-                if transport.data.count(b"HTTP/1.1") == 2:
-                    break
-                await asyncio.sleep(0.01)
-            protocol.connection_lost(None)
-            return transport.data
-
-    data = asyncio.run(main())
-    assert reached == ["/v2/health/live"]
-    first, second = data.split(b"HTTP/1.1 204", 1)
-    assert first.startswith(b"HTTP/1.1 200 OK\r\n")
-    assert json.loads(first.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"] == EXPECTED
 
 
 # --- same answers as the app's route ---------------------------------------------------------
@@ -363,3 +294,125 @@ def test_predict_takes_a_version_beyond_64_bits(server):
         assert answer.status == status, (version, answer.body)
         if status == 404:
             assert str(version) in answer.json()["error"]
+
+
+# --- deadlines and clients that leave ------------------------------------------------------
+
+
+def test_deadlines_close_idle_and_stalled_connections_and_spare_busy_ones(tiny_repository):
+    """Keep-alive, header and body deadlines (one sweep per loop, no timer per request)."""
+    import socket
+    import time
+
+    from polling import until
+
+    from tierserve.server.app import BackgroundServer
+    from tierserve.server.settings import Settings
+
+    def closed(s: socket.socket) -> bool:
+        timeout = s.gettimeout()
+        s.settimeout(0.01)
+        try:
+            return s.recv(1024) == b""
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+        finally:
+            s.settimeout(timeout)  # the next recv waits as long as before, not 10 ms
+
+    settings = Settings.build(
+        model_repository=tiny_repository(), http_port=0, grpc_port=None, poll_interval_s=0,
+        header_timeout_s=0.6, body_timeout_s=0.6, keep_alive_timeout_s=0.4,
+    )  # fmt: skip
+    live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    with BackgroundServer(settings) as server:
+        address = server.http_url.split(":")[0], int(server.http_url.split(":")[1])
+        with (
+            socket.create_connection(address, timeout=5) as idle,
+            socket.create_connection(address, timeout=5) as busy,
+            socket.create_connection(address, timeout=5) as body,
+        ):
+            started = time.perf_counter()
+            for s in (idle, busy):
+                s.sendall(live)
+                assert s.recv(1024).startswith(b"HTTP/1.1 200")
+            body.sendall(
+                b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{"
+            )
+            # a connection that keeps asking stays open past every timeout
+            while time.perf_counter() - started < 1.2:
+                busy.sendall(live)
+                assert busy.recv(1024).startswith(b"HTTP/1.1 200")
+                time.sleep(0.1)
+            assert until(lambda: closed(idle), timeout=3)
+            assert until(lambda: closed(body), timeout=3)
+            assert not closed(busy)
+            busy.sendall(live)
+            assert busy.recv(1024).startswith(b"HTTP/1.1 200")
+
+
+def test_a_batched_request_whose_client_hung_up_does_not_run(tmp_path):
+    """A request queued behind a running batch whose client closes its connection is
+    dropped before it runs (counted as a 499), and the server goes on answering."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    import numpy as np
+    from doubler_model import Doubler, binary_body, write_doubler_repository
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tierserve.server.app import BackgroundServer
+    from tierserve.server.servables import RankingServable
+    from tierserve.server.settings import Settings
+
+    class Gate(Doubler):
+        running = threading.Event()
+        rows: list[int] = []
+
+        def predict_batch(self, batch):
+            self.rows.append(batch.batch_size)
+            self.running.set()
+            time.sleep(0.6)
+            return super().predict_batch(batch)
+
+    def request(rows: int) -> bytes:
+        body, header_length = binary_body(
+            np.ones((rows, 3), np.float32), np.ones((rows, 2), np.int64)
+        )
+        return (
+            b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+            b"Inference-Header-Content-Length: %d\r\n\r\n" % (len(body), header_length)
+        ) + body
+
+    def status(s: socket.socket) -> bytes:
+        return s.recv(65536).split(b"\r\n", 1)[0]
+
+    model = Gate()
+    settings = Settings.build(
+        model_repository=write_doubler_repository(tmp_path), http_port=0, grpc_port=None,
+        poll_interval_s=0,
+    )  # fmt: skip
+    loader = lambda n, v, d, c: RankingServable(n, v, model)  # noqa: E731
+    with BackgroundServer(settings, loader) as server:
+        address = server.http_url.split(":")[0], int(server.http_url.split(":")[1])
+        with socket.create_connection(address, timeout=10) as first:
+            first.sendall(request(16))  # a whole batch: it runs alone
+            assert model.running.wait(10)
+            with socket.create_connection(address, timeout=10) as gone:
+                gone.sendall(request(2))  # queued behind the first ...
+            # ... and its client gone before that batch is done
+            assert status(first) == b"HTTP/1.1 200 OK"
+        with socket.create_connection(address, timeout=10) as after:
+            after.sendall(request(4))
+            assert status(after) == b"HTTP/1.1 200 OK"
+        metrics = urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10).read()
+    assert model.rows == [16, 4]
+    hung_up = [
+        s.value for f in text_string_to_metric_families(metrics.decode())
+        for s in f.samples
+        if s.name == "tierserve_request_errors_total" and s.labels.get("status") == "499"
+    ]  # fmt: skip
+    assert hung_up == [1.0]
