@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from import_graph import cycles
 
 ROOT = Path(__file__).resolve().parents[1]
 #: package -> folder, as pyproject's package-dir maps them (cache.cuda holds no Python)
@@ -118,47 +119,8 @@ def _where(module: str, line: int) -> str:
 
 
 def _cycles(nodes: set[str], successors: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one node (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components = []
-    for root in sorted(nodes):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(successors.get(root, ()))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in nodes:
-                    continue
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(successors.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    components.append(sorted(component))
-    return components
+    """The strongly connected components with more than one node, over ``nodes`` only."""
+    return cycles({n: set(successors.get(n, ())) & nodes for n in nodes})
 
 
 def _explain(component: list[str], grouping) -> list[str]:
