@@ -41,7 +41,7 @@ from tierserve.ps.row_kernels import (
     views,
 )
 
-from .set_associative import EMPTY, STAMP_ALL, STAMP_STRIDE
+from .slots import EMPTY, STAMP_ALL, STAMP_STRIDE
 
 #: How many keys ahead the pipelined loops prefetch (on a 2-core EPYC, power-law batches:
 #: 32 is 5-8% faster than 16, 64 no better, 8 leaves misses exposed).

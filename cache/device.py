@@ -6,7 +6,7 @@ import contextlib
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, require_extra
+from tierserve.core.errors import ConfigError, require_extra
 
 
 def cupy_or_none():
@@ -26,8 +26,8 @@ def cupy_or_none():
 def array_module(use_gpu: bool, device_id: int = 0):
     """numpy, or cupy after checking that device ``device_id`` exists.
 
-    Raises :class:`~tierserve.ps.errors.MissingExtraError` (extra ``gpu``) without cupy and
-    :class:`~tierserve.ps.errors.ConfigError` when the device does not exist.
+    Raises :class:`~tierserve.core.errors.MissingExtraError` (extra ``gpu``) without cupy and
+    :class:`~tierserve.core.errors.ConfigError` when the device does not exist.
     """
     if not use_gpu:
         return np

@@ -36,7 +36,7 @@ from typing import Literal
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.ps.keys import MAX_KEY32, as_keys
 from tierserve.ps.row_codec import RowCodec
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tierserve.ps.config import ModelConfig, PSConfig
-from tierserve.ps.errors import (
+from tierserve.core.errors import (
     ConfigError,
     CorruptModelFileError,
     InvalidInputError,
     NotFoundError,
 )
+from tierserve.ps.config import ModelConfig, PSConfig
 from tierserve.ps.sparse_file import KEY_DTYPE, KEY_FILE
 
 from .device import to_host
@@ -180,7 +180,7 @@ def CreateEmbeddingCache(  # noqa: N802 - HugeCTR's name
         from .device import cupy_or_none
 
         if cupy_or_none() is None:  # as the trainer does: the CPU stands in for the GPU
-            from tierserve.ps.compat import warn_once
+            from tierserve.core.compat import warn_once
 
             warn_once("CreateEmbeddingCache.use_gpu_embedding_cache", "no usable CUDA device "
                       "(or no cupy): the embedding cache lives in host memory (numpy)")

@@ -37,11 +37,9 @@ import numpy as np
 from tierserve.ps.aligned import cache_aligned
 
 from .hashing import set_of
+from .slots import EMPTY, STAMP_ALL, STAMP_STRIDE
 
-EMPTY = -(2**63)
 _EMPTY = np.int64(EMPTY)
-STAMP_ALL = 4096
-STAMP_STRIDE = 4
 _NONE = np.empty(0, dtype=np.int64)  # "no room": the lookup kernel skips what it would fill
 _AGE_EMPTY = np.int64(2**32)  # older than any real age: empty slots are taken first
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierserve.ps.errors import CapacityExceededError
+from tierserve.core.errors import CapacityExceededError
 
 from .set_associative import unlogged
 
@@ -18,7 +18,7 @@ from .set_associative import unlogged
 class StaticTable:
     """All ``keys`` of a table with their ``embeddings``, on ``xp`` (numpy or cupy).
 
-    Raises :class:`~tierserve.ps.errors.CapacityExceededError` when the table has more
+    Raises :class:`~tierserve.core.errors.CapacityExceededError` when the table has more
     rows than ``capacity``.  Repeated keys keep their last vector.
     """
 

@@ -100,8 +100,8 @@ _DENSE = re.compile(r"^(?!.*_opt_).*_dense_\d+\.model$")
 
 def model_files(path: str | Path) -> tuple[Path, Path, list[Path]]:
     """(graph, dense file, sparse folders) of a version folder or a model folder's latest."""
-    from tierserve.ps.errors import ConfigError
-    from tierserve.trainer.version_folder import version_numbers
+    from tierserve.core.errors import ConfigError
+    from tierserve.model.version_folder import version_numbers
 
     folder = Path(path)
     if not folder.is_dir():
@@ -133,9 +133,9 @@ def key_bits(args: argparse.Namespace, graph_path: Path) -> int:
         solver = {}
     if "i64_input_key" in solver:
         return 64 if solver["i64_input_key"] else 32
+    from tierserve.model.graph_json import load_graph_json
+    from tierserve.model.inference_graph import label_layout
     from tierserve.trainer.data.filelist import read_file_list
-    from tierserve.trainer.graph_json import load_graph_json
-    from tierserve.trainer.inference_graph import label_layout
 
     if args.format == "norm":
         from tierserve.trainer.data.norm import detect_key_bits, read_norm_header
@@ -180,7 +180,7 @@ def open_model(args: argparse.Namespace):
 
 def _source(args: argparse.Namespace, workdir: str) -> tuple[str, str, str]:
     """(source, reader type, check type) of ``--data``."""
-    from tierserve.ps.errors import ConfigError
+    from tierserve.core.errors import ConfigError
 
     if args.format == "criteo":
         if args.hash_buckets is None:
@@ -221,7 +221,7 @@ def total_rows(source: str, kind: str) -> int | None:
 
 
 def _batches(args: argparse.Namespace, model, workdir: str):
-    from tierserve.server.datasets import epoch_batches
+    from tierserve.trainer.hugectr.inference_data import epoch_batches
     from tierserve.trainer.progress import progress_bar
 
     source, kind, check = _source(args, workdir)
@@ -265,7 +265,7 @@ def run_predict(args: argparse.Namespace) -> int:
 def run_evaluate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from tierserve.server.evaluation import auc, logloss
+    from tierserve.trainer.evaluation import auc, logloss
 
     model = open_model(args)
     preds, labels = [], []

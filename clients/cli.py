@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    from tierserve.ps.errors import TierserveError
+    from tierserve.core.errors import TierserveError
 
     try:
         return int(args.run(args) or 0)

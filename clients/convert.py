@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 def _convert_rows(args: argparse.Namespace) -> int:
     import sys
 
-    from tierserve.ps.errors import TierserveError
+    from tierserve.core.errors import TierserveError
     from tierserve.ps.sparse_file import convert_sparse_model
 
     def progress(done: int, total: int) -> None:

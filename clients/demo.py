@@ -143,7 +143,7 @@ def _check(url: str, demo) -> None:
 
 
 def _one_row(demo):
-    from tierserve.server.datasets import epoch_batches
-    from tierserve.trainer.graph_json import load_graph_json
+    from tierserve.model.graph_json import load_graph_json
+    from tierserve.trainer.hugectr.inference_data import epoch_batches
 
     return epoch_batches(load_graph_json(demo.graph), demo.eval_source, "Norm", "Sum", None, 1)

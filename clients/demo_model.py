@@ -212,8 +212,8 @@ def write_repository(
 ) -> Path:
     """Copy the demo model into ``repository/dlrm/<version>/`` and write ``ps.json``, whose
     RocksDB tier lives beside the repository in ``<repository>.rocksdb``."""
-    from tierserve.trainer import manifest
-    from tierserve.trainer.version_folder import new_version
+    from tierserve.model import manifest
+    from tierserve.model.version_folder import new_version
 
     repository = Path(repository)
     extras = list(demo.dense_file.parent.glob(demo.dense_file.name + ".*"))

@@ -241,8 +241,8 @@ def _native_transport() -> Check:
 
 
 def _services(config_path: str, timeout: float) -> list[Check]:
+    from tierserve.core.errors import TierserveError
     from tierserve.ps.config import load_ps_config
-    from tierserve.ps.errors import TierserveError
 
     s = f"services ({config_path})"
     try:

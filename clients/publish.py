@@ -43,7 +43,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from tierserve.ps.errors import BackendUnavailableError
+    from tierserve.core.errors import BackendUnavailableError
     from tierserve.ps.kafka_producer import UpdateProducer
     from tierserve.ps.sparse_file import read_sparse_model
     from tierserve.trainer.progress import progress_bar

@@ -71,7 +71,7 @@ def limit_blas_threads(threads: int | None) -> None:
     """Give numpy's BLAS ``threads`` threads (None: 1, unless OPENBLAS_NUM_THREADS,
     OMP_NUM_THREADS or MKL_NUM_THREADS is set), in this process and in the worker processes
     it starts; :class:`ConfigError` naming ``--blas-threads`` when it cannot be applied."""
-    from tierserve.ps.errors import ConfigError
+    from tierserve.core.errors import ConfigError
 
     names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     if threads is not None and threads < 1:

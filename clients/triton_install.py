@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 PYTRITON_VERSION = "0.7.0"  # tritonserver 2.51
 #: What the stub needs beside it: numba 0.61 supports numpy 1.24-2.1 and Python 3.10-3.13.

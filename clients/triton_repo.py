@@ -41,7 +41,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 #: The model.py of every version folder: tierserve's model, found through ``site_packages``.
 MODEL_PY = '''\
@@ -101,7 +101,7 @@ class Signature:
 
 def graph_signature(graph, max_batch_size: int, i64_keys: bool) -> Signature:
     """The signature of a ranking model from its graph (``Graph``)."""
-    from tierserve.trainer.inference_graph import label_layout
+    from tierserve.model.inference_graph import label_layout
 
     data = graph.data_layer
     dense_dim = int((data.get("dense") or {}).get("dense_dim", 0))
@@ -148,8 +148,8 @@ def store_signature(tables: int) -> Signature:
 
 def version_signature(entry, folder: Path, i64_keys: bool) -> Signature:
     """The signature of one version folder (its files as the loader would pick them)."""
+    from tierserve.model.graph_json import load_graph_json
     from tierserve.server.loader import version_files
-    from tierserve.trainer.graph_json import load_graph_json
 
     config = version_files(entry, folder)
     if not config.network_file:

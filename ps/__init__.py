@@ -1,13 +1,6 @@
 """tierserve's hierarchical parameter server: tiers, formats, configuration and updates."""
 
-from .config import PSConfig, load_ps_config, parse_ps_config
-from .config_base import (
-    DatabaseHashMapAlgorithm_t,
-    DatabaseOverflowPolicy_t,
-    DatabaseType_t,
-    UpdateSourceType_t,
-)
-from .errors import (
+from tierserve.core.errors import (
     BackendUnavailableError,
     ConfigError,
     CorruptModelFileError,
@@ -16,6 +9,14 @@ from .errors import (
     NotFoundError,
     NotReadyError,
     TierserveError,
+)
+
+from .config import PSConfig, load_ps_config, parse_ps_config
+from .config_base import (
+    DatabaseHashMapAlgorithm_t,
+    DatabaseOverflowPolicy_t,
+    DatabaseType_t,
+    UpdateSourceType_t,
 )
 from .eviction import EvictionPolicy, make_policy
 from .hierarchy import CreateParameterServer, HierarchicalParameterServer, ServedModel, TableSpec

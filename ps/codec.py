@@ -1,4 +1,5 @@
-"""Keys and vectors as the bytes Redis and RocksDB store (DESIGN.md, Formats 7 and 8).
+"""Keys and vectors as the bytes Redis and RocksDB store (docs/formats.md, Files and messages 7 and
+8).
 
 A key is its int64's 8 little-endian bytes; a vector is its float32 little-endian bytes.
 Conversions are whole-array numpy operations; the per-key lists exist only because the
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import TierserveError
+from tierserve.core.errors import TierserveError
 
 
 def key_fields(keys: np.ndarray) -> list[bytes]:

@@ -5,7 +5,7 @@ Field names and defaults are HugeCTR HPS's (docs/formats.md).  ``volatile_db`` a
 :mod:`tierserve.ps.tier_registry` (the models live beside their tiers: ``hash_map.py``,
 ``shm_hash_map.py``, ``redis_tier.py``, ``rocksdb_tier.py``); ``update_source`` is
 :class:`~tierserve.ps.kafka_source.KafkaUpdateSourceConfig` or none.  Unknown fields and
-impossible values are rejected with :class:`~tierserve.ps.errors.ConfigError` naming the
+impossible values are rejected with :class:`~tierserve.core.errors.ConfigError` naming the
 field.  Relative paths in a file loaded with :func:`load_ps_config` are resolved against the
 file's folder.
 
@@ -26,6 +26,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
+from tierserve.core.errors import ConfigError
+
 from .config_base import (
     DisabledConfig,
     Fraction,
@@ -36,7 +38,6 @@ from .config_base import (
     StrictModel,
     validate,
 )
-from .errors import ConfigError
 from .hash_map import ParallelHashMapConfig
 from .kafka_source import KafkaUpdateSourceConfig
 from .rocksdb_tier import RocksDBConfig
@@ -169,7 +170,7 @@ class ModelConfig(StrictModel):
                 raise ValueError("use_static_table is true but embedding_cache_type is "
                                  f"{self.embedding_cache_type!r}; give one of them")
             object.__setattr__(self, "embedding_cache_type", "static")
-        from .compat import warn_once
+        from tierserve.core.compat import warn_once
 
         defaults = type(self).model_fields
         for name, instead in MODEL_NOT_HONOURED.items():

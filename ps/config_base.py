@@ -6,7 +6,7 @@ Each tier's config model lives beside its tier (``hash_map.py``, ``shm_hash_map.
 :mod:`tierserve.ps.tier_registry` gathers them by ``type``, and :mod:`tierserve.ps.config`
 holds the top level of ``ps.json`` and the models.  Field names and defaults are HugeCTR
 HPS's; each default is declared once, in its config model.  Unknown fields and impossible
-values are refused with :class:`~tierserve.ps.errors.ConfigError`, one line per refused
+values are refused with :class:`~tierserve.core.errors.ConfigError`, one line per refused
 value naming the field.
 """
 
@@ -28,8 +28,8 @@ from pydantic import (
     model_validator,
 )
 
-from .compat import warn_once
-from .errors import ConfigError
+from tierserve.core.compat import warn_once
+from tierserve.core.errors import ConfigError
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]

@@ -20,6 +20,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from tierserve.core.errors import InvalidInputError, NotFoundError
+
 from .aligned import cache_aligned
 from .config_base import (
     UNBOUNDED,
@@ -28,7 +30,6 @@ from .config_base import (
     PositiveInt,
     default_num_partitions,
 )
-from .errors import InvalidInputError, NotFoundError
 from .eviction import make_policy, resolution_size
 from .hash_kernels import group_by_partition
 from .hash_table import HashTable

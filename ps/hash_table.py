@@ -30,9 +30,10 @@ import threading
 
 import numpy as np
 
+from tierserve.core.errors import InvalidInputError
+
 from . import hash_kernels as _k
 from .aligned import cache_aligned
-from .errors import InvalidInputError
 from .keys import as_keys
 from .partition import GOLDEN
 

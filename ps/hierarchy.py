@@ -44,9 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig, PSConfig, load_ps_config
-from .config_base import VolatileConfig
-from .errors import (
+from tierserve.core.errors import (
     BackendSkippedError,
     BackendUnavailableError,
     ConfigError,
@@ -55,6 +53,9 @@ from .errors import (
     NotReadyError,
     ReadOnlyError,
 )
+
+from .config import ModelConfig, PSConfig, load_ps_config
+from .config_base import VolatileConfig
 from .keys import as_keys
 from .rocksdb_tier import RocksDBConfig
 from .row_codec import RowCodec

@@ -21,9 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tierserve.core.errors import ConfigError
+
 from .config import ModelConfig, PSConfig, load_ps_config
 from .config_base import validate
-from .errors import ConfigError
 
 #: Layer types that are embedding tables (HugeCTR's names).
 EMBEDDING_TYPES = (

@@ -27,8 +27,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from tierserve.core.errors import BackendUnavailableError, InvalidInputError, NotFoundError
+
 from . import update_replay
-from .errors import BackendUnavailableError, InvalidInputError, NotFoundError
 from .kafka_consumer import APPLY, HOUSEKEEPING_S, STALE, UNSERVED, WAIT, ConsumerLoop, Update
 from .kafka_source import confluent_kafka
 from .table_tag import parse_table_tag

@@ -30,7 +30,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
+
 from .kafka_catchup import CatchUp
 from .kafka_groups import REPLICA_ENV, group_id, replica_id, subscription
 from .kafka_log import KafkaLog

@@ -18,7 +18,8 @@ import re
 import secrets
 import socket
 
-from .errors import ConfigError
+from tierserve.core.errors import ConfigError
+
 from .table_tag import TAG_PREFIX
 
 _NAME_CHARS = "[A-Za-z0-9_-]"  # of a table name (table_tag.NAME_PATTERN)

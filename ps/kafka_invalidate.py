@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import time
 
-from .errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
+
 from .kafka_consumer import ConsumerLoop, Update
 from .kafka_groups import group_id
 from .kafka_source import KafkaUpdateSourceConfig, confluent_kafka

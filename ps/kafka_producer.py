@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import BackendUnavailableError, InvalidInputError
+from tierserve.core.errors import BackendUnavailableError, InvalidInputError
+
 from .kafka_log import KafkaLog
 from .kafka_source import bootstrap_servers, confluent_kafka
 from .table_tag import table_tag

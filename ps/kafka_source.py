@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from pydantic import model_validator
 
+from tierserve.core.errors import require_extra
+
 from .config_base import NonNegativeInt, PositiveInt, StrictModel, UpdateSourceType_t
-from .errors import require_extra
 
 
 class KafkaUpdateSourceConfig(StrictModel):

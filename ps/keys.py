@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 #: The largest 32-bit key (HugeCTR's ``unsigned int``).
 MAX_KEY32 = 2**32 - 1

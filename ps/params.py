@@ -23,7 +23,9 @@ from typing import Any, ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .compat import warn_once
+from tierserve.core.compat import warn_once
+from tierserve.core.errors import ConfigError
+
 from .config import PSConfig, UpdateSourceConfig
 from .config_base import (
     QUIET,
@@ -33,7 +35,6 @@ from .config_base import (
     format_validation_errors,
     validate,
 )
-from .errors import ConfigError
 from .tier_registry import PersistentDBConfig, VolatileDBConfig
 
 

@@ -1,4 +1,4 @@
-"""Which partition a key belongs to, the same everywhere (DESIGN.md, Formats 7).
+"""Which partition a key belongs to, the same everywhere (docs/formats.md, Files and messages 7).
 
 A key's partition is ``mix64(key) % num_partitions`` where ``mix64`` is the splitmix64
 finalizer (Steele, Lea and Flood, 2014) applied to the key's 64 two's-complement bits::

@@ -1,7 +1,7 @@
 """The Redis volatile tier: ``redis_cluster`` (HugeCTR's) and standalone ``redis`` (ours),
 and their ``ps.json`` configs.
 
-Layout (DESIGN.md, Formats 7): each table is split into ``num_partitions`` partitions by
+Layout (docs/formats.md, Files and messages 7): each table is split into ``num_partitions`` partitions by
 :func:`~tierserve.ps.partition.partition_of`; partition ``N`` of table ``<tag>`` is the hash
 ``hps_et{<tag>/pN}v`` (field: the key's 8 little-endian bytes; value: the vector's float32
 bytes) and, when the overflow policy needs it, ``hps_et{<tag>/pN}t`` (field: the same key
@@ -16,7 +16,7 @@ counter rises and a warning is logged.  Each node has a circuit breaker
 (:mod:`tierserve.ps.breaker`): after ``failure_threshold`` failed calls in a row the node is
 skipped for a back-off that grows while it stays down, then one call probes it: lookups
 report its keys as not found (counted as ``skipped``), inserts and evictions raise
-:class:`~tierserve.ps.errors.BackendUnavailableError` at once (retryable), as they do when
+:class:`~tierserve.core.errors.BackendUnavailableError` at once (retryable), as they do when
 the node cannot be reached.  So a lookup that copies missed vectors up
 (``cache_missed_embeddings``) does not wait on a frozen node either.
 
@@ -42,9 +42,17 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from tierserve.core.compat import warn_once
+from tierserve.core.errors import (
+    BackendSkippedError,
+    BackendUnavailableError,
+    InvalidInputError,
+    StorageFullError,
+    require_extra,
+)
+
 from .breaker import BreakerSet
 from .codec import decode_values, key_fields, vector_values
-from .compat import warn_once
 from .config_base import (
     DatabaseType_t,
     NonNegativeInt,
@@ -52,13 +60,6 @@ from .config_base import (
     VolatileConfig,
     default_num_partitions,
     quiet,
-)
-from .errors import (
-    BackendSkippedError,
-    BackendUnavailableError,
-    InvalidInputError,
-    StorageFullError,
-    require_extra,
 )
 from .eviction import make_policy, resolution_size
 from .partition import as_keys, group_by_partition

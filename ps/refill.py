@@ -29,7 +29,8 @@ import threading
 
 import numpy as np
 
-from .errors import BackendUnavailableError, TierserveError
+from tierserve.core.errors import BackendUnavailableError, TierserveError
+
 from .partition import partition_of
 from .redis_tier import RedisTierConfig
 from .rocksdb_tier import RocksDBConfig

@@ -1,19 +1,19 @@
 """The persistent tier ``rocks_db``: an embedded RocksDB database through rocksdict, and its
 ``ps.json`` config.
 
-Layout (DESIGN.md, Formats 8): one column family per table tag; key = the int64 key's 8
+Layout (docs/formats.md, Files and messages 8): one column family per table tag; key = the int64 key's 8
 little-endian bytes; value = the vector's float32 bytes.  The vector length of each table is
 kept in the default column family under ``hps_meta/dim/<tag>`` so that a reopened database
 knows its tables.  Reads are multi-gets and writes are write batches, chunked at
 ``max_batch_size``.  ``read_only`` opens the database read-only; writes then raise
-:class:`~tierserve.ps.errors.ReadOnlyError`.  One process at a time may open a path for
+:class:`~tierserve.core.errors.ReadOnlyError`.  One process at a time may open a path for
 writing (RocksDB's ``LOCK`` file); a second one gets an error naming the lock and, where
 Linux tells, the process that holds it.
 
 A full disk is a fault that can go away: a bulk load that cannot fit in the free space is
 refused before anything is written, and a write that fails with an I/O error (a disk that
-filled meanwhile) raises :class:`~tierserve.ps.errors.StorageFullError` or
-:class:`~tierserve.ps.errors.BackendUnavailableError` (both retryable).  RocksDB refuses every
+filled meanwhile) raises :class:`~tierserve.core.errors.StorageFullError` or
+:class:`~tierserve.core.errors.BackendUnavailableError` (both retryable).  RocksDB refuses every
 write after such an error ("Writer has previous error") while reads go on, so the next write
 first reopens the database (once lookups in flight are done and some space is free again).
 """
@@ -31,6 +31,14 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
+from tierserve.core.errors import (
+    BackendUnavailableError,
+    InvalidInputError,
+    ReadOnlyError,
+    StorageFullError,
+    require_extra,
+)
+
 from .codec import decode_values, key_fields, vector_values
 from .config_base import (
     DatabaseType_t,
@@ -38,13 +46,6 @@ from .config_base import (
     TierConfig,
     batch_sizes,
     check_filters,
-)
-from .errors import (
-    BackendUnavailableError,
-    InvalidInputError,
-    ReadOnlyError,
-    StorageFullError,
-    require_extra,
 )
 from .locks import describe_process, lock_holder
 from .partition import as_keys

@@ -30,7 +30,7 @@ from enum import Enum
 
 import numpy as np
 
-from .errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 #: The largest finite float16.
 FP16_MAX = 65504.0

@@ -38,6 +38,8 @@ from urllib.parse import quote
 import numpy as np
 from pydantic import Field, model_validator
 
+from tierserve.core.errors import ConfigError, InvalidInputError
+
 from . import hash_kernels as _k
 from .config_base import (
     UNBOUNDED,
@@ -45,7 +47,6 @@ from .config_base import (
     InProcessConfig,
     PositiveInt,
 )
-from .errors import ConfigError, InvalidInputError
 from .hash_map import HashMapTier
 from .hash_table import _MAX_FILL, HashTable, _slots, _State
 from .partition import GOLDEN

@@ -1,4 +1,4 @@
-"""The sparse model folder: one embedding table on disk (DESIGN.md, Formats 1).
+"""The sparse model folder: one embedding table on disk (docs/formats.md, Files and messages 1).
 
 A folder ``<prefix><i>_sparse_<iter>.model/`` holds ``key`` (int64 LE, N x 8 bytes),
 ``emb_vector`` (float32 LE, N x dim, row-major, in key order) and, for localized-slot
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tierserve.core.errors import CorruptModelFileError, InvalidInputError
+
 from .atomic import atomic_directory, write_file_synced
-from .errors import CorruptModelFileError, InvalidInputError
 from .row_codec import RowCodec
 
 KEY_FILE = "key"

@@ -1,14 +1,14 @@
 """Table tags: the one name of an embedding table across Kafka, Redis and RocksDB.
 
-A tag is ``hps_et.<model>.<table>`` (DESIGN.md, Formats 5); model and table names match
-``[A-Za-z0-9_-]{1,120}``, which also keeps them safe as file and URL path components.
+A tag is ``hps_et.<model>.<table>`` (docs/formats.md, Files and messages 5); model and table names
+match ``[A-Za-z0-9_-]{1,120}``, which also keeps them safe as file and URL path components.
 """
 
 from __future__ import annotations
 
 import re
 
-from .errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,120}"
 TAG_PREFIX = "hps_et"

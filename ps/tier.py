@@ -14,7 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from .errors import InvalidInputError, NotFoundError
+from tierserve.core.errors import InvalidInputError, NotFoundError
+
 from .partition import as_keys
 from .stats import TierStats
 
@@ -23,7 +24,7 @@ class Tier(abc.ABC):
     """A store of embedding tables.
 
     ``lookup`` never raises for unknown keys: it reports them in the ``found`` mask.  Tiers
-    that talk to a network raise :class:`~tierserve.ps.errors.BackendUnavailableError` for
+    that talk to a network raise :class:`~tierserve.core.errors.BackendUnavailableError` for
     connection faults on writes; on lookups they may instead report the unreachable keys as
     not found and count an error (the hierarchy then falls through to the next tier).
     """
@@ -32,7 +33,7 @@ class Tier(abc.ABC):
     configs: ClassVar[tuple[type, ...]] = ()
     #: The ``ps.json`` type name of this tier.
     kind: str = ""
-    #: Whether writes are refused (:class:`~tierserve.ps.errors.ReadOnlyError`); a read-only
+    #: Whether writes are refused (:class:`~tierserve.core.errors.ReadOnlyError`); a read-only
     #: tier takes no online updates.
     read_only: bool = False
     #: Whether every replica of a server sees the same data (HugeCTR's ``is_shared``): then

@@ -15,8 +15,9 @@ from typing import Annotated, Union
 
 from pydantic import Field
 
+from tierserve.core.errors import ConfigError
+
 from .config_base import DisabledConfig, TierConfig
-from .errors import ConfigError
 from .hash_map import HashMapTier
 from .redis_tier import RedisTier
 from .rocksdb_tier import RocksDBTier

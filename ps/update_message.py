@@ -1,4 +1,4 @@
-"""The Kafka embedding-update message (DESIGN.md, Formats 6).
+"""The Kafka embedding-update message (docs/formats.md, Files and messages 6).
 
 Value layout, all little-endian: magic ``b"HCTR"``, u32 ``value_size`` (bytes per vector),
 then N records of int64 key + ``value_size`` bytes of float32.  The topic is the table tag
@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from .errors import InvalidInputError, MalformedMessageError
+from tierserve.core.errors import InvalidInputError, MalformedMessageError
 
 MAGIC = b"HCTR"
 HEADER = struct.Struct("<4sI")

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from tierserve.ps.errors import CapacityExceededError
+from tierserve.core.errors import CapacityExceededError
 
 from .allocator import LARGE_BODY, trimmer
 from .settings import Settings
@@ -34,7 +34,6 @@ from .settings import Settings
 class ServerBusyError(CapacityExceededError):
     """No room for the request within ``admission_timeout_s``: the client may retry later."""
 
-    http_status = 503
 
 
 def busy_error(settings: Settings) -> ServerBusyError:

@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.ps.table_tag import is_valid_name
 
 from . import heap, openapi
@@ -36,11 +36,11 @@ from .grpc_server import create_grpc_server
 from .http_python import uvicorn_config
 from .metrics import ServerMetrics
 from .native_server import NativeServer
-from .repository import Loader, ModelRepository
+from .pool_state import PooledDataPlane, PoolState, reuse_port_socket
+from .repository import Loader, LoadFunction, ModelRepository
 from .rest import build_router, install_error_handler
 from .servables import RequestLimits
 from .settings import Settings
-from .workers import PoolState, reuse_port_socket
 
 log = logging.getLogger("tierserve.server")
 
@@ -60,7 +60,7 @@ def _stats_source(plane: DataPlane):
 
 
 def create_app(
-    settings: Settings, loader: Loader | None = None, pool: PoolState | None = None
+    settings: Settings, loader: Loader | LoadFunction | None = None, pool: PoolState | None = None
 ) -> FastAPI:
     """The server app for ``settings``; ``loader`` builds servables (default: InferenceModel);
     ``pool``: this server is one worker of a pool (:mod:`.workers`)."""
@@ -80,40 +80,22 @@ def create_app(
         loader, root=settings.model_repository, config_path=settings.config
     )
     metrics = ServerMetrics()
-    plane = DataPlane(
-        repository,
-        executor,
-        metrics,
+    plane_args = dict(
         dynamic_batching=settings.dynamic_batching,
         max_batch_delay_s=settings.max_batch_delay_ms / 1000.0,
     )
+    plane = (DataPlane(repository, executor, metrics, **plane_args) if pool is None
+             else PooledDataPlane(repository, executor, metrics, pool=pool, **plane_args))
     plane.limits = RequestLimits(
         max_keys_per_request=settings.max_keys_per_request,
         max_keys_per_row=settings.max_keys_per_row,
         allow_nonfinite=settings.allow_nonfinite_inputs,
     )
     metrics.add_source(_stats_source(plane))
-    if hasattr(loader, "tier_stats"):
-        metrics.add_tier_source(loader.tier_stats)
+    metrics.add_tier_source(repository.loader.tier_stats)
     if pool is not None:
         # A version commits when every worker has staged it (see server/workers.py).
         repository.before_commit = pool.wait_for_peers
-
-        async def one_worker_only(name: str) -> None:
-            raise ConfigError(
-                f"repository load and unload are not available with --workers "
-                f"{len(pool.ready)}: the request would reach one worker process only; "
-                "add or remove version folders (the workers pick them up together) or serve "
-                "with --workers 1"
-            )
-
-        plane.load = plane.unload = one_worker_only  # type: ignore[method-assign]
-        # Readiness is the pool's: this worker reports its own, and answers for all of them.
-        own_ready, own_reason = plane.ready, plane.not_ready_reason
-        plane.ready = lambda: own_ready() and pool.all_ready()  # type: ignore[method-assign]
-        plane.not_ready_reason = lambda: (  # type: ignore[method-assign]
-            own_reason() if not own_ready() else "another worker process is not ready"
-        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -145,7 +127,7 @@ def create_app(
 
         async def report():
             while True:
-                pool.report(own_ready())
+                pool.report(plane.own_ready())
                 await asyncio.sleep(0.1)
 
         if app.state.freeze_heap:  # the loaded models are never walked by the collector
@@ -173,8 +155,7 @@ def create_app(
                 runtime.close()
             await plane.close()
             repository.close()
-            if hasattr(loader, "close"):
-                await loop.run_in_executor(loads, loader.close)
+            await loop.run_in_executor(loads, repository.loader.close)
             executor.shutdown(wait=False, cancel_futures=True)
             loads.shutdown(wait=False, cancel_futures=True)
 
@@ -285,7 +266,9 @@ def check_sources(settings: Settings) -> None:
             )
 
 
-def serve(settings: Settings, loader: Loader | None = None, pool: PoolState | None = None) -> None:
+def serve(
+    settings: Settings, loader: Loader | LoadFunction | None = None, pool: PoolState | None = None
+) -> None:
     """Run the server in the foreground until interrupted (SIGTERM and SIGINT drain: requests
     in flight get ``shutdown_grace_s`` to finish); ``pool``: as one worker of a pool, on a
     port the other workers share."""
@@ -333,23 +316,6 @@ def check_ports(settings: Settings) -> None:
                 ) from None
 
 
-def event_loop(settings: Settings) -> str:
-    """The event loop for ``settings.event_loop`` (uvicorn's ``loop`` setting; grpc.aio and
-    the native transports run on the same loop);
-    ``uvloop`` when it is not installed is a :class:`ConfigError` naming the setting."""
-    if settings.event_loop == "asyncio":
-        return "asyncio"
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        if settings.event_loop == "uvloop":
-            raise ConfigError(
-                "event_loop uvloop: uvloop is not installed (pip install uvloop)"
-            ) from None
-        return "asyncio"
-    return "uvloop"
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago."""
     with socket.socket() as s:
@@ -374,7 +340,7 @@ class BackgroundServer:
     ``http_url`` (``host:port``), ``grpc_url`` and ``plane``.  Port 0 picks free ports.
     """
 
-    def __init__(self, settings: Settings, loader: Loader | None = None) -> None:
+    def __init__(self, settings: Settings, loader: Loader | LoadFunction | None = None) -> None:
         self.settings = with_free_ports(settings)
         self.app = create_app(self.settings, loader)
         self.plane: DataPlane = self.app.state.plane

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import RequestCancelledError
+from tierserve.core.errors import RequestCancelledError
 
 from .servables import Servable
 
@@ -148,7 +148,7 @@ class DynamicBatcher:
         """Run one prepared unit as :meth:`submit` does, without a coroutine: ``callback``
         gets its outputs (or the exception) on the event loop.  Call it on the loop.  When
         ``alive()`` is false by the time its batch is taken, the unit does not run and
-        ``callback`` gets :class:`~tierserve.ps.errors.RequestCancelledError`."""
+        ``callback`` gets :class:`~tierserve.core.errors.RequestCancelledError`."""
         loop = asyncio.get_running_loop()
         pending = _Pending(unit, int(unit.batch_size), None, callback, alive)
         if self._closed:

@@ -2,7 +2,7 @@
 
 Front ends only convert formats: they hand decoded numpy tensors to :meth:`DataPlane.infer`
 and turn the dicts the other methods return into their wire format.  Every failure is a
-:class:`~tierserve.ps.errors.TierserveError`, which each front end maps in one place.
+:class:`~tierserve.core.errors.TierserveError`, which each front end maps in one place.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 from .allocator import trimmer
 from .batching import DynamicBatcher
@@ -371,7 +371,7 @@ class DataPlane:
         raises a TierserveError at once for a request that cannot run, else ``done(result,
         None)`` or ``done(None, exception)`` is called later on the event loop.  ``alive()``
         false (its client gave up) before a batched request runs drops it
-        (:class:`~tierserve.ps.errors.RequestCancelledError`).  ``sizes``: ``request`` merges
+        (:class:`~tierserve.core.errors.RequestCancelledError`).  ``sizes``: ``request`` merges
         several clients' requests of these rows, one after another (each is counted in the
         statistics)."""
         started = time.perf_counter_ns()

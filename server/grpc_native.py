@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from tierserve.ps.errors import ConfigError, InvalidInputError, TierserveError
+from tierserve.core.errors import ConfigError, InvalidInputError, TierserveError
 
 from .admission import make_budget, max_descriptor
 from .dataplane import DataPlane

@@ -3,7 +3,7 @@
 The servicer only converts protobuf messages to data-plane calls and back; it runs on the
 same event loop as the REST front end, so both feed the same dynamic batchers.  One wrapper
 around every handler maps every :class:`TierserveError` to
-``grpc.StatusCode[error.grpc_status]``.
+``grpc.StatusCode[grpc_status(error)]`` (:mod:`.errors`).
 
 The messages come from ``server/proto/grpc_predict_v2.proto`` (Triton's field numbers, in
 package ``tierserve.v2`` so they coexist with tritonclient's generated ``inference.*``
@@ -22,10 +22,11 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from tierserve.ps.errors import InvalidInputError, TierserveError
+from tierserve.core.errors import InvalidInputError, TierserveError
 
 from .admission import Admission, max_descriptor, open_descriptors
 from .dataplane import DataPlane
+from .errors import grpc_status
 from .grpc_gen import grpc_predict_v2_pb2 as pb
 from .policy import (
     AdminToken,
@@ -202,7 +203,7 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     :class:`TierserveError`'s own, anything else INTERNAL (the one mapping of both front
     ends)."""
     if isinstance(exc, TierserveError):
-        return grpc.StatusCode[exc.grpc_status], public_message(exc)
+        return grpc.StatusCode[grpc_status(exc)], public_message(exc)
     return grpc.StatusCode.INTERNAL, "internal error"
 
 

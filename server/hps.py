@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from tierserve.core.errors import ConfigError, InvalidInputError, NotFoundError
 from tierserve.ps.config import ModelConfig, PSConfig, load_ps_config
 from tierserve.ps.config_base import validate
-from tierserve.ps.errors import ConfigError, InvalidInputError, NotFoundError
 from tierserve.ps.keys import as_keys
 from tierserve.ps.params import persistent_config, update_source_config, volatile_config
 
@@ -194,7 +194,7 @@ class HPS:
     def lookup(self, h_keys: Any, model_name: str, table_id: int, device_id: int = 0) -> np.ndarray:
         """The float32 embeddings ``[len(h_keys), vec_size]`` of ``h_keys`` (a 1-D integer
         array) in table ``table_id`` (its index in ``emb_table_name[model_name]``)."""
-        from tierserve.trainer.device import to_numpy
+        from tierserve.model.device import to_numpy
 
         vectors = self._lookup(h_keys, model_name, table_id, device_id)
         return np.ascontiguousarray(to_numpy(vectors), dtype=np.float32)

@@ -23,7 +23,7 @@ from urllib.parse import unquote
 import numpy as np
 from fastapi import FastAPI
 
-from tierserve.ps.errors import ConfigError, PayloadTooLargeError
+from tierserve.core.errors import ConfigError, PayloadTooLargeError
 
 from .admission import max_descriptor
 from .dataplane import DataPlane

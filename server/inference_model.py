@@ -1,17 +1,17 @@
-"""HugeCTR's inference API: ``InferenceModel`` and ``InferenceSession`` (``InferenceParams``,
-from :mod:`tierserve.server.inference_params`, is re-exported here, beside them).
+"""The model runtime behind HugeCTR's inference API: ``InferenceModel`` (``InferenceParams``,
+from :mod:`tierserve.server.inference_params`, is re-exported here, beside it).
 
 ``InferenceModel(model_config_path, inference_params)`` reads the graph JSON and dense file
-into the trainer's forward-only :class:`~tierserve.trainer.inference_graph.InferenceGraph`
+into the trainer's forward-only :class:`~tierserve.model.inference_graph.InferenceGraph`
 (the same layers as training), puts the sparse model folders into the hierarchical parameter
 server's tiers (``volatile_db``, ``persistent_db``), optionally fronted by the embedding cache,
 and predicts: per table, the batch's keys are looked up once each (unique), the vectors are
 combined per slot by the trainer's own embedding ``combine`` (sum or mean), and the dense network runs.
 With the embedding cache on a GPU, combining and the dense network run on that GPU too.
 
-``predict`` and ``evaluate`` read a Norm, Raw or Parquet dataset in batches of
-``max_batchsize`` and wrap around to its start, as HugeCTR does.  ``InferenceSession`` is the
-older single-table API over raw lists.
+This is the runtime the server loads; HugeCTR's facade
+(:mod:`tierserve.trainer.hugectr.inference`) adds ``predict`` and ``evaluate`` over a dataset
+and the older ``InferenceSession``.
 """
 
 from __future__ import annotations
@@ -20,23 +20,30 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from tierserve.core.errors import ConfigError, InvalidInputError
+from tierserve.model.batch import Batch
+from tierserve.model.combine import combine
+from tierserve.model.device import to_numpy, to_xp
+from tierserve.model.graph_json import Graph, load_graph_json
+from tierserve.model.inference_graph import EmbeddingSpec, InferenceGraph
 from tierserve.ps.config import ModelConfig, PSConfig
-from tierserve.ps.config_base import DisabledConfig
-from tierserve.ps.errors import ConfigError, InvalidInputError
-from tierserve.ps.hash_map import HashMapConfig
 from tierserve.ps.keys import as_keys
-from tierserve.trainer.data.batch import Batch, SparseInput
-from tierserve.trainer.device import to_numpy, to_xp
-from tierserve.trainer.embedding.combine import combine
-from tierserve.trainer.graph_json import Graph, load_graph_json
-from tierserve.trainer.inference_graph import EmbeddingSpec, InferenceGraph
 
 from .inference_params import InferenceParams, check_against_graph, read_params
+
+if TYPE_CHECKING:
+    from tierserve.cache.model_cache import ModelEmbeddingCache
+    from tierserve.cache.protocols import ParameterServerLike
+    from tierserve.ps.hierarchy import HierarchicalParameterServer
+
+#: What a model reads its tables through: a hierarchical parameter server (the model stages
+#: its version there), or any parameter server that already holds the tables (a cache's
+#: ``CreateEmbeddingCache`` object, a test's own).
+ParameterServer = Union["HierarchicalParameterServer", "ParameterServerLike"]
 
 log = logging.getLogger("tierserve.server.inference_model")
 
@@ -57,14 +64,14 @@ class InferenceModel:
         self,
         model_config_path: str | os.PathLike,
         inference_params: InferenceParams,
-        parameter_server: Any = None,
+        parameter_server: ParameterServer | None = None,
     ) -> None:
         p = inference_params
         config, graph, network = read_params(model_config_path, p)
         network.keep_tensors = True  # HugeCTR's InferenceModel: check_out_tensor
         ps_config = None
         if parameter_server is not None:
-            from tierserve.ps.compat import warn_once
+            from tierserve.core.compat import warn_once
 
             for name in ("volatile_db", "persistent_db", "update_source"):
                 if getattr(p, name) is not None:
@@ -83,7 +90,7 @@ class InferenceModel:
     def open(
         cls,
         config: ModelConfig,
-        parameter_server: Any = None,
+        parameter_server: ParameterServer | None = None,
         ps_config: PSConfig | None = None,
         *,
         i64_input_key: bool = True,
@@ -103,7 +110,7 @@ class InferenceModel:
         return self
 
     def _open(
-        self, config: ModelConfig, graph: Graph, network: InferenceGraph, parameter_server: Any,
+        self, config: ModelConfig, graph: Graph, network: InferenceGraph, parameter_server: ParameterServer | None,
         ps_config: PSConfig | None, *, i64_input_key: bool, use_gpu_embedding_cache: bool,
     ) -> None:  # fmt: skip
         """Set up over ``parameter_server`` or a new one of ``ps_config``, and commit."""
@@ -149,7 +156,7 @@ class InferenceModel:
     def from_config(
         cls,
         config: ModelConfig,
-        parameter_server: Any,
+        parameter_server: ParameterServer,
         *,
         i64_input_key: bool = True,
         use_gpu_embedding_cache: bool | None = None,
@@ -176,7 +183,7 @@ class InferenceModel:
         config: ModelConfig,
         graph: Graph,
         network: InferenceGraph,
-        parameter_server: Any,
+        parameter_server: ParameterServer,
         *,
         i64_input_key: bool,
         use_gpu_embedding_cache: bool,
@@ -205,13 +212,15 @@ class InferenceModel:
         self.slot_nums = [int(s["slot_num"]) for s in graph.data_layer.get("sparse", [])]
         self._table_input = [self.sparse_names.index(t.sparse_input) for t in self.tables]
         self.parameter_server = parameter_server
-        self.cache = None
+        self.cache: ModelEmbeddingCache | None = None
         self.lookup_seconds = 0.0
         self.lookups = 0
-        if hasattr(parameter_server, "stage_model"):
+        from tierserve.ps.hierarchy import HierarchicalParameterServer
+
+        if isinstance(parameter_server, HierarchicalParameterServer):
             self.version = parameter_server.stage_model(config)
             self.tables_source = parameter_server.version_view(self.version)
-        else:  # any ParameterServerLike that already holds the tables
+        else:  # a ParameterServerLike that already holds the tables (no versions)
             self.version = None
             self.tables_source = parameter_server
         self.xp = np  # where the dense network runs: the cache's device (see below)
@@ -265,7 +274,7 @@ class InferenceModel:
     def discard(self) -> None:
         """Drop this version's tables (staged or replaced) once nothing reads them, and its
         worker pool's shared copy of the dense weights."""
-        if self.cache is not None and hasattr(self.cache, "close"):
+        if self.cache is not None:
             self.cache.close()
             self.cache = None
         self.network.release()
@@ -324,58 +333,6 @@ class InferenceModel:
             out = self.network.predict(batch.dense, self.embeddings(batch))
         return to_numpy(out).astype(np.float32, copy=False)
 
-    def _batches(
-        self, num_batches: int, source, data_reader_type, check_type, slot_size_array
-    ) -> Iterator[Batch]:
-        from .datasets import wrapped_batches
-
-        return wrapped_batches(
-            self.graph,
-            source,
-            data_reader_type,
-            check_type,
-            slot_size_array,
-            batch_size=self.max_batchsize,
-            num_batches=num_batches,
-            i64_input_key=self.i64_input_key,
-        )
-
-    def predict(
-        self,
-        num_batches: int,
-        source: str | Sequence[str],
-        data_reader_type: Any = "Norm",
-        check_type: Any = "Sum",
-        slot_size_array: Sequence[int] | None = None,
-    ) -> np.ndarray:
-        """Predictions ``(max_batchsize * num_batches, label_dim)``, wrapping over the data."""
-        outs = [
-            self.predict_batch(b)
-            for b in self._batches(
-                num_batches, source, data_reader_type, check_type, slot_size_array
-            )
-        ]
-        if not outs:
-            return np.zeros((0, self.label_dim), dtype=np.float32)
-        return np.concatenate(outs)
-
-    def evaluate(
-        self,
-        num_batches: int,
-        source: str | Sequence[str],
-        data_reader_type: Any = "Norm",
-        check_type: Any = "Sum",
-        slot_size_array: Sequence[int] | None = None,
-    ) -> float:
-        """AUC over ``max_batchsize * num_batches`` samples (wrapping over the data)."""
-        preds, labels = [], []
-        for b in self._batches(num_batches, source, data_reader_type, check_type, slot_size_array):
-            preds.append(self.predict_batch(b))
-            labels.append(b.label)
-        from .evaluation import auc
-
-        return auc(np.concatenate(labels), np.concatenate(preds))
-
     def check_out_tensor(self, tensor_name: str) -> np.ndarray:
         """HugeCTR's ``InferenceModel.check_out_tensor``: a host copy of tensor
         ``tensor_name`` (an embedding's output or a layer's top) of the last predicted batch.
@@ -411,10 +368,10 @@ class InferenceModel:
         for consumer in self.update_consumers:
             consumer.close()
         self.update_consumers = []
-        if self.cache is not None and hasattr(self.cache, "close"):
+        if self.cache is not None:
             self.cache.close()
             self.cache = None
-        if self._owns_ps and hasattr(self.parameter_server, "close"):
+        if self._owns_ps:
             self.parameter_server.close()
 
 
@@ -424,139 +381,3 @@ def load_inference_model(
     """``InferenceModel(graph_path, params)``, for symmetry with the loaders."""
     return InferenceModel(graph_path, params, **kwargs)
 
-
-# --- the older API -----------------------------------------------------------------------------
-
-
-class InferenceSession:
-    """HugeCTR's older ``InferenceSession(config_file, device_id, embedding_cache)``.
-
-    ``config_file`` is the older document's inference JSON: the graph's ``layers`` and an
-    ``inference`` clause naming ``dense_model_file`` and ``sparse_model_file`` (or the keyword
-    arguments give them).  ``embedding_cache`` is what ``CreateEmbeddingCache`` returned (the
-    session reads the model's tables through it), a parameter server already holding the
-    model, or None (the session loads the files into a hash map of its own).  The key width is
-    the clause's ``input_key_type`` ("I64" / "I32"), else the cache's, else 64 bits.
-    ``predict(dense_features, embeddingcolumns, row_ptrs)`` takes flat lists: ``B *
-    dense_dim`` floats, the keys, and CSR row pointers ``B * slot_num + 1`` per table.
-    :meth:`from_model` wraps an :class:`InferenceModel` (``CreateInferenceSession``).
-    """
-
-    def __init__(
-        self,
-        config_file: str | os.PathLike,
-        device_id: int = 0,
-        embedding_cache: Any = None,
-        model_name: str | None = None,
-        dense_model_file: str | None = None,
-        sparse_model_files: Sequence[str] | None = None,
-        max_batchsize: int | None = None,
-    ) -> None:
-        from tierserve.ps.inference_json import input_key_bits, model_config_from_inference_json
-
-        if model_name is None and embedding_cache is not None:
-            model_name = getattr(embedding_cache, "model", None)
-        config = model_config_from_inference_json(config_file, model_name)
-        changes: dict[str, Any] = {"deployed_device_list": [device_id]}
-        if sparse_model_files:
-            changes["sparse_files"] = list(sparse_model_files)
-        if dense_model_file:
-            changes["dense_file"] = dense_model_file
-        if max_batchsize:
-            changes["max_batch_size"] = max_batchsize
-        config = config.updated("InferenceSession", **changes)
-        bits = input_key_bits(config_file)
-        if bits is None:
-            bits = 64 if getattr(embedding_cache, "i64_input_key", True) else 32
-        ps_config = None
-        if embedding_cache is None:  # the files in a hash map of the session's own
-            ps_config = PSConfig(supportlonglong=bits == 64, volatile_db=HashMapConfig(),
-                                 persistent_db=DisabledConfig(), models=[])  # fmt: skip
-        self.model = InferenceModel.open(config, embedding_cache, ps_config,
-                                         i64_input_key=bits == 64,
-                                         use_gpu_embedding_cache=False)  # fmt: skip
-
-    @classmethod
-    def from_model(cls, model: InferenceModel) -> InferenceSession:
-        """A session that predicts with ``model``."""
-        self = cls.__new__(cls)
-        self.model = model
-        return self
-
-    def refresh_embedding_cache(self) -> int:
-        """HugeCTR's ``refresh_embedding_cache``: re-read every row the embedding cache holds
-        from the parameter server's tiers (rows changed there since they were cached); the
-        number of rows refreshed, 0 without an embedding cache."""
-        cache = self.model.cache
-        return 0 if cache is None else int(cache.refresh())
-
-    def evaluate(self, num_batches: int, source: str | Sequence[str], data_reader_type: Any,
-                 check_type: Any, slot_size_array: Sequence[int] | None = None,
-                 num_samples: int = 0) -> float:
-        """HugeCTR's ``InferenceSession.evaluate``: :meth:`InferenceModel.evaluate` (AUC).
-        ``num_samples`` (v4.1's binding) is accepted; the batches are what they count."""
-        return self.model.evaluate(num_batches, source, data_reader_type, check_type,
-                                   slot_size_array)
-
-    def predict(self, *args: Any, **kwargs: Any) -> Any:
-        """Both of HugeCTR's overloads: ``predict(dense_feature, embeddingcolumns, row_ptrs)``
-        (flat lists in, a flat list out; see :meth:`predict_samples`) and ``predict(num_batches,
-        source, data_reader_type, check_type, slot_size_array=[], num_samples=0)`` (a dataset:
-        :meth:`InferenceModel.predict`, ``[num_batches * max_batchsize, label_dim]``, flat
-        ``[num_batches * max_batchsize]`` for one label, as HugeCTR's session returns it)."""
-        first = args[0] if args else kwargs.get("num_batches", kwargs.get("dense_feature"))
-        if "num_batches" in kwargs or "source" in kwargs or (
-                isinstance(first, (int, np.integer)) and not isinstance(first, bool)):
-            kwargs.pop("num_samples", None)
-            if len(args) > 5:
-                args = args[:5]  # num_samples: the batches are what they count
-            preds = self.model.predict(*args, **kwargs)
-            # HugeCTR's session returns [N] for one label (its InferenceModel: [N, 1])
-            return preds.reshape(-1) if preds.shape[1] == 1 else preds
-        if "dense_feature" in kwargs:
-            kwargs["dense_features"] = kwargs.pop("dense_feature")
-        return self.predict_samples(*args, **kwargs)
-
-    def predict_samples(
-        self,
-        dense_features: Sequence[float],
-        embeddingcolumns: Sequence[int],
-        row_ptrs: Sequence[int],
-        i64_input_key: bool | None = None,
-    ) -> list[float]:
-        """Predictions for the samples in the flat lists, as a flat list.  ``i64_input_key``,
-        when given, must agree with the session's key width."""
-        m = self.model
-        if i64_input_key is not None and bool(i64_input_key) != m.i64_input_key:
-            raise ConfigError(
-                f"predict: i64_input_key={i64_input_key} but the session has "
-                f"{64 if m.i64_input_key else 32}-bit keys"
-            )
-        dense = np.asarray(dense_features, dtype=np.float32)
-        if m.dense_dim == 0 or dense.size % m.dense_dim:
-            raise InvalidInputError(
-                f"dense_features has {dense.size} values, not a multiple of dense_dim {m.dense_dim}"
-            )
-        batch_size = dense.size // m.dense_dim
-        keys = np.asarray(embeddingcolumns, dtype=np.int64)
-        ptrs = np.asarray(row_ptrs, dtype=np.int64)
-        sparse, at, key_at = [], 0, 0
-        for t, slots in enumerate(m.slot_nums):
-            n = batch_size * slots + 1
-            offsets = ptrs[at : at + n]
-            if offsets.shape[0] != n:
-                raise InvalidInputError(
-                    f"row_ptrs has {ptrs.size} entries; {batch_size} samples need "
-                    f"{sum(batch_size * s + 1 for s in m.slot_nums)}"
-                )
-            offsets = offsets - offsets[0]
-            nnz = int(offsets[-1])
-            sparse.append(SparseInput(keys[key_at : key_at + nnz], offsets, slots))
-            at, key_at = at + n, key_at + nnz
-            del t
-        batch = Batch(
-            label=np.zeros((batch_size, m.label_dim), np.float32),
-            dense=dense.reshape(batch_size, m.dense_dim),
-            sparse=tuple(sparse),
-        )
-        return m.predict_batch(batch).reshape(-1).tolist()

@@ -14,12 +14,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from tierserve.core.errors import ConfigError
+from tierserve.model.graph_json import Graph, load_graph_json
+from tierserve.model.inference_graph import InferenceGraph
 from tierserve.ps.config import ModelConfig
 from tierserve.ps.config_base import format_validation_errors, validate
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.params import persistent_config, update_source_config, volatile_config
-from tierserve.trainer.graph_json import Graph, load_graph_json
-from tierserve.trainer.inference_graph import InferenceGraph
 
 # --- parameters ------------------------------------------------------------------------------
 
@@ -169,7 +169,7 @@ def check_params_against_graph(
     """HugeCTR's ``InferenceParams`` repeat what the graph defines (table names, vector sizes,
     slots, label and dense widths): when given, they must agree with ``graph_path``; and the
     switches of :data:`PARAMS_NOT_HONOURED` warn once when given."""
-    from tierserve.ps.compat import warn_once
+    from tierserve.core.compat import warn_once
 
     check_against_graph(p, "InferenceParams", network, slots, graph_path)
     for name, instead in PARAMS_NOT_HONOURED.items():

@@ -16,7 +16,7 @@ as an embedding-lookup model (``KEYS``, ``NUMKEYS``).
 
 A version is *complete* when every file its manifest lists is there with its recorded size
 and every file its ``ps.json`` entry names (graph, dense file, sparse folders) is found; an
-incomplete one is refused (:class:`~tierserve.ps.errors.IncompleteModelError`) before anything
+incomplete one is refused (:class:`~tierserve.core.errors.IncompleteModelError`) before anything
 is loaded, so a version whose graph is still being copied never serves as an embedding store.
 """
 
@@ -28,12 +28,13 @@ import re
 import threading
 from pathlib import Path
 
+from tierserve.core.errors import CorruptModelFileError, IncompleteModelError
+from tierserve.model import manifest
+from tierserve.model.dense_file import NONTRAINABLE_SUFFIX
 from tierserve.ps.config import ModelConfig, PSConfig
-from tierserve.ps.errors import CorruptModelFileError, IncompleteModelError
-from tierserve.trainer import manifest
-from tierserve.trainer.dense_file import NONTRAINABLE_SUFFIX
 
 from .inference_model import InferenceModel
+from .repository import Loader
 from .servables import EmbeddingLookupServable, RankingServable, Servable, warm_up
 
 log = logging.getLogger("tierserve.server.loader")
@@ -114,7 +115,7 @@ class _TableSource:
         return self.ps.lookup(self.version, self.table_names[table], keys)
 
 
-class RepositoryLoader:
+class RepositoryLoader(Loader):
     """The default loader of the server: see the module docstring.
 
     ``use_gpu_embedding_cache`` overrides every model's ``gpucache`` (``None``: as ps.json

@@ -1,7 +1,7 @@
 """Runs the server app with HTTP on the native transport (``http_transport`` native).
 
 What uvicorn's ``Server`` does for the Python transport, for the native one: the event loop
-(uvloop or asyncio, :func:`~.app.event_loop`), the app's lifespan (models, gRPC, the
+(uvloop or asyncio, :func:`~.settings.event_loop`), the app's lifespan (models, gRPC, the
 repository poller), the HTTP front end (:class:`~.http_native.NativeHttpServer`), and a
 drain on SIGTERM or SIGINT: the HTTP transport stops accepting (after taking what waits in
 its accept queue) and answers every request already sent, then the lifespan ends (the gRPC
@@ -19,7 +19,7 @@ import threading
 from fastapi import FastAPI
 
 from .http_native import NativeHttpServer
-from .settings import Settings
+from .settings import Settings, event_loop
 
 log = logging.getLogger("tierserve.server")
 
@@ -43,8 +43,6 @@ class NativeServer:
         self.should_exit = True
 
     def run(self) -> None:
-        from .app import event_loop
-
         if event_loop(self.settings) == "uvloop":
             import uvloop
 

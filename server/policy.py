@@ -14,7 +14,12 @@ import hmac
 import logging
 import re
 
-from tierserve.ps.errors import InvalidInputError, NotFoundError, TierserveError, UnauthorizedError
+from tierserve.core.errors import (
+    InvalidInputError,
+    NotFoundError,
+    TierserveError,
+    UnauthorizedError,
+)
 from tierserve.ps.table_tag import check_name
 
 log = logging.getLogger("tierserve.server")

@@ -28,6 +28,7 @@ Model names must match the table-tag pattern, so a name never escapes the reposi
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import threading
@@ -37,25 +38,69 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tierserve.ps.config import PSConfig, load_ps_config
-from tierserve.ps.errors import (
+from tierserve.core.errors import (
     BackendUnavailableError,
     InvalidInputError,
     NotFoundError,
     NotReadyError,
     TierserveError,
 )
+from tierserve.model.version_folder import version_number
+from tierserve.ps.config import PSConfig, load_ps_config
 from tierserve.ps.retry import EqualJitterBackoff
 from tierserve.ps.table_tag import check_name, is_valid_name
-from tierserve.trainer.version_folder import version_number
 
 from .servables import Servable
 
 log = logging.getLogger("tierserve.server.repository")
 
-#: Builds the servable of ``model`` from ``version_dir`` (None in ``--config`` mode) and the
-#: repository's ps config.
-Loader = Callable[[str, str, "Path | None", PSConfig], Servable]
+#: A plain function that builds the servable of ``model`` ``version`` from ``version_dir``
+#: (None in ``--config`` mode) and the repository's ps config.
+LoadFunction = Callable[[str, str, "Path | None", PSConfig], Servable]
+
+
+class Loader(abc.ABC):
+    """What the repository loads servables with: :class:`~.loader.RepositoryLoader`
+    (InferenceModels over parameter servers) or, for a plain :data:`LoadFunction`, a
+    :class:`FunctionLoader` (:func:`as_loader`)."""
+
+    @abc.abstractmethod
+    def __call__(
+        self, model: str, version: str, version_dir: Path | None, ps_config: PSConfig
+    ) -> Servable:
+        """The servable of ``model`` ``version``."""
+
+    def tier_stats(self) -> dict[str, dict[str, Any]]:
+        """Per-tier counters for /metrics (none by default)."""
+        return {}
+
+    def healthy(self) -> bool:
+        """False while something the models need is down (a Kafka consumer stopped)."""
+        return True
+
+    def close(self) -> None:  # noqa: B027 - nothing to release by default
+        """Release what the loader holds (parameter servers, consumers)."""
+
+
+class FunctionLoader(Loader):
+    """A :class:`Loader` over a plain function (or any callable): no tiers of its own,
+    always healthy."""
+
+    def __init__(self, load: LoadFunction) -> None:
+        self.load = load
+
+    def __call__(
+        self, model: str, version: str, version_dir: Path | None, ps_config: PSConfig
+    ) -> Servable:
+        return self.load(model, version, version_dir, ps_config)
+
+
+def as_loader(loader: Loader | LoadFunction | None) -> Loader | None:
+    """``loader`` as a :class:`Loader`: another callable is wrapped in a
+    :class:`FunctionLoader`; None stays None (a repository that only lists its models)."""
+    if loader is None or isinstance(loader, Loader):
+        return loader
+    return FunctionLoader(loader)
 
 
 class Handle:
@@ -198,13 +243,13 @@ class ModelRepository:
 
     def __init__(
         self,
-        loader: Loader,
+        loader: Loader | LoadFunction | None,
         root: Path | None = None,
         config_path: Path | None = None,
     ) -> None:
         if (root is None) == (config_path is None):
             raise InvalidInputError("give a model repository folder or a ps.json, not both")
-        self.loader = loader
+        self.loader = as_loader(loader)
         self.root = Path(root).resolve() if root is not None else None
         self.config_path = Path(config_path) if config_path is not None else None
         self._subscribers: list[Callable[[ModelEntry, Handle | None], None]] = []

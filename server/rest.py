@@ -16,7 +16,7 @@ Routes (``{v}`` segments are optional):
 Infer has one implementation, :class:`InferEndpoint`, a plain ASGI app: the router mounts it,
 and :class:`InferFastPath` (in front of FastAPI) calls it directly, leaving out FastAPI's
 per-request layers.  One exception handler turns every :class:`TierserveError` into its
-``http_status`` with the body ``{"error": message}`` (file paths cut); anything else is a
+:func:`~.errors.http_status` with the body ``{"error": message}`` (file paths cut); anything else is a
 500 with ``{"error": "internal error"}`` and a logged traceback.  :mod:`.openapi` documents
 every route, infer included.
 """
@@ -36,11 +36,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
-from tierserve.ps.errors import InvalidInputError, PayloadTooLargeError, TierserveError
+from tierserve.core.errors import InvalidInputError, PayloadTooLargeError, TierserveError
 
 from . import openapi as docs
 from .admission import Admission, ServerBusyError
 from .dataplane import DataPlane
+from .errors import http_status
 from .policy import (
     AdminToken,
     error_body,
@@ -185,8 +186,8 @@ class InferEndpoint:
                 finally:
                     left.cancel()
             except TierserveError as exc:
-                status = str(exc.http_status)
-                await _send(send, exc.http_status, _error_bytes(error_body(exc)), _JSON)
+                status = str(http_status(exc))
+                await _send(send, http_status(exc), _error_bytes(error_body(exc)), _JSON)
                 return
             except Exception:
                 status = "500"
@@ -255,7 +256,7 @@ class InferEndpoint:
         """Answer ``exc`` as :meth:`handle` does: a TierserveError's status and JSON error
         body, anything else a logged 500."""
         if isinstance(exc, TierserveError):
-            status = exc.http_status
+            status = http_status(exc)
             payload = _error_bytes(error_body(exc))
         else:
             status, payload = 500, _error_bytes(INTERNAL_ERROR)
@@ -337,8 +338,8 @@ class InferFastPath:
         except ServerBusyError as exc:
             match = _INFER_PATH.match(scope["path"])
             if match is not None:
-                self.endpoint.observe(match.group(1), started, str(exc.http_status))
-            await _send(send, exc.http_status, _error_bytes(error_body(exc)), _JSON)
+                self.endpoint.observe(match.group(1), started, str(http_status(exc)))
+            await _send(send, http_status(exc), _error_bytes(error_body(exc)), _JSON)
             return
         try:
             await self._serve(scope, receive, send)
@@ -555,7 +556,7 @@ def build_router(
             }
             return Response(dump_json(answer), media_type="application/json")
         except TierserveError as exc:
-            status = str(exc.http_status)
+            status = str(http_status(exc))
             raise
         finally:
             label = plane.metrics_label(label)
@@ -618,7 +619,7 @@ def install_error_handler(app: FastAPI) -> None:
 
     @app.exception_handler(TierserveError)
     async def _tierserve_error(request: Request, exc: TierserveError) -> JSONResponse:
-        return JSONResponse(error_body(exc), status_code=exc.http_status)
+        return JSONResponse(error_body(exc), status_code=http_status(exc))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -7,7 +7,8 @@ unit and returns batch-first outputs, which the batcher splits back by batch siz
 
 Two kinds exist:
 
-- :class:`RankingServable`, a CTR model (DESIGN.md, Requests): ``DES`` FP32 ``[B, dense_dim]``,
+- :class:`RankingServable`, a CTR model (docs/formats.md, Requests): ``DES`` FP32
+  ``[B, dense_dim]``,
   ``CATCOLUMN`` INT64 ``[B, slots]`` (one key per slot) or, with ``ROWINDEX`` INT32, the keys of
   every table flattened with per-table CSR row pointers (``B * slots_t + 1`` per table, table
   after table) -> ``OUTPUT0`` FP32 ``[B, label_dim]``;
@@ -35,9 +36,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
+from tierserve.model.batch import Batch, SparseInput
 from tierserve.ps.keys import as_keys
-from tierserve.trainer.data.batch import Batch, SparseInput
 
 from .tensors import TensorSpec, check_finite, check_inputs, check_int_range
 

@@ -28,8 +28,8 @@ from pydantic import (
     model_validator,
 )
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps.config_base import format_validation_errors
-from tierserve.ps.errors import ConfigError
 from tierserve.server.logs import LogLevel
 
 
@@ -299,3 +299,20 @@ def cli_of(model: type[BaseModel], name: str) -> Cli:
     for marker in reversed(found):  # inner first, so outer markers override
         merged.update({k: v for k, v in vars(marker).items() if v != getattr(Cli(), k)})
     return Cli(**merged)
+
+
+def event_loop(settings: Settings) -> str:
+    """The event loop for ``settings.event_loop`` (uvicorn's ``loop`` setting; grpc.aio and
+    the native transports run on the same loop);
+    ``uvloop`` when it is not installed is a :class:`ConfigError` naming the setting."""
+    if settings.event_loop == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if settings.event_loop == "uvloop":
+            raise ConfigError(
+                "event_loop uvloop: uvloop is not installed (pip install uvloop)"
+            ) from None
+        return "asyncio"
+    return "uvloop"

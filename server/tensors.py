@@ -4,7 +4,7 @@ A request's tensors become numpy arrays here, whatever transport carried them: J
 lists, or Triton's binary tensor extension (a JSON header of ``Inference-Header-Content-Length``
 bytes followed by the raw little-endian tensors, each input naming its
 ``parameters.binary_data_size``).  Every error is an
-:class:`~tierserve.ps.errors.InvalidInputError` that names the tensor and what was expected.
+:class:`~tierserve.core.errors.InvalidInputError` that names the tensor and what was expected.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 #: KServe v2 datatype name -> numpy dtype (little-endian, as the binary extension sends it).
 DATATYPES: dict[str, np.dtype] = {

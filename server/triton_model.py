@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from tierserve.core.errors import ConfigError, TierserveError
 from tierserve.ps.config import load_ps_config
-from tierserve.ps.errors import ConfigError, TierserveError
 
+from .errors import http_status
 from .loader import RepositoryLoader
 from .servables import Servable
 
@@ -58,7 +59,7 @@ class RequestError:
 
 def _error(exc: BaseException) -> RequestError:
     if isinstance(exc, TierserveError):
-        return RequestError(str(exc), int(getattr(exc, "http_status", 400) or 400))
+        return RequestError(str(exc), http_status(exc))
     log.exception("inference failed")
     return RequestError("internal error", 500)
 

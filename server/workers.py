@@ -29,11 +29,11 @@ own copy; with ``multi_process_hash_map`` (:mod:`tierserve.ps.shm_hash_map`) the
 one copy in ``/dev/shm`` (the first to load a version's table fills it, the others attach;
 one worker applies each Kafka update to it and every worker's cache hears of it; a table
 stays while any worker uses it).  Dense weights are read into a file of ``/dev/shm`` per
-version that every worker maps (:mod:`tierserve.trainer.served_weights`; the parent removes
+version that every worker maps (:mod:`tierserve.model.served_weights`; the parent removes
 what is left when it stops), never mapped from the model's own files.  Each worker polls the
 repository on its own and stages a new version when it sees it; a staged version then waits (:meth:`PoolState.wait_for_peers`)
 until every running worker has staged it too, and the workers commit it together, within
-milliseconds of each other (after :data:`COMMIT_BARRIER_S` a worker commits alone, with a
+milliseconds of each other (after :data:`~.pool_state.COMMIT_BARRIER_S` a worker commits alone, with a
 warning naming the workers it waited for).  Every answer is wholly one version's.  A
 repository load or unload request reaches the one worker that answers it.  Tiers that the workers would share and write otherwise cannot be
 served by several workers yet: a writable RocksDB opens in one process only, and a Redis tier
@@ -53,23 +53,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import logging
 import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps.config import PSConfig, load_ps_config
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.retry import EqualJitterBackoff
 
+from .pool_state import STAGED_RING, PoolState
 from .settings import Settings
 
 log = logging.getLogger("tierserve.server.workers")
@@ -221,79 +220,6 @@ def pin_threads(cores: set[int]) -> None:
             os.sched_setaffinity(int(task), cores)
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` that other processes may bind too (SO_REUSEPORT)."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(address)
-    return sock
-
-
-#: Versions each worker remembers having staged (for workers that start later).
-STAGED_RING = 16
-#: How long a staged version waits for the other workers before it commits anyway.
-COMMIT_BARRIER_S = 60.0
-
-
-def version_token(model: str, version: str) -> int:
-    """A nonzero 63-bit token naming a model version in the pool's shared arrays."""
-    digest = hashlib.blake2b(f"{model}\0{version}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1 or 1
-
-
-class PoolState:
-    """What a worker shares with its pool: readiness, liveness and the versions staged.
-
-    ``ready``: one byte per worker, 1 while it reports ready; ``alive``: one byte per worker,
-    set by the parent while its process runs; ``staged``: per worker, a ring of
-    :data:`STAGED_RING` tokens of the versions it staged (:func:`version_token`).
-    """
-
-    def __init__(self, index: int, ready, alive=None, staged=None) -> None:
-        self.index = index
-        self.ready = ready
-        self.alive = alive
-        self.staged = staged
-        self._next = 0
-
-    def report(self, ready: bool) -> None:
-        self.ready[self.index] = 1 if ready else 0
-
-    def all_ready(self) -> bool:
-        return all(self.ready)
-
-    def _has_staged(self, worker: int, token: int) -> bool:
-        ring = self.staged[worker * STAGED_RING : (worker + 1) * STAGED_RING]
-        return token in ring
-
-    def wait_for_peers(self, model: str, version: str, timeout: float = COMMIT_BARRIER_S) -> bool:
-        """Record that this worker staged ``model`` ``version`` and wait until every other
-        running worker has staged it too, so the pool commits it together; False (after a
-        warning) when ``timeout`` seconds pass first."""
-        if self.staged is None:
-            return True
-        token = version_token(model, version)
-        self.staged[self.index * STAGED_RING + self._next] = token
-        self._next = (self._next + 1) % STAGED_RING
-        deadline = time.monotonic() + timeout
-        while True:
-            waiting = [
-                j for j in range(len(self.ready))
-                if j != self.index and self.alive[j] and not self._has_staged(j, token)
-            ]  # fmt: skip
-            if not waiting:
-                return True
-            if time.monotonic() >= deadline:
-                log.warning(
-                    "model %s version %s: workers %s have not staged it after %.0f s; "
-                    "committing it here anyway", model, version, waiting, timeout,
-                )  # fmt: skip
-                return False
-            time.sleep(0.02)
-
-
 class WorkerPool:
     """The parent of ``count`` worker processes serving ``settings``."""
 
@@ -313,7 +239,7 @@ class WorkerPool:
         self._stopping = False
         self.gave_up: str | None = None  # why the pool stopped on its own
         self.metrics_dir = Path(tempfile.mkdtemp(prefix="tierserve-metrics-"))
-        self.shared_dense = f"tierserve-dense-{os.getpid()}"  # see trainer/served_weights.py
+        self.shared_dense = f"tierserve-dense-{os.getpid()}"  # see model/served_weights.py
         self.shares: list[set[int] | None] = (
             list(core_shares(count, allowed_cores()))
             if settings.pin_workers and hasattr(os, "sched_setaffinity")  # Linux
@@ -352,7 +278,7 @@ class WorkerPool:
     def run(self) -> int:
         """Start the workers and keep them running until SIGTERM or SIGINT (exit status 0),
         or until one keeps failing to start (1)."""
-        from tierserve.trainer.served_weights import SHARED_ENV, remove_shared
+        from tierserve.model.served_weights import SHARED_ENV, remove_shared
 
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         os.environ[SHARED_ENV] = self.shared_dense  # workers share their dense weights

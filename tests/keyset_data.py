@@ -9,7 +9,7 @@ import numpy as np
 
 import tierserve.trainer as hugectr
 from tierserve.trainer.data.reader import DataReader
-from tierserve.trainer.etc import write_keyset
+from tierserve.trainer.hugectr.etc import write_keyset
 
 
 def keyset_parts(out: Path, slots: int, parts: int = 2,

@@ -131,7 +131,7 @@ def from_demo(demo) -> Trained:
 def copy_version(trained: Trained, folder: Path, *, graph: bool = True) -> Path:
     """Copy a trained model's files (and, with its graph, its checksum manifest) into version
     ``folder``; an embedding store's folder holds the sparse folders alone."""
-    from tierserve.trainer import manifest
+    from tierserve.model import manifest
 
     folder.mkdir(parents=True)
     files = [*trained.sparse]

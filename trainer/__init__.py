@@ -7,30 +7,16 @@ imported on first use, so importing the trainer does not import the server.
 
 from typing import Any
 
+from tierserve.model.inference_graph import InferenceGraph
 from tierserve.ps.config_base import (
     DatabaseHashMapAlgorithm_t,
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
     UpdateSourceType_t,
 )
-
-# estimator: the Estimator API (tf.estimator / tf.feature_column names); importing it also
-# registers its layer types (Tanh, MeanSquaredErrorLoss, ...) that exported graphs use.
-from . import data, estimator, feature_column, tools
-from .adapters import ReaderHandle as DataReader32
-from .data.generator import DataGenerator, DataGeneratorParams, Distribution_t, PowerLaw_t
-from .data.params import (
-    Alignment_t,
-    AsyncParam,
-    Check_t,
-    DataReaderParams,
-    DataReaderSparseParam,
-    DataReaderType_t,
-)
-from .embedding import Embedding_t
-from .etc import CreateHMemCache
-from .inference_graph import InferenceGraph
-from .layer_specs import (
+from tierserve.trainer.hugectr.adapters import ReaderHandle as DataReader32
+from tierserve.trainer.hugectr.etc import CreateHMemCache
+from tierserve.trainer.hugectr.layer_specs import (
     Activation_t,
     DenseLayer,
     ElementWiseMultiply,
@@ -44,25 +30,45 @@ from .layer_specs import (
     SparseEmbedding,
     Tensor_t,
 )
-from .lr_scheduler import LearningRateScheduler
-from .metrics import MetricsType
-from .mlperf import (
+from tierserve.trainer.hugectr.mlperf import (
     CommunicationType,
     CreateETC,
     HybridEmbeddingParam,
     HybridEmbeddingType,
     TrainPSType_t,
 )
-from .model import Model
-from .optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t
-from .session import (
+from tierserve.trainer.hugectr.model import Model
+from tierserve.trainer.hugectr.session import (
     ModelOversubscriber,
     Session,
     SolverParser,
     get_learning_rate_scheduler,
     solver_parser_helper,
 )
-from .solver import AllReduceAlgo, CreateSolver, DeviceLayout, LrPolicy_t, Solver
+from tierserve.trainer.hugectr.solver import (
+    AllReduceAlgo,
+    CreateSolver,
+    DeviceLayout,
+    LrPolicy_t,
+    Solver,
+)
+
+# estimator: the Estimator API (tf.estimator / tf.feature_column names); importing it also
+# registers its layer types (Tanh, MeanSquaredErrorLoss, ...) that exported graphs use.
+from . import data, estimator, feature_column, tools
+from .data.generator import DataGenerator, DataGeneratorParams, Distribution_t, PowerLaw_t
+from .data.params import (
+    Alignment_t,
+    AsyncParam,
+    Check_t,
+    DataReaderParams,
+    DataReaderSparseParam,
+    DataReaderType_t,
+)
+from .embedding import Embedding_t
+from .lr_scheduler import LearningRateScheduler
+from .metrics import MetricsType
+from .optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t
 
 #: HugeCTR's reader classes by key width: the object ``get_data_reader_train`` returns.
 DataReader64 = DataReader32

@@ -15,7 +15,7 @@ HugeCTR's defaults (``warmup_steps=1``, ``decay_start=0``) give a constant ``lr`
 
 from __future__ import annotations
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 
 class LearningRateScheduler:

@@ -32,10 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import BackendUnavailableError, ConfigError
+from tierserve.core.errors import BackendUnavailableError, ConfigError
+from tierserve.model.version_folder import new_version, write_ps_entry
 from tierserve.ps.update_replay import STAMP
-
-from .version_folder import new_version, write_ps_entry
 
 log = logging.getLogger("tierserve.trainer.online")
 
@@ -230,9 +229,9 @@ SERVING_MAX_BATCH_SIZE = 1024
 def ps_entry(model_name: str, version: int, folder: Path) -> dict:
     """The ``ps.json`` entry of the HugeCTR-style model version in ``folder`` (its graph
     JSON, dense file and sparse folders), paths relative to the repository."""
-    from tierserve.ps.errors import ConfigError
-    from tierserve.trainer.graph_json import load_graph_json
-    from tierserve.trainer.inference_graph import graph_inputs, label_layout
+    from tierserve.core.errors import ConfigError
+    from tierserve.model.graph_json import load_graph_json
+    from tierserve.model.inference_graph import graph_inputs, label_layout
 
     graph = load_graph_json(folder / f"{model_name}.json")
     data, tables = graph_inputs(graph)

@@ -44,9 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
-
-from .cpu_kernels import adagrad_flat, adagrad_rows, flat_views, use_kernels
+from tierserve.core.errors import InvalidInputError
+from tierserve.model.cpu_kernels import adagrad_flat, adagrad_rows, flat_views, use_kernels
 
 
 class Optimizer_t(enum.Enum):  # noqa: N801 - HugeCTR's name
@@ -181,7 +180,7 @@ def CreateOptimizer(  # noqa: N802 - HugeCTR's name
             "epsilon, initial_accu_value, lambda1, lambda2 and beta must not be negative"
         )
     if not atomic_update:
-        from .compat import warn_once
+        from tierserve.core.compat import warn_once
 
         warn_once("CreateOptimizer.atomic_update", "the SGD update of a row is applied "
                   "exactly, as HugeCTR's atomic update does", stacklevel=3)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .compat import warn_once
+from tierserve.core.compat import warn_once
 
 
 class SummaryWriter:

@@ -1,5 +1,5 @@
-"""``hugectr.tools``: the synthetic data generator (``DataGeneratorParams``, ``DataGenerator``)."""
+"""``from hugectr.tools import ...`` reads ``from tierserve.trainer.tools import ...``: the
+names of :mod:`tierserve.trainer.hugectr.tools`."""
 
-from .data.generator import DataGenerator, DataGeneratorParams, Distribution_t, PowerLaw_t
-
-__all__ = ["DataGenerator", "DataGeneratorParams", "Distribution_t", "PowerLaw_t"]
+from tierserve.trainer.hugectr.tools import *  # noqa: F403
+from tierserve.trainer.hugectr.tools import __all__  # noqa: F401

@@ -41,10 +41,10 @@ os.environ.setdefault("TIERSERVE_FORCE_CPU", "1")
 os.environ.setdefault("TIERSERVE_NO_PROGRESS", "1")
 
 import tierserve.trainer as hugectr  # noqa: E402
+from tierserve.model.batch import Batch, SparseInput  # noqa: E402
 from tierserve.trainer import estimator  # noqa: E402
 from tierserve.trainer import feature_column as fc  # noqa: E402
 from tierserve.trainer.blas_threads import set_blas_threads  # noqa: E402
-from tierserve.trainer.data.batch import Batch, SparseInput  # noqa: E402
 
 DIM = 16
 HIDDEN = [256, 128]

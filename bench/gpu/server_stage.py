@@ -72,8 +72,8 @@ def make_repository(out: Path, iterations: int, repo: Path, dry_run: bool) -> Pa
 
 
 def predictor(version: Path, gpu_cache: bool):
+    from tierserve.model.batch import Batch, SparseInput
     from tierserve.server.inference_model import InferenceModel, InferenceParams
-    from tierserve.trainer.data.batch import Batch, SparseInput
 
     dense_file = next(version.glob("*_dense_*.model"))
     sparse = sorted(str(p) for p in version.glob("*_sparse_*.model"))

@@ -74,10 +74,10 @@ def make_ranking_repository(root: Path, dense_mb: int) -> Path:
     import warnings
 
     from tierserve.clients.demo_model import train_demo_model, write_repository
-    from tierserve.trainer.dense_file import write_dense_file
-    from tierserve.trainer.graph_json import load_graph_json
-    from tierserve.trainer.inference_graph import dense_layers, input_shapes
-    from tierserve.trainer.network import DenseNetwork
+    from tierserve.model.dense_file import write_dense_file
+    from tierserve.model.graph_json import load_graph_json
+    from tierserve.model.inference_graph import dense_layers, input_shapes
+    from tierserve.model.network import DenseNetwork
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no GPU: the trainer says so

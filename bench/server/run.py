@@ -147,8 +147,8 @@ def make_repository(out: Path, iterations: int, repo: Path, volatile: dict | Non
 
 
 def batches_from(version: Path, data_dir: Path):
-    from tierserve.server.datasets import wrapped_batches
-    from tierserve.trainer.graph_json import load_graph_json
+    from tierserve.model.graph_json import load_graph_json
+    from tierserve.trainer.hugectr.inference_data import wrapped_batches
 
     graph = load_graph_json(version / "dlrm.json")
     big = next(iter(wrapped_batches(graph, str(data_dir / "file_list_test.txt"), "Norm", "Sum",
@@ -171,8 +171,8 @@ def _stats(times: list[float], rows: int) -> dict:
 
 def predictor(version: Path, volatile: dict | None = None):
     """InferenceModel over the version's files and a function that predicts (dense, keys)."""
+    from tierserve.model.batch import Batch, SparseInput
     from tierserve.server.inference_model import InferenceModel, InferenceParams
-    from tierserve.trainer.data.batch import Batch, SparseInput
 
     dense_file = next(version.glob("*_dense_*.model"))
     sparse = sorted(str(p) for p in version.glob("*_sparse_*.model"))

@@ -36,9 +36,9 @@ def measure(folder: str, workspace_mb: float, cache_mb: float, passes: int,
     """Train ``passes`` keysets through a Cached table under ``folder``; the figures."""
     os.environ.setdefault("TIERSERVE_FORCE_CPU", "1")
     import tierserve.trainer as hugectr
+    from tierserve.model.batch import Batch, SparseInput
     from tierserve.ps.hash_map import HashMapConfig, HashMapTier
-    from tierserve.trainer.data.batch import Batch, SparseInput
-    from tierserve.trainer.etc import _bounded_rocksdb
+    from tierserve.trainer.hugectr.etc import _bounded_rocksdb
 
     etc = hugectr.CreateETC(
         ps_types=[hugectr.TrainPSType_t.Cached],

@@ -176,7 +176,7 @@ def torch_predict(model, batch) -> np.ndarray:
 
 def fill_table(model: hugectr.Model, num_keys: int) -> None:
     """Insert keys 0..num_keys-1 into the model's table (as evaluation would)."""
-    from tierserve.trainer.data.batch import SparseInput
+    from tierserve.model.batch import SparseInput
 
     for start in range(0, num_keys, 1 << 18):
         keys = np.arange(start, min(num_keys, start + (1 << 18)), dtype=np.int64)
@@ -188,7 +188,7 @@ def copy_weights(ours: hugectr.Model, peer, vocab: list[int], offsets: np.ndarra
     """Give the torch model tierserve's initial dense weights and embedding vectors."""
     import torch
 
-    from tierserve.trainer.data.batch import SparseInput
+    from tierserve.model.batch import SparseInput
 
     params = ours.dense_parameters()  # W[in, out], b[out] per layer, in graph order
     linears = [m for m in [*peer.bottom, *peer.top] if isinstance(m, torch.nn.Linear)]

@@ -13,7 +13,7 @@ from polling import until
 from tierserve.cache import EmbeddingCache
 from tierserve.cache.device import to_host
 from tierserve.cache.hashing import set_of
-from tierserve.ps.errors import CapacityExceededError, ConfigError, InvalidInputError
+from tierserve.core.errors import CapacityExceededError, ConfigError, InvalidInputError
 
 
 def _cache(ps, use_gpu=False, capacity=200, **kw):

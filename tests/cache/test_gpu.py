@@ -9,7 +9,7 @@ from cache_helpers import DIM, MODEL, TABLE
 from tierserve.cache import EmbeddingCache, SetAssociativeTable
 from tierserve.cache.device import cupy_or_none
 from tierserve.cache.kernels import kernel_source
-from tierserve.ps.errors import MissingExtraError
+from tierserve.core.errors import MissingExtraError
 
 
 def test_kernel_source_ships_with_the_package():

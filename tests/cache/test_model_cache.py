@@ -10,8 +10,8 @@ from cache_helpers import DIM, MODEL, TABLE, make_ps_config, vectors_for
 
 from tierserve.cache import CreateEmbeddingCache, EmbeddingCache, ModelEmbeddingCache
 from tierserve.cache.device import to_host
+from tierserve.core.errors import CapacityExceededError, CorruptModelFileError, NotFoundError
 from tierserve.ps.config import dump_ps_config
-from tierserve.ps.errors import CapacityExceededError, CorruptModelFileError, NotFoundError
 from tierserve.ps.hierarchy import HierarchicalParameterServer
 
 
@@ -56,8 +56,8 @@ def test_cache_percentage_follows_one_rule_on_every_path(tmp_path):
     ps.json field (gpucacheper), InferenceParams.cache_size_percentage and
     CreateEmbeddingCache's argument are checked by the same ModelConfig field, with the same
     message; a model whose ps.json says 0 loads and serves through its cache."""
+    from tierserve.core.errors import ConfigError
     from tierserve.ps.config import parse_ps_config
-    from tierserve.ps.errors import ConfigError
     from tierserve.server.inference_model import InferenceParams
 
     config, path = _ps_json(tmp_path, gpucacheper=0.0)

@@ -14,8 +14,8 @@ import pytest
 from tierserve.clients.cli import main
 from tierserve.clients.demo_model import SLOT_SIZES
 from tierserve.clients.triton_repo import MODEL_PY, generate
-from tierserve.ps.errors import ConfigError
-from tierserve.trainer import manifest
+from tierserve.core.errors import ConfigError
+from tierserve.model import manifest
 
 
 @pytest.fixture(scope="module")

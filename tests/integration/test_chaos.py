@@ -55,6 +55,7 @@ from serve_process import (
 )
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
+from tierserve.model.batch import Batch, SparseInput
 from tierserve.ps.kafka_groups import REPLICA_ENV
 from tierserve.ps.kafka_producer import UpdateProducer
 from tierserve.ps.redis_tier import value_hash
@@ -63,7 +64,6 @@ from tierserve.server.app import BackgroundServer, free_port
 from tierserve.server.inference_model import InferenceModel, InferenceParams
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.settings import Settings
-from tierserve.trainer.data.batch import Batch, SparseInput
 
 pytestmark = pytest.mark.slow
 

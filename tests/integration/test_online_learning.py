@@ -13,10 +13,10 @@ import tritonclient.http as th
 from polling import until
 
 from tierserve.clients.demo_model import SLOT_SIZES, train_demo_model, write_repository
+from tierserve.model.batch import Batch, SparseInput
 from tierserve.server.app import BackgroundServer
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.settings import Settings
-from tierserve.trainer.data.batch import Batch, SparseInput
 
 pytestmark = pytest.mark.kafka
 TABLE = "sparse_embedding1"

@@ -15,10 +15,10 @@ import pytest
 
 from tierserve.clients.cli import main
 from tierserve.clients.demo_model import train_demo_model, write_repository
+from tierserve.model.graph_json import load_graph_json
 from tierserve.server.app import BackgroundServer, free_port
-from tierserve.server.datasets import epoch_batches
 from tierserve.server.settings import Settings
-from tierserve.trainer.graph_json import load_graph_json
+from tierserve.trainer.hugectr.inference_data import epoch_batches
 
 
 @pytest.fixture(scope="module")

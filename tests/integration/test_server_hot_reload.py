@@ -16,10 +16,10 @@ import tritonclient.http as th
 from polling import until
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
+from tierserve.model.batch import Batch, SparseInput
 from tierserve.server.app import BackgroundServer
 from tierserve.server.inference_model import InferenceModel, InferenceParams
 from tierserve.server.settings import Settings
-from tierserve.trainer.data.batch import Batch, SparseInput
 
 
 def _inputs(des, cat):

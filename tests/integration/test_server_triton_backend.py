@@ -28,8 +28,8 @@ from triton_models import (
 
 from tierserve.clients.demo_model import EMBEDDING_DIM, SLOT_SIZES, train_demo_model
 from tierserve.clients.triton_repo import generate
-from tierserve.server.datasets import wrapped_batches
-from tierserve.trainer.graph_json import load_graph_json
+from tierserve.model.graph_json import load_graph_json
+from tierserve.trainer.hugectr.inference_data import wrapped_batches
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,10 @@ from tritonclient.utils import InferenceServerException
 
 from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.server.app import BackgroundServer
-from tierserve.server.datasets import wrapped_batches
-from tierserve.server.inference_model import InferenceModel, InferenceParams
+from tierserve.server.inference_model import InferenceParams
 from tierserve.server.settings import Settings
+from tierserve.trainer.hugectr.inference_data import wrapped_batches
+from tierserve.trainer.hugectr.inference_model import InferenceModel
 
 TOKEN = "s3cret"
 BATCH = 64

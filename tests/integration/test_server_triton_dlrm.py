@@ -85,10 +85,10 @@ class Dlrm26:
 
     def _reference(self, eval_source: str):
         """Requests of 1, 64 and 256 rows of held-out data and InferenceModel's answers."""
+        from tierserve.model.graph_json import load_graph_json
         from tierserve.ps.config import load_ps_config
-        from tierserve.server.datasets import epoch_batches
         from tierserve.server.loader import RepositoryLoader
-        from tierserve.trainer.graph_json import load_graph_json
+        from tierserve.trainer.hugectr.inference_data import epoch_batches
 
         folder = self.repo / "dlrm" / "1"
         loader = RepositoryLoader()

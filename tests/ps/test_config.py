@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps.config import load_ps_config, parse_ps_config
 from tierserve.ps.config_base import (
     UNBOUNDED,
@@ -11,7 +12,6 @@ from tierserve.ps.config_base import (
     DatabaseType_t,
     default_num_partitions,
 )
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.hash_map import HashMapConfig, ParallelHashMapConfig
 from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 from tierserve.ps.redis_tier import RedisClusterConfig

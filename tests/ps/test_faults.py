@@ -10,9 +10,9 @@ import pytest
 from polling import until
 from ps_helpers import expected, write_model
 
+from tierserve.core.errors import BackendUnavailableError
 from tierserve.ps import HierarchicalParameterServer
 from tierserve.ps.config import parse_ps_config
-from tierserve.ps.errors import BackendUnavailableError
 from tierserve.ps.redis_tier import value_hash
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ps_helpers import agree
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 from tierserve.ps.eviction import EvictOldest
 from tierserve.ps.hash_table import EMPTY, TOMB, HashTable
 

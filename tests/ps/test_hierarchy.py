@@ -11,9 +11,9 @@ import pytest
 from polling import until
 from ps_helpers import expected, write_model
 
+from tierserve.core.errors import CorruptModelFileError, InvalidInputError, NotFoundError
 from tierserve.ps import CreateParameterServer, HierarchicalParameterServer
 from tierserve.ps.config import parse_ps_config
-from tierserve.ps.errors import CorruptModelFileError, InvalidInputError, NotFoundError
 
 
 def server(tmp_path, models, volatile=None, persistent=None, **top):

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.ps.hierarchy import CreateParameterServer
 from tierserve.ps.inference_json import (
     input_key_bits,

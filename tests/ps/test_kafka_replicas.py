@@ -16,9 +16,9 @@ import pytest
 from polling import until
 from ps_helpers import expected, write_model
 
+from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.ps import HierarchicalParameterServer
 from tierserve.ps.config import parse_ps_config
-from tierserve.ps.errors import ConfigError, InvalidInputError
 from tierserve.ps.kafka_groups import REPLICA_ENV, replica_id
 from tierserve.ps.kafka_invalidate import InvalidationConsumer
 from tierserve.ps.kafka_producer import UpdateProducer

@@ -165,7 +165,7 @@ def test_filters_keep_other_models_out_and_persistent_updates_land(tmp_path, kaf
 
 def test_the_producer_checks_its_input():
     pytest.importorskip("confluent_kafka")
-    from tierserve.ps.errors import InvalidInputError
+    from tierserve.core.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="max_batch_size"):
         UpdateProducer("127.0.0.1:1", max_batch_size=0)
@@ -353,7 +353,7 @@ class _UnreachableConsumer(UpdateConsumer):
         def unreachable(*args, **kwargs):
             if self.times > 0:
                 self.times -= 1
-                from tierserve.ps.errors import BackendUnavailableError
+                from tierserve.core.errors import BackendUnavailableError
 
                 raise BackendUnavailableError("injected: the tier is unreachable")
             return apply_update(*args, **kwargs)

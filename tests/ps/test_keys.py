@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from model32 import DIM, train_model32
 
+from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.ps.config import ModelConfig, PSConfig
-from tierserve.ps.errors import ConfigError, InvalidInputError
 from tierserve.ps.hierarchy import HierarchicalParameterServer
 from tierserve.ps.keys import MAX_KEY32, as_keys, narrow_keys
 from tierserve.ps.sparse_file import read_sparse_model

@@ -1,5 +1,6 @@
 import pytest
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps import (
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
@@ -8,7 +9,6 @@ from tierserve.ps import (
     UpdateSourceType_t,
     VolatileDatabaseParams,
 )
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.hash_map import HashMapConfig
 from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 from tierserve.ps.redis_tier import RedisClusterConfig

@@ -13,7 +13,8 @@ M64 = (1 << 64) - 1
 
 
 def splitmix64_finalizer(key: int) -> int:
-    """The mixer as DESIGN.md documents it, in plain Python integers."""
+    """The mixer as docs/formats.md (Files and messages 7, 9) documents it, in plain Python
+    integers."""
     z = key & M64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64

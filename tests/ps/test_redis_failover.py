@@ -16,7 +16,7 @@ import pytest
 from polling import until
 from ps_helpers import expected
 
-from tierserve.ps.errors import BackendUnavailableError
+from tierserve.core.errors import BackendUnavailableError
 from tierserve.ps.partition import partition_of
 from tierserve.ps.redis_tier import RedisClusterConfig, value_hash
 from tierserve.ps.tier_registry import create_tier

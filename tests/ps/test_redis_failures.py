@@ -13,9 +13,9 @@ from frozen import frozen
 from polling import until
 from ps_helpers import expected, write_model
 
+from tierserve.core.errors import BackendUnavailableError
 from tierserve.ps import HierarchicalParameterServer
 from tierserve.ps.config import parse_ps_config
-from tierserve.ps.errors import BackendUnavailableError
 from tierserve.ps.redis_tier import RedisClusterConfig, RedisConfig
 from tierserve.ps.tier_registry import create_tier
 
@@ -149,7 +149,7 @@ def test_hierarchy_falls_through_to_rocksdb_while_redis_is_skipped(
 
 
 def test_bad_failure_settings_are_refused_by_name():
-    from tierserve.ps.errors import ConfigError
+    from tierserve.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="max_failure_backoff_ms"):
         parse_ps_config({"volatile_db": {"type": "redis", "failure_backoff_ms": 5000,

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import BackendUnavailableError
+from tierserve.core.errors import BackendUnavailableError
 from tierserve.ps.rocksdb_tier import RocksDBConfig
 from tierserve.ps.tier_registry import create_tier
 

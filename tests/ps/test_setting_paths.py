@@ -30,9 +30,9 @@ import pytest
 
 from tierserve.cache import CreateEmbeddingCache
 from tierserve.cache.device import to_host
-from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.errors import InvalidInputError, TierserveError
 from tierserve.ps.config import ModelConfig, PSConfig, parse_ps_config
-from tierserve.ps.errors import InvalidInputError, TierserveError
 from tierserve.ps.hash_map import HashMapConfig, ParallelHashMapConfig
 from tierserve.ps.hierarchy import HierarchicalParameterServer
 from tierserve.ps.inference_json import CLAUSE_FIELDS, model_config_from_inference_json

@@ -10,9 +10,9 @@ import uuid
 import numpy as np
 import pytest
 
+from tierserve.core.errors import ConfigError
 from tierserve.ps import shm_hash_map
 from tierserve.ps.config import load_ps_config
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.shm_hash_map import MultiProcessHashMapConfig
 from tierserve.ps.tier_registry import create_tier
 

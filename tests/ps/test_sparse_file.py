@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tierserve.ps.errors import CorruptModelFileError, InvalidInputError
+from tierserve.core.errors import CorruptModelFileError, InvalidInputError
 from tierserve.ps.sparse_file import (
     read_sparse_model,
     sparse_model_name,

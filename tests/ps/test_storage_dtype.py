@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from ps_helpers import expected, write_model
 
+from tierserve.core.errors import ConfigError, CorruptModelFileError, InvalidInputError
 from tierserve.ps import HierarchicalParameterServer
 from tierserve.ps.config import parse_ps_config
-from tierserve.ps.errors import ConfigError, CorruptModelFileError, InvalidInputError
 from tierserve.ps.row_codec import RowCodec
 from tierserve.ps.sparse_file import convert_sparse_model, read_rows, read_sparse_model
 

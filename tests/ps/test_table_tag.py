@@ -1,6 +1,6 @@
 import pytest
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 from tierserve.ps.table_tag import parse_table_tag, table_tag
 
 

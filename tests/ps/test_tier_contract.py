@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import InvalidInputError, ReadOnlyError
+from tierserve.core.errors import InvalidInputError, ReadOnlyError
 
 DIM = 8
 

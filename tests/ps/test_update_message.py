@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tierserve.ps.errors import MalformedMessageError
+from tierserve.core.errors import MalformedMessageError
 from tierserve.ps.update_message import MAGIC, decode_update, encode_update
 
 

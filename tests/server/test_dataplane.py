@@ -12,9 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import InvalidInputError, NotFoundError, NotReadyError
+from tierserve.core.errors import InvalidInputError, NotFoundError, NotReadyError
 from tierserve.server.dataplane import DataPlane
 from tierserve.server.metrics import ServerMetrics
+from tierserve.server.repository import Loader as ServableLoader
 from tierserve.server.repository import ModelRepository
 from tierserve.server.servables import RankingServable
 from tierserve.server.tensors import DecodedRequest, RequestedOutput
@@ -49,7 +50,7 @@ class ScaledServable(RankingServable):
         self.events.append("close")
 
 
-class Loader:
+class Loader(ServableLoader):
     """Version v of any model scales by v; ``fail`` makes the next load raise."""
 
     def __init__(self):

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 from tierserve.server import batching, tensors
 from tierserve.server.batching import DynamicBatcher
 from tierserve.server.servables import RankingServable

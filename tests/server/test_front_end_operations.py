@@ -16,7 +16,7 @@ import httpx
 import pytest
 from polling import until
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.server.app import BackgroundServer, check_ports, create_app
 from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
 from tierserve.server.settings import Settings

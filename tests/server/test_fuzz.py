@@ -23,7 +23,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.generation.modes import GenerationMode
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 from tierserve.server.app import BackgroundServer
 from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
 from tierserve.server.grpc_server import decode_infer_request

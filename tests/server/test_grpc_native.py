@@ -223,7 +223,7 @@ def test_native_without_the_package_is_refused_by_name(tmp_path, setting):
     root = write_doubler_repository(tmp_path)
     code = (
         "import sys; sys.modules['tierserve_native'] = None\n"  # as if it were not installed
-        "from tierserve.ps.errors import ConfigError\n"
+        "from tierserve.core.errors import ConfigError\n"
         "from tierserve.server.app import create_app\n"
         "from tierserve.server.settings import Settings\n"
         f"root = {str(root)!r}\n"

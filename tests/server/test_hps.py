@@ -8,10 +8,10 @@ import warnings
 import numpy as np
 import pytest
 
-from tierserve.ps.compat import HugeCTRCompatibilityWarning
-from tierserve.ps.errors import ConfigError, InvalidInputError, NotFoundError
+from tierserve.core.compat import HugeCTRCompatibilityWarning
+from tierserve.core.errors import ConfigError, InvalidInputError, NotFoundError
 from tierserve.ps.params import PersistentDatabaseParams, VolatileDatabaseParams
-from tierserve.trainer.inference import HPS, InferenceParams, ParameterServerConfig
+from tierserve.trainer.hugectr.inference import HPS, InferenceParams, ParameterServerConfig
 
 DIMS = (16, 32)
 

@@ -8,16 +8,13 @@ import numpy as np
 import pytest
 
 from tierserve.clients.demo_model import train_demo_model
+from tierserve.core.errors import ConfigError, CorruptModelFileError
 from tierserve.ps.config import load_ps_config
-from tierserve.ps.errors import ConfigError, CorruptModelFileError
-from tierserve.server.datasets import epoch_batches, wrapped_batches
-from tierserve.server.evaluation import auc, logloss
-from tierserve.server.inference_model import (
-    InferenceModel,
-    InferenceParams,
-    InferenceSession,
-)
+from tierserve.server.inference_model import InferenceParams
 from tierserve.server.loader import RepositoryLoader
+from tierserve.trainer.evaluation import auc, logloss
+from tierserve.trainer.hugectr.inference_data import epoch_batches, wrapped_batches
+from tierserve.trainer.hugectr.inference_model import InferenceModel, InferenceSession
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +140,7 @@ def test_parquet_with_slot_sizes_equals_norm(demo, tmp_path):
 def test_tiers_in_the_params_warn_when_a_parameter_server_is_given(demo):
     """InferenceModel(graph, params, parameter_server) reads that server's tiers: the
     params' own tier settings, unused, warn naming themselves (none is accepted silently)."""
-    from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
+    from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
 
     own = InferenceModel(str(demo.graph), _params(demo))
     try:

@@ -10,8 +10,8 @@ import pytest
 
 from tierserve.cache.device import cupy_or_none
 from tierserve.clients.demo_model import train_demo_model
-from tierserve.server.datasets import wrapped_batches
 from tierserve.server.inference_model import InferenceModel, InferenceParams
+from tierserve.trainer.hugectr.inference_data import wrapped_batches
 
 pytestmark = pytest.mark.gpu
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from tierserve.clients.demo_model import train_demo_model
-from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.errors import ConfigError
 from tierserve.ps.config_base import DisabledConfig
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.params import PersistentDatabaseParams, VolatileDatabaseParams
 from tierserve.ps.rocksdb_tier import RocksDBConfig
-from tierserve.server.datasets import wrapped_batches
 from tierserve.server.inference_model import InferenceModel, InferenceParams
-from tierserve.trainer.inference import CreateInferenceSession
+from tierserve.trainer.hugectr.inference import CreateInferenceSession
+from tierserve.trainer.hugectr.inference_data import wrapped_batches
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Import boundaries of the server package (DESIGN.md, Layout).
+"""Import boundaries of the server package (docs/architecture.md, Packages and layering).
 
 The runtime that serves a model (InferenceModel, repository, loader) is used by the batch CLI
 and the Triton model without the HTTP and gRPC front ends, and nothing in the server imports

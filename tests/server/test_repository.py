@@ -14,9 +14,9 @@ import numpy as np
 from polling import until
 
 from tierserve.clients.demo_model import write_repository
+from tierserve.model.batch import Batch, SparseInput
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.repository import ModelRepository
-from tierserve.trainer.data.batch import Batch, SparseInput
 
 ROWS = 32
 

@@ -14,11 +14,11 @@ import shutil
 import pytest
 
 from tierserve.clients.demo_model import write_repository
-from tierserve.ps.errors import TierserveError
+from tierserve.core.errors import TierserveError
+from tierserve.model import manifest
 from tierserve.server.loader import RepositoryLoader
 from tierserve.server.repository import ModelRepository
 from tierserve.server.servables import EmbeddingLookupServable, RankingServable
-from tierserve.trainer import manifest
 
 
 @pytest.fixture

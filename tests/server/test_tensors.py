@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 from tierserve.server.tensors import (
     TensorSpec,
     check_inputs,

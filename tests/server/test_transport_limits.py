@@ -298,7 +298,7 @@ def _add_version(repo, version: str) -> None:
     """A copy of version 1 appears, whole, as ``version``."""
     import shutil
 
-    from tierserve.trainer.manifest import MANIFEST
+    from tierserve.model.manifest import MANIFEST
 
     staging = repo / "dlrm" / f".{version}.tmp"
     shutil.copytree(repo / "dlrm" / "1", staging)
@@ -462,7 +462,7 @@ def test_http_bodies_that_stop_short_are_admitted_in_bounds_and_given_back(tiny_
 def test_the_cli_sets_every_limit_and_the_settings_refuse_a_budget_below_a_request():
     from tierserve.clients.cli import build_parser
     from tierserve.clients.serve import settings_from_args
-    from tierserve.ps.errors import ConfigError
+    from tierserve.core.errors import ConfigError
     from tierserve.server.settings import Settings
 
     args = build_parser().parse_args([

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tierserve.clients.demo_model import SLOT_SIZES
-from tierserve.ps.errors import CorruptModelFileError
+from tierserve.core.errors import CorruptModelFileError
 from tierserve.server.triton_model import RequestError, TritonRuntime, model_parameters
 
 SLOTS = len(SLOT_SIZES)
@@ -122,7 +122,7 @@ def test_the_triton_model_imports_no_front_end():
 
 
 def test_instance_kind_selects_where_the_cache_lives():
-    from tierserve.ps.errors import ConfigError
+    from tierserve.core.errors import ConfigError
     from tierserve.server.triton_model import _select_device
 
     assert _select_device("CPU", "0") is False  # KIND_CPU: host memory whatever ps.json says

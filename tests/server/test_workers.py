@@ -24,7 +24,7 @@ import pytest
 from polling import until
 from tcp_state import listening, unread_by_server
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.server.app import free_port
 from tierserve.server.settings import Settings
 from tierserve.server.workers import core_shares, worker_count
@@ -284,8 +284,8 @@ def _second_version(repo: Path) -> Path:
     renamed into place so it appears whole)."""
     import shutil
 
+    from tierserve.model.manifest import MANIFEST
     from tierserve.ps.sparse_file import read_sparse_model, write_sparse_model
-    from tierserve.trainer.manifest import MANIFEST
 
     staging = repo / "dlrm" / ".2.tmp"
     shutil.copytree(repo / "dlrm" / "1", staging)
@@ -434,7 +434,7 @@ def test_a_staged_version_commits_when_every_running_worker_has_staged_it():
     import multiprocessing
     import threading
 
-    from tierserve.server.workers import STAGED_RING, PoolState
+    from tierserve.server.pool_state import STAGED_RING, PoolState
 
     ctx = multiprocessing.get_context("spawn")
     ready, alive = ctx.RawArray("b", 3), ctx.RawArray("b", 3)
@@ -481,9 +481,9 @@ def test_served_dense_weights_never_map_the_model_file(tiny_dlrm, tmp_path, monk
     reach them: a truncated mapped file is a SIGBUS), read-only, and equal to the file; in a
     worker pool they map one /dev/shm copy per version that every worker shares, removed
     when the version is released.  The trainer's reader still gives writable copies."""
-    from tierserve.trainer import served_weights
-    from tierserve.trainer.dense_file import read_dense_file
-    from tierserve.trainer.inference_graph import InferenceGraph
+    from tierserve.model import served_weights
+    from tierserve.model.dense_file import read_dense_file
+    from tierserve.model.inference_graph import InferenceGraph
 
     shapes = InferenceGraph(tiny_dlrm.graph, tiny_dlrm.dense_file).network.flat_param_shapes()
     copies = read_dense_file(tiny_dlrm.dense_file, shapes)

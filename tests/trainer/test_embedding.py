@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierserve.ps.errors import CapacityExceededError, CorruptModelFileError, InvalidInputError
+from tierserve.core.errors import CapacityExceededError, CorruptModelFileError, InvalidInputError
+from tierserve.model.batch import SparseInput
 from tierserve.ps.sparse_file import read_sparse_model, sparse_optimizer_name, write_sparse_model
-from tierserve.trainer.data.batch import SparseInput
 from tierserve.trainer.embedding import (
     CsrLayout,
     Embedding_t,

@@ -1,4 +1,4 @@
-"""The embedding training cache (trainer/etc.py): a model trained a keyset at a time through
+"""The embedding training cache (trainer/hugectr/etc.py): a model trained a keyset at a time through
 a Staged (hash map) or Cached (RocksDB + bounded host cache) parameter server ends exactly
 where the same model trained with whole tables in memory ends; the full tables are saved to
 ``sparse_models`` and load back (incremental training); epoch-mode ``set_source`` with keysets
@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from keyset_data import keyset_parts
 
 import tierserve.trainer as hugectr
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.ps.sparse_file import read_sparse_model
-from tierserve.trainer.etc import read_keyset, write_keyset
+from tierserve.trainer.hugectr.etc import read_keyset, write_keyset
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -237,10 +237,10 @@ def test_flush_writes_the_working_set_back_without_reloading_it(sources, tmp_pat
 
 
 def test_rocksdb_memory_is_counted_in_the_host_cache_budget(tmp_path):
-    from tierserve.trainer.etc import TableServer, TrainPSType_t, rocksdb_memory
+    from tierserve.trainer.hugectr.etc import TableServer, TrainPSType_t, rocksdb_memory
 
     model = _model("unused.txt")
-    from tierserve.trainer.etc import _RowLayout
+    from tierserve.trainer.hugectr.etc import _RowLayout
 
     layout = _RowLayout(model.tables[0])
     for mb in (0.5, 8, 32, 256):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.trainer.dense_file import dense_model_name
-from tierserve.trainer.inference_graph import InferenceGraph
+from tierserve.model.dense_file import dense_model_name
+from tierserve.model.inference_graph import InferenceGraph
 
 from .script_runner import embeddings_for, eval_batch, run_script
 

@@ -11,12 +11,12 @@ import pytest
 from keyset_data import keyset_parts
 
 import tierserve.trainer as hugectr
-from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
-from tierserve.ps.errors import ConfigError
+from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.errors import ConfigError
+from tierserve.model.layers import build_layer
 from tierserve.trainer.data.errors import DataFileError
 from tierserve.trainer.data.records import Records, SlotLayout
 from tierserve.trainer.embedding.table import EmbeddingTable
-from tierserve.trainer.layers import build_layer
 
 SLOTS = 4
 DIM = 8
@@ -271,7 +271,7 @@ def test_graph_json_writes_nnz_per_slot_as_hugectr_and_reads_it_back(sources, tm
     hugectr2onnx takes max() of it.  Read back, the model is the same."""
     import json
 
-    from tierserve.trainer.adapters import input_from_data_layer
+    from tierserve.trainer.hugectr.adapters import input_from_data_layer
 
     model = _model(sources, keyset=False)  # DataReaderSparseParam("s", 1, True, SLOTS)
     model.graph_to_json(str(tmp_path / "g.json"))

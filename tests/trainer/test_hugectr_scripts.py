@@ -94,7 +94,7 @@ def test_old_inference_flow(model32, tmp_path, monkeypatch):
     want = model.predict(1, str(tmp_path / "eval_list.txt"), "Norm", "Sum")[:n, 0]
     model.close()
     np.testing.assert_allclose(g["output"], want, atol=1e-6)
-    from tierserve.ps.errors import ConfigError
+    from tierserve.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="i64_input_key=True but the session has 32-bit keys"):
         g["inference_session"].predict(g["dense_features"], g["embedding_columns"],
@@ -210,7 +210,7 @@ def test_new_group_dense_layer_example(wdl_folder, monkeypatch):
 
 
 def test_new_raw_and_parquet_readers_and_mlperf_params(tmp_path, monkeypatch):
-    from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
+    from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
 
     run("new_data_generator_raw_parquet", tmp_path, monkeypatch)
     reset_warnings()

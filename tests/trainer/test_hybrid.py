@@ -12,8 +12,8 @@ import pytest
 from shared_data import CRITEO_SAMPLE, require
 
 import tierserve.trainer.hybrid as hb
-from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
-from tierserve.ps.errors import ConfigError
+from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.errors import ConfigError
 from tierserve.trainer import tf
 
 pa = pytest.importorskip("pyarrow")

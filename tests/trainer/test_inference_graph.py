@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import tierserve.trainer as hugectr
-from tierserve.ps.errors import CorruptModelFileError, InvalidInputError
-from tierserve.trainer.inference_graph import InferenceGraph
+from tierserve.core.errors import CorruptModelFileError, InvalidInputError
+from tierserve.model.inference_graph import InferenceGraph
 
 from .script_runner import embeddings_for
 from .test_model_api import _quiet, data, first_eval_batch, make_model, small_net  # noqa: F401

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 from tierserve.trainer.lr_scheduler import LearningRateScheduler
 
 

@@ -12,9 +12,9 @@ import pytest
 from hugectr_layout import export_predictions_text
 
 import tierserve.trainer as hugectr
-from tierserve.ps.errors import ConfigError, CorruptModelFileError
+from tierserve.core.errors import ConfigError, CorruptModelFileError
+from tierserve.model.dense_file import NONTRAINABLE_SUFFIX
 from tierserve.ps.sparse_file import read_sparse_model
-from tierserve.trainer.dense_file import NONTRAINABLE_SUFFIX
 
 SLOTS = [50, 80, 30, 20]
 

@@ -5,22 +5,22 @@ raised by the next fit rather than lost."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 
 from tierserve.clients.demo_model import train_demo_model
-from tierserve.ps.errors import BackendUnavailableError, ConfigError
+from tierserve.core.errors import BackendUnavailableError, ConfigError
 
 pytest.importorskip("confluent_kafka")
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    os.environ.setdefault("TIERSERVE_NO_PROGRESS", "1")
-    return train_demo_model(tmp_path_factory.mktemp("online"), iterations=2, batch_size=128,
-                            seed=9, num_samples=4096)  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:  # quiet here, not for the tests after these
+        patch.setenv("TIERSERVE_NO_PROGRESS", "1")
+        return train_demo_model(tmp_path_factory.mktemp("online"), iterations=2,
+                                batch_size=128, seed=9, num_samples=4096)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -97,11 +97,11 @@ def test_fit_writes_the_ps_json_that_serves_the_repository(demo, tmp_path):
     """A repository fit writes is served as it is: ps.json has the model's entry (created
     with an in-process hash map), the server's startup check takes it, and the served answers
     are the trainer's; a later export keeps the user's tuning of the entry."""
+    from tierserve.model.graph_json import load_graph_json
     from tierserve.server.app import BackgroundServer
-    from tierserve.server.datasets import epoch_batches
     from tierserve.server.settings import Settings
     from tierserve.server.workers import check_config
-    from tierserve.trainer.graph_json import load_graph_json
+    from tierserve.trainer.hugectr.inference_data import epoch_batches
 
     repo = tmp_path / "repo"
     demo.model.fit(max_iter=2, display=100, eval_interval=0, repository=str(repo),

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 from tierserve.trainer import optimizers
 from tierserve.trainer.optimizers import (
     CreateOptimizer,

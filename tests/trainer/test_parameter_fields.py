@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import tierserve.trainer as hugectr
+from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.errors import ConfigError
 from tierserve.ps import config as ps_config
 from tierserve.ps import params as ps_params
-from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
-from tierserve.ps.errors import ConfigError
 from tierserve.ps.hash_map import HashMapConfig, ParallelHashMapConfig
 from tierserve.ps.kafka_source import KafkaUpdateSourceConfig
 from tierserve.ps.redis_tier import RedisClusterConfig, RedisConfig

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 import tierserve.trainer as hugectr
-from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
-from tierserve.ps.errors import ConfigError
+from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.errors import ConfigError
+from tierserve.model.device import is_gpu, select_xp
 from tierserve.ps.sparse_file import read_sparse_model
-from tierserve.trainer.device import is_gpu, select_xp
-from tierserve.trainer.session import FILES
-from tierserve.trainer.solver import NOT_HONOURED, solver_default, solver_from_clause
+from tierserve.trainer.hugectr.session import FILES
+from tierserve.trainer.hugectr.solver import NOT_HONOURED, solver_default, solver_from_clause
 
 SLOTS = [40, 30]
 EVAL_ROWS = 512

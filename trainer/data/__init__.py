@@ -1,7 +1,8 @@
 """Data readers (Norm, Raw, Parquet), the data generator, the Criteo converter and ``tf.data``-style
 streaming datasets (``Dataset``, ``TextLineDataset``, ``decode_csv``)."""
 
-from .batch import Batch, SparseInput
+from tierserve.model.batch import Batch, SparseInput
+
 from .csv_decode import CSVRecordError, DecodeCSVError, decode_csv
 from .dataset import AUTOTUNE, Dataset
 from .errors import DataFileError

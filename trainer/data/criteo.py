@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from .errors import DataFileError
 from .filelist import write_file_list

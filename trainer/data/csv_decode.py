@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 from .dataset_blocks import _as_array
 from .errors import DataFileError

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 CHUNK = 1024  # rows per block when nothing downstream asks for fewer
 
@@ -326,3 +326,24 @@ class _GenIter(_BlockIter):
         close = getattr(self.blocks, "close", None)
         if close is not None:
             close()
+
+
+def _batched(block: _Block, b: int) -> _Block:
+    return block._rebuild([a.reshape((len(block) // b, b) + a.shape[1:]) for a in block._arrays()])
+
+
+def _stack(block: _Block) -> _Block:
+    return block._rebuild([a[None] for a in block._arrays()])
+
+
+def _graft(tree: Tree, subtrees: list[Tree]) -> Tree:
+    it = iter(subtrees)
+
+    def build(t: Tree) -> Tree:
+        if t.kind == "leaf":
+            return next(it)
+        if t.kind == "none":
+            return t
+        return Tree(t.kind, t.keys, tuple(build(c) for c in t.children))
+
+    return build(tree)

@@ -7,7 +7,7 @@ and tests can tell exactly where the data is broken.
 
 from __future__ import annotations
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 
 class DataFileError(InvalidInputError):

@@ -32,7 +32,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.ps.params import ParamsModel
 
 from .filelist import write_file_list

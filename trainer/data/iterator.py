@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 Path = tuple  # keys / indices from the element's root to a leaf
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 from .errors import DataFileError
 from .params import Check_t

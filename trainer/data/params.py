@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.ps.params import ParamsModel
 
 
@@ -165,7 +165,7 @@ class DataReaderParams(ParamsModel):
         return value
 
     def model_post_init(self, context: Any) -> None:
-        from ..compat import warn_once
+        from tierserve.core.compat import warn_once
 
         if self.cache_eval_data:
             warn_once("DataReaderParams.cache_eval_data",

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tierserve.ps.errors import require_extra
+from tierserve.core.errors import require_extra
 
 from .errors import DataFileError
 from .records import Records

@@ -1,7 +1,7 @@
 """The data reader: batches of any format, read ahead by background threads.
 
 :class:`DataReader` turns a source (Norm or Parquet file list, Raw file) into
-:class:`~tierserve.trainer.data.batch.Batch` objects of ``batch_size`` samples.  Worker threads
+:class:`~tierserve.model.batch.Batch` objects of ``batch_size`` samples.  Worker threads
 decode whole chunks of records (one task per file, or per run of records for Raw), check them
 (nnz limits, ``slot_size_array`` ranges) and add slot offsets; the caller's thread only cuts
 batches.  Files are read in file-list order whatever the number of workers.
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
+from tierserve.model.batch import Batch
 
-from .batch import Batch
 from .errors import DataFileError
 from .filelist import read_file_list
 from .norm import iter_norm_file, norm_num_records
@@ -149,7 +149,7 @@ class DataReader:
 
     ``source``: a file list (Norm, Parquet) or data file (Raw), or a list of them read one after
     the other.  ``label_dim``, ``dense_dim`` and ``sparse_params`` are the ``Input`` layer's;
-    the batch has one :class:`~tierserve.trainer.data.batch.SparseInput` per sparse param, over
+    the batch has one :class:`~tierserve.model.batch.SparseInput` per sparse param, over
     consecutive slots.  Keys are always int64 in batches.  Iterating yields the batches of the
     current pass (forever in repeat mode).  Use as a context manager, or call :meth:`close`, to
     stop the reading threads.

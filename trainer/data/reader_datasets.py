@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 from .dataset import Dataset
 from .dataset_blocks import CHUNK, _Block, _BlockIter, _flatten, _GenIter

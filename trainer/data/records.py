@@ -4,7 +4,7 @@
 (row ``sample * slot_num + slot``).  :class:`SlotLayout` says how those slots split into
 the ``DataReaderSparseParam`` inputs; it checks each decoded chunk (nnz limits, key ranges)
 and adds the ``slot_size_array`` offsets.  :meth:`Records.to_batch` makes the model's
-:class:`~tierserve.trainer.data.batch.Batch`.
+:class:`~tierserve.model.batch.Batch`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
+from tierserve.model.batch import Batch, SparseInput
 
-from .batch import Batch, SparseInput
 from .errors import DataFileError
 from .params import DataReaderSparseParam
 

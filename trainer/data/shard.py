@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .batch import Batch
+from tierserve.model.batch import Batch
+
 from .records import Records
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, require_extra
+from tierserve.core.errors import ConfigError, require_extra
 
 from .dataset import AUTOTUNE, Dataset
 from .errors import DataFileError

@@ -1,48 +1,23 @@
-"""Text files as datasets: ``Dataset.list_files`` and ``TextLineDataset``."""
+"""Text files as datasets: ``TextLineDataset`` (``Dataset.list_files`` gives the file
+names)."""
 
 from __future__ import annotations
 
-import glob as globlib
 import gzip
 import io
 import itertools
 import os
-import threading
 import zlib
 from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
-from .dataset import AUTOTUNE, Dataset, _FlatMapIter
-from .dataset_blocks import _LEAF, _as_array, _Block, _BlockIter, _SliceIter
+from .dataset import AUTOTUNE, Dataset
+from .dataset_blocks import _LEAF, _as_array, _Block, _BlockIter
 from .errors import DataFileError
-
-
-class ListFilesDataset(Dataset):
-    """The files matching a glob pattern (see :meth:`Dataset.list_files`)."""
-
-    def __init__(self, pattern, shuffle: bool, seed: int | None) -> None:
-        patterns = [pattern] if isinstance(pattern, (str, os.PathLike)) else list(pattern)
-        files: set[str] = set()
-        for p in patterns:
-            files.update(globlib.glob(os.fspath(p)))
-        if not files:
-            raise InvalidInputError(
-                f"list_files: no files matched pattern {patterns if len(patterns) > 1 else os.fspath(patterns[0])!r}"
-            )
-        self.files = np.array(sorted(files))
-        self.shuffle = shuffle
-        self.rng = np.random.default_rng(seed)
-        self.lock = threading.Lock()
-
-    def _blocks(self) -> _BlockIter:
-        files = self.files
-        if self.shuffle:
-            with self.lock:
-                files = files[self.rng.permutation(len(files))]
-        return _SliceIter(_Block(_LEAF, [files]))
+from .stages import _FlatMapIter
 
 
 class TextLineDataset(Dataset):

@@ -29,7 +29,7 @@ from .devices import device_list, rank_device
 
 
 class Distributed:
-    """The hooks a :class:`~tierserve.trainer.model.Model` calls when it runs on several
+    """The hooks a :class:`~tierserve.trainer.hugectr.model.Model` calls when it runs on several
     ranks: built by :func:`for_solver` before compiling, :meth:`attach` after."""
 
     def __init__(self, comm: Any, solver: Any) -> None:
@@ -46,7 +46,7 @@ class Distributed:
         from .sharded_table import ShardedTable
 
         if model.xp is not __import__("numpy"):
-            from tierserve.ps.errors import ConfigError
+            from tierserve.core.errors import ConfigError
 
             raise ConfigError("multi-rank training runs on the CPU (numpy) only; set "
                               "TIERSERVE_FORCE_CPU=1")
@@ -95,7 +95,7 @@ class Distributed:
         every rank (collective)."""
         import numpy as np
 
-        from ..version_folder import next_version
+        from tierserve.model.version_folder import next_version
 
         mine = next_version(home) if self.rank == 0 else 0
         buf = np.asarray([mine], dtype=np.float64)
@@ -126,9 +126,8 @@ def resume(model: Any, prefix: str, iteration: int) -> None:
     """Load the snapshot ``save_params_to_files(prefix, iteration)`` wrote (dense weights and
     state, tables and optimizer states) into a compiled ``model`` and continue its update
     count from ``iteration``, on any number of ranks."""
+    from tierserve.model.dense_file import dense_model_name, dense_optimizer_name
     from tierserve.ps.sparse_file import sparse_model_name, sparse_optimizer_name
-
-    from ..dense_file import dense_model_name, dense_optimizer_name
 
     n = len(model.tables)
     model.load_dense_weights(dense_model_name(prefix, iteration))

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, TierserveError
+from tierserve.core.errors import ConfigError, TierserveError
 
 #: Environment variables in which launchers give the world size and this process's rank
 #: (MPICH/hydra, Open MPI, PMIx, Slurm's PMI2).
@@ -46,8 +46,6 @@ _ABORT_GRACE_S = 0.5
 class RankLostError(TierserveError):
     """A rank of the job died or stopped answering: the collective cannot complete."""
 
-    http_status = 503
-    grpc_status = "UNAVAILABLE"
 
 
 def _launcher_value(names: tuple[str, ...], default: int) -> int:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
-
-from ..device import flatten_vvgpu
+from tierserve.core.errors import ConfigError
+from tierserve.model.device import flatten_vvgpu
 
 
 def rank_device(vvgpu: Any, rank: int, size: int) -> tuple[int, int]:

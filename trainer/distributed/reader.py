@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..data.batch import Batch, SparseInput
+from tierserve.model.batch import Batch, SparseInput
+
 from ..data.reader import DataReader
 from ..data.shard import Placeholder, share
 

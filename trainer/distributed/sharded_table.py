@@ -25,11 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.keys import as_keys
-from tierserve.ps.partition import partition_of
-from tierserve.ps.sparse_file import SparseTable, write_sparse_model
-
-from ..embedding.combine import (
+from tierserve.model.combine import (
     CsrLayout,
     check_csr,
     combine,
@@ -37,6 +33,10 @@ from ..embedding.combine import (
     scatter_sum,
     unique_rows,
 )
+from tierserve.ps.keys import as_keys
+from tierserve.ps.partition import partition_of
+from tierserve.ps.sparse_file import SparseTable, write_sparse_model
+
 from ..embedding.table import (
     EmbeddingTable,
     read_sparse_optimizer_file,

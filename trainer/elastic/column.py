@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 _FLOATS = {"float": "float32", "float32": "float32", "float64": "float64", "double": "float64"}
 _INTS = {"int": "int64", "int32": "int32", "int64": "int64", "int8": "int32", "int16": "int32"}

@@ -18,7 +18,7 @@ The conf is a class (DLRover's ``TrainConf``) whose attributes say what to train
 
 DLRover's launch arguments: ``--platform local`` (its Kubernetes and Ray platforms are
 refused by name), ``--worker_num N`` (N > 1: the command runs again under ``mpiexec -n N``,
-the distributed Estimator's ranks, :mod:`tierserve.trainer.distributed.estimator`),
+the distributed Estimator's ranks, :mod:`tierserve.trainer.estimator.distributed`),
 ``--ps_num`` 0 or 1 (the workers hold the parameters; more is refused).
 
 Training reports each step's batch to the train reader's shard client (DLRover's
@@ -36,7 +36,7 @@ import os
 import sys
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from .input_fn import build_input_fn, check_data_set
 
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m tierserve.trainer
     """``python -m tierserve.trainer.elastic --conf module.TrainConf`` (DLRover's
     ``python -m dlrover.trainer --conf ...`` form, with its ``--platform``, ``--worker_num``
     and ``--ps_num``); exit status 2 on a bad conf."""
-    from tierserve.ps.errors import TierserveError
+    from tierserve.core.errors import TierserveError
 
     parser = argparse.ArgumentParser(prog=prog)
     _arguments(parser)

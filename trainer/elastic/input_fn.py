@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 from ..data.csv_decode import DecodeCSVError, decode_csv
 from ..data.dataset import Dataset

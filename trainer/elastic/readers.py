@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 from ..data.errors import DataFileError
 from .sharding import ShardDispatcher, ShardingClient

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 
 @dataclass(frozen=True)

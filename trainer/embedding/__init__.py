@@ -4,7 +4,14 @@
 can reuse it; :class:`EmbeddingTable` is what a ``hugectr.SparseEmbedding`` layer trains.
 """
 
-from .combine import CsrLayout, combine, embedding_gradients, scatter_sum, unique_rows
+from tierserve.model.combine import (
+    CsrLayout,
+    combine,
+    embedding_gradients,
+    scatter_sum,
+    unique_rows,
+)
+
 from .key_index import KeyIndex
 from .table import (
     Embedding_t,

@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from tierserve.model.cpu_kernels import index_lookup
 from tierserve.ps.partition import GOLDEN
-
-from ..cpu_kernels import index_lookup
 
 _GOLDEN = np.uint64(GOLDEN)
 _MIN_BITS = 10

@@ -40,14 +40,20 @@ from typing import Any
 
 import numpy as np
 
+from tierserve.core.errors import CapacityExceededError, CorruptModelFileError, InvalidInputError
+from tierserve.model.combine import (
+    CsrLayout,
+    check_combiner,
+    check_csr,
+    combine,
+    embedding_gradients,
+)
 from tierserve.ps.atomic import atomic_write_file
-from tierserve.ps.errors import CapacityExceededError, CorruptModelFileError, InvalidInputError
 from tierserve.ps.keys import as_keys
 from tierserve.ps.partition import GOLDEN, SPLITMIX_M1, SPLITMIX_M2
 from tierserve.ps.sparse_file import SparseTable, write_sparse_model
 
 from ..optimizers import Optimizer, OptParamsPy, make_optimizer
-from .combine import CsrLayout, check_combiner, check_csr, combine, embedding_gradients
 from .key_index import KeyIndex
 
 

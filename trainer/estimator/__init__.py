@@ -9,19 +9,18 @@ session hooks, ``export`` (serving input receivers and exporters); ``layers``, `
 (``tf.layers``, ``tf.losses``, ``tf.metrics``, ``tf.train``).  ``inputs`` holds
 ``numpy_input_fn`` / ``pandas_input_fn``.
 
-Every layer is the trainer's own (:mod:`tierserve.trainer.layers`), run forward and backward
-by :class:`~tierserve.trainer.network.DenseNetwork`; embedding columns are the trainer's
+Every layer is the trainer's own (:mod:`tierserve.model.layers`), run forward and backward
+by :class:`~tierserve.model.network.DenseNetwork`; embedding columns are the trainer's
 embedding tables; an export is a model-repository version the server loads as it is.
 """
 
 from typing import Any
 
+from ..graph import layers, losses  # estimator.layers, estimator.losses (tf.layers, tf.losses)
 from . import (
     export,
     hooks,
     layer_types,  # noqa: F401 - registers Tanh, MeanSquaredErrorLoss, ...
-    layers,
-    losses,
     metrics,
 )
 from . import optimizers as train

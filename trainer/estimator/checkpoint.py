@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tierserve.ps.errors import CorruptModelFileError
+from tierserve.core.errors import CorruptModelFileError
 
 INDEX = "checkpoint"
 _NAME = re.compile(r"^(?P<base>.+)-(?P<step>\d+)\.npz$")

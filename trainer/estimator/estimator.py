@@ -12,12 +12,11 @@ dataset) repeats that one batch while training and gives it once to ``evaluate``
 ``predict``; ``evaluate`` and ``predict`` read the newest checkpoint of ``model_dir``.
 
 Under ``mpiexec -n N`` (construct the Estimator on every rank) ``train``, ``evaluate`` and
-``train_and_evaluate`` run on the N ranks: :mod:`tierserve.trainer.distributed.estimator`.
+``train_and_evaluate`` run on the N ranks: :mod:`tierserve.trainer.estimator.distributed`.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import re
@@ -29,10 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
+from tierserve.trainer.graph.tensors import (
+    LABEL,
+    FeatureTensor,
+    Graph,
+    LabelTensor,
+    building,
+)
 
 from . import checkpoint as ckpt
-from .graph import LABEL, FeatureTensor, Graph, LabelTensor, Tensor, building
+from .fetches import _accepts, _as_batch, _fetch, _progress, _sample, _value, check_labels
 from .hooks import (
     CheckpointSaverHook,
     GraphSummaryHook,
@@ -61,37 +67,6 @@ class WarmStartSettings:
         self.ckpt_to_initialize_from = os.fspath(ckpt_to_initialize_from)
         self.vars_to_warm_start = vars_to_warm_start
         self.var_name_to_prev_var_name = dict(var_name_to_prev_var_name or {})
-
-
-def _accepts(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def _label_name(labels: Any) -> tuple[Any, str]:
-    if isinstance(labels, dict):
-        if len(labels) != 1:
-            raise InvalidInputError(f"labels is a dict of {len(labels)} tensors "
-                                    f"({sorted(labels)}); give one label tensor")
-        (name, value), = labels.items()
-        return value, str(name)
-    return labels, "labels"
-
-
-def check_labels(labels: Any) -> tuple[np.ndarray, str]:
-    """Labels as a float32-convertible array, or an error naming the label column."""
-    value, name = _label_name(labels)
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "biuf":
-        raise InvalidInputError(
-            f"label {name!r} has dtype {arr.dtype} ({arr.reshape(-1)[:3].tolist()} ...); labels "
-            "must be numbers (for class names, give the classifier a label_vocabulary)")
-    if arr.dtype.kind == "f" and np.isnan(arr).any():
-        raise InvalidInputError(f"label {name!r} has missing (NaN) values")
-    return arr, name
 
 
 class _Overridable:
@@ -151,7 +126,7 @@ class Estimator:
         self._config = config.replace(model_dir=self._model_dir)
         self._model_fn_impl = model_fn
         self._params = dict(params or {})
-        from ..distributed.estimator import for_estimator
+        from tierserve.trainer.estimator.distributed import for_estimator
 
         # under mpiexec with several ranks: how this rank takes part (None: one process)
         self._dist = for_estimator()
@@ -374,7 +349,7 @@ class Estimator:
         if self._dist is not None:  # this rank's share
             yield from self._dist.batches(self, input_fn, mode, repeat_single)
             return
-        from ..distributed.estimator import InputContext, takes_input_context
+        from tierserve.trainer.estimator.distributed import InputContext, takes_input_context
 
         # an input_fn that reads its share (input_context) is the only one in one process
         context = InputContext() if takes_input_context(input_fn) else None
@@ -732,7 +707,7 @@ class Estimator:
                 hit = stored[order][pos] == keys
                 out[hit] = np.asarray(data["values"])[order[pos[hit]]]
             return out
-        from ..device import to_numpy
+        from tierserve.model.device import to_numpy
 
         rows = to_numpy(table._index.lookup(table.xp.asarray(keys)))
         values = to_numpy(table.values)
@@ -778,67 +753,3 @@ class Estimator:
                             assets_extra=assets_extra)
 
     export_savedmodel = export_saved_model
-
-
-def _sample(value: Any) -> np.ndarray:
-    """A raw feature's batch as an array (ragged lists as an object array of rows)."""
-    if isinstance(value, np.ndarray):
-        return value
-    try:
-        return np.asarray(value)
-    except ValueError:
-        out = np.empty(len(value), dtype=object)
-        out[:] = list(value)
-        return out
-
-
-def _as_batch(item: Any) -> tuple[dict, Any] | None:
-    if isinstance(item, dict):
-        return item, None
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], dict):
-        return item[0], item[1]
-    return None
-
-
-def _value(t: Any, result: StepResult) -> Any:
-    if isinstance(t, Tensor):
-        if t.name not in result.tensors:
-            raise InvalidInputError(f"tensor {t.name!r} was not computed in this mode")
-        return np.asarray(result.tensors[t.name])
-    if callable(t):
-        return t(result)
-    raise InvalidInputError(f"not a tensor of the model: {t!r}")
-
-
-def _fetch(fetches: Any, result: StepResult, step: int) -> Any:
-    if fetches is None:
-        return None
-    if isinstance(fetches, dict):
-        return {k: _fetch(v, result, step) for k, v in fetches.items()}
-    if isinstance(fetches, (list, tuple)):
-        return type(fetches)(_fetch(v, result, step) for v in fetches)
-    if isinstance(fetches, str):
-        if fetches in ("global_step", "global_step:0"):
-            return step
-        if fetches in ("loss", "loss:0"):
-            return result.loss
-        if fetches in result.tensors:
-            return result.tensors[fetches]
-        raise InvalidInputError(f"hook fetch {fetches!r} names no tensor of the model")
-    if isinstance(fetches, Tensor):
-        from .losses import Loss
-
-        if isinstance(fetches, Loss):
-            return result.loss
-        return _value(fetches, result)
-    from .optimizers import GLOBAL_STEP
-
-    if fetches is GLOBAL_STEP:
-        return step
-    raise InvalidInputError(f"hook fetch {fetches!r} is not a tensor or a tensor name")
-
-
-def _progress(total: int | None):
-    from ..progress import progress_bar
-
-    return progress_bar(total=total, unit="step", desc="train")

@@ -42,15 +42,15 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.compat import warn_once
+from tierserve.core.errors import ConfigError, InvalidInputError
+from tierserve.model import manifest
+from tierserve.model.dense_file import NONTRAINABLE_SUFFIX, write_dense_file
+from tierserve.model.graph_json import save_graph_json
+from tierserve.model.version_folder import new_version, version_numbers, write_ps_entry
 from tierserve.ps.update_replay import STAMP
+from tierserve.trainer.graph.tensors import DENSE, LABEL, Tensor
 
-from .. import manifest
-from ..compat import warn_once
-from ..dense_file import NONTRAINABLE_SUFFIX, write_dense_file
-from ..graph_json import save_graph_json
-from ..version_folder import new_version, version_numbers, write_ps_entry
-from .graph import DENSE, LABEL, Tensor
 from .layer_types import EXPORT_LOSS
 from .spec import ModeKeys
 
@@ -418,7 +418,8 @@ def encode_request(version_dir: str | os.PathLike, features: dict,
                    normalizers: dict | None = None) -> dict[str, np.ndarray]:
     """The KServe v2 inputs (``DES``, ``CATCOLUMN`` and, when needed, ``ROWINDEX``) of raw
     ``features`` for the model exported in ``version_dir``."""
-    from .graph import SparseGroup
+    from tierserve.trainer.graph.tensors import SparseGroup
+
     from .program import batch_size_of, group_keys
 
     spec = json.loads((Path(version_dir) / SPEC_FILE).read_text())

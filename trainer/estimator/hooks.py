@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 log = logging.getLogger("tierserve.trainer.estimator")
 

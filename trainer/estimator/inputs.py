@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 from ..data.dataset import Dataset
 from ..data.iterator import OneShotIterator, stream_of

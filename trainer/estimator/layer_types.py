@@ -3,7 +3,7 @@ the cross-entropy losses with example weights and TensorFlow's loss reductions, 
 the TensorFlow ops a ``model_fn`` uses (:mod:`tierserve.trainer.tf`): ``ArgMax``, ``OneHot``,
 ``Variable``, ``SoftmaxCrossEntropyLoss``, ``ReduceMeanLoss``.
 
-They implement the trainer's layer contract (:mod:`tierserve.trainer.layers.base`) and are
+They implement the trainer's layer contract (:mod:`tierserve.model.layers.base`) and are
 registered in its registry, so the inference server builds them from an exported graph like
 any other layer (``tierserve.trainer`` imports this module).  ``MeanSquaredErrorLoss``
 predicts its input unchanged: an export ends in it over whatever tensor the model serves.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layers.base import Layer, Shape, register
-from ..layers.loss import LossLayer
+from tierserve.model.layers.base import Layer, Shape, register
+from tierserve.model.layers.loss import LossLayer
 
 
 @register
@@ -121,7 +121,7 @@ class WeightedBinaryCrossEntropyLoss(ReducedLoss):
         return [xp.asarray(loss, dtype=x.dtype)], (x, y, scale)
 
     def backward(self, xp, grad_outputs, ctx, params):
-        from ..layers.activation import sigmoid
+        from tierserve.model.layers.activation import sigmoid
 
         x, y, scale = ctx
         n = x.shape[0]

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
+from tierserve.trainer.graph.tensors import Tensor, as_tensor
 
 from ..metrics import AUC
-from .graph import Tensor, as_tensor
 
 
 def _classes(pred: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tierserve.ps.errors import BackendUnavailableError, ConfigError
+from tierserve.core.errors import BackendUnavailableError, ConfigError
 
 from ..online import UpdatePublisher, send_updates
 from .hooks import SessionRunHook

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 from ..optimizers import CreateOptimizer, Optimizer_t, OptParamsPy, Update_t, make_optimizer
 
@@ -66,7 +66,7 @@ class Optimizer:
                  name: str | None = None) -> TrainOp:
         """The train op that updates ``var_list`` (variable names, or a name prefix such as
         ``'dnn/'``; default every variable) to lower ``loss``."""
-        from .losses import Loss
+        from tierserve.trainer.graph.losses import Loss
 
         if not isinstance(loss, Loss):
             raise ConfigError("minimize: loss must be a loss made by the losses module "

@@ -33,14 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.compat import warn_once
+from tierserve.core.errors import ConfigError, InvalidInputError
+from tierserve.trainer.graph.tensors import Tensor, current_graph
 
 from .. import feature_column as fc
-from ..compat import warn_once
-from . import layers as L
-from . import losses, metrics
-from .estimator import Estimator, check_labels
-from .graph import Tensor, current_graph
+from ..graph import layers as L
+from ..graph import losses
+from . import metrics
+from .estimator import Estimator
+from .fetches import check_labels
 from .optimizers import Ftrl, get_optimizer, get_optimizer_v1, group
 from .spec import EstimatorSpec, ModeKeys
 
@@ -58,7 +60,7 @@ def _activation(fn: Any) -> Callable:
     if name in L.ACTIVATIONS:  # tf.nn.relu and friends, by name
         return L.ACTIVATIONS[name]
     raise ConfigError(f"activation_fn {fn!r}: use one of {sorted(L.ACTIVATIONS)} (or "
-                      "the functions of tierserve.trainer.estimator.layers)")
+                      "the functions of tierserve.trainer.graph.layers)")
 
 
 class Head:

@@ -2,7 +2,7 @@
 
 A :class:`Program` turns raw feature batches into the graph's inputs (dense features, CSR
 keys per table), looks the keys up, runs the trainer's
-:class:`~tierserve.trainer.network.DenseNetwork` forward and, when training, backward, and
+:class:`~tierserve.model.network.DenseNetwork` forward and, when training, backward, and
 applies each train op's optimizer to the variables it owns.  Variables live in the
 Estimator's :class:`~.variables.VariableStore`, so the programs of all modes share them.
 """
@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
+from tierserve.model.batch import SparseInput
+from tierserve.model.device import to_numpy, to_xp
+from tierserve.model.network import DenseNetwork
+from tierserve.trainer.graph.tensors import DENSE, LABEL, Graph, SparseGroup, WeightedInput
 
-from ..data.batch import SparseInput
-from ..device import to_numpy, to_xp
-from ..network import DenseNetwork
-from .graph import DENSE, LABEL, Graph, SparseGroup, WeightedInput
 from .optimizers import GradientDescentOptimizer, TrainOp
 from .variables import TableInfo, VariableStore
 
@@ -309,12 +309,12 @@ class Program:
 
 
 def _gpu_xp(device: str):
-    from ..device import select_xp
+    from tierserve.model.device import select_xp
 
     digits = "".join(ch for ch in device.split(":")[-1] if ch.isdigit())
     xp = select_xp([int(digits or 0)], warn=False)
     if xp is np:
-        from ..compat import warn_once
+        from tierserve.core.compat import warn_once
 
         warn_once("emb_device", f"{device!r}: no GPU is visible to cupy; the table stays in "
                   "host memory", stacklevel=6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 _UNSET: Any = object()
 
@@ -20,7 +20,7 @@ class RunConfig:
     ``log_step_count_steps`` steps.  ``tf_random_seed`` seeds initial weights, embedding
     rows and dropout.  Distribution settings (``train_distribute``, ``session_config``,
     ``device_fn``, ...) are refused: training runs in this process, or on the ranks of
-    ``mpiexec -n N`` (:mod:`tierserve.trainer.distributed.estimator`), whose place the
+    ``mpiexec -n N`` (:mod:`tierserve.trainer.estimator.distributed`), whose place the
     cluster properties report (``is_chief``, ``task_type``, ``task_id``,
     ``global_id_in_cluster``, ``num_worker_replicas``).
     """

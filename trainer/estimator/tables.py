@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..data.batch import SparseInput
-from ..embedding import EmbeddingTable, combine, key_uniform
+from tierserve.model.batch import SparseInput
+from tierserve.model.combine import combine
+
+from ..embedding import EmbeddingTable, key_uniform
 
 
 def _ndtri(xp: Any, p: Any) -> Any:

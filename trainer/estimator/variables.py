@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
+from tierserve.model.device import to_numpy
 from tierserve.ps.sparse_file import SparseTable
 
-from ..device import to_numpy
 from .tables import ColumnTable
 
 
@@ -43,7 +43,7 @@ class VariableStore:
     """Every variable of one Estimator (see the module docstring)."""
 
     #: Under mpiexec: ``(loss, param_grads, input_grads, n) -> loss`` averaging a step's
-    #: gradients over the ranks (:mod:`tierserve.trainer.distributed.estimator`).
+    #: gradients over the ranks (:mod:`tierserve.trainer.estimator.distributed`).
     reduce_step: Any = None
 
     def __init__(self, seed: int = 0) -> None:

@@ -8,6 +8,7 @@ go into the parameter server like any other model's.  See :mod:`.columns` for th
 and :mod:`.layers` for ``DenseFeatures``, ``input_layer`` and ``linear_model``.
 """
 
+from ..graph.tensors import FeatureTensor, Tensor, register_feature_conversion
 from .columns import (
     BucketizedColumn,
     CategoricalColumn,
@@ -38,6 +39,15 @@ from .columns import (
     weighted_categorical_column,
 )
 from .layers import DenseFeatures, LinearModel, input_layer, linear_model
+
+
+def _numeric_input(feature: FeatureTensor) -> Tensor:
+    """A raw feature used as a tensor in a ``model_fn``: a numeric column of its shape."""
+    shape = () if feature.sample is None else tuple(feature.sample.shape[1:])
+    return input_layer({feature.key: feature}, [numeric_column(feature.key, shape=shape or (1,))])
+
+
+register_feature_conversion(_numeric_input)
 
 __all__ = [
     "BucketizedColumn", "CategoricalColumn", "CrossedColumn", "DenseColumn", "DenseFeatures",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 
 from .hashing import DEFAULT_HASH_KEY, cross_feature, fingerprint64, fingerprint_cat64
 
@@ -685,7 +685,7 @@ def numeric_column(key: str, shape: Sequence[int] | int = (1,), default_value: A
 
 
 def bucketized_column(source_column: Any, boundaries: Sequence[float]) -> BucketizedColumn:
-    from ..estimator.graph import FeatureTensor
+    from tierserve.trainer.graph.tensors import FeatureTensor
 
     if isinstance(source_column, (str, FeatureTensor)):  # DLRover's example passes the tensor
         source_column = numeric_column(getattr(source_column, "key", source_column))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 
 _K0 = np.uint64(0xC3A5C85C97CB3127)
 _K1 = np.uint64(0xB492B66FBE98F273)

@@ -15,10 +15,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
-
-from .. import hybrid
-from ..estimator.graph import (
+from tierserve.core.compat import warn_once
+from tierserve.core.errors import ConfigError
+from tierserve.trainer.graph.tensors import (
     DENSE,
     FeatureTensor,
     Graph,
@@ -27,6 +26,8 @@ from ..estimator.graph import (
     WeightedInput,
     current_graph,
 )
+
+from . import options as emb_options
 from .columns import (
     CategoricalColumn,
     DenseColumn,
@@ -52,7 +53,7 @@ def _check_features(features: Any, columns: list[FeatureColumn], what: str) -> N
     for col in columns:
         for key in col.input_keys:
             if key not in features:
-                from tierserve.ps.errors import InvalidInputError
+                from tierserve.core.errors import InvalidInputError
 
                 raise InvalidInputError(
                     f"feature column {col.name!r} needs feature {key!r}, which the input_fn "
@@ -104,7 +105,7 @@ def _lookup_groups(g: Graph, cols: list[EmbeddingColumn], call_options: dict, ca
     used: dict[str, tuple[SparseGroup, list[int]]] = {}
     order: list[str] = []
     for col in cols:
-        options = hybrid.resolve(col.name, col.options, call_options)
+        options = emb_options.resolve(col.name, col.options, call_options)
         dim = linear_units or col.dimension
         comb = combiner or col.combiner
         key = _group_key(col, dim, comb, options, call, g.current_scope)
@@ -148,8 +149,8 @@ def _lookup_groups(g: Graph, cols: list[EmbeddingColumn], call_options: dict, ca
 def _weighted_input(g: Graph, col: EmbeddingColumn, dim: int, combiner: str, options: dict,
                     zero_init: bool) -> Tensor:
     name = table_name(g, f"input_layer/{col.name}")
-    if hybrid.gpu_requested(options):
-        hybrid.warn_once("emb_device", "a weighted categorical column's table stays in host "
+    if emb_options.gpu_requested(options):
+        warn_once("emb_device", "a weighted categorical column's table stays in host "
                          "memory")
     w = WeightedInput(name=name, table=name, column=col.categorical_column, dim=dim,
                       combiner=combiner)
@@ -192,10 +193,10 @@ def build_dense_features(features: Any, feature_columns: Any, options: dict | No
     g = current_graph(what)
     cols = _columns(feature_columns, what)
     _check_features(features, cols, what)
-    call_options = hybrid.check_options(dict(options or {}), what)
+    call_options = emb_options.check_options(dict(options or {}), what)
     for i, c in enumerate(cols):
         if isinstance(c, CategoricalColumn) and not isinstance(c, DenseColumn):
-            hybrid.warn_once(f"{what} categorical column {c.name!r}",
+            warn_once(f"{what} categorical column {c.name!r}",
                              f"read as indicator_column({c.name!r}) (one-hot); wrap it in "
                              "indicator_column or embedding_column to say which")
             cols[i] = IndicatorColumn(c)
@@ -209,7 +210,7 @@ def build_dense_features(features: Any, feature_columns: Any, options: dict | No
     for col in weighted:
         by_name[col.name] = _weighted_input(
             g, col, col.dimension, col.combiner,
-            hybrid.resolve(col.name, col.options, call_options), zero_init=False)
+            emb_options.resolve(col.name, col.options, call_options), zero_init=False)
     slot_of: dict[str, tuple[SparseGroup, int]] = {}
     for group, slots in groups:
         for slot in slots:
@@ -246,7 +247,7 @@ class DenseFeatures:
         _refuse(trainable, None, "DenseFeatures")
         self.feature_columns = _columns(feature_columns, "DenseFeatures")
         self.name = name
-        self.options = hybrid.check_options(options, "DenseFeatures")
+        self.options = emb_options.check_options(options, "DenseFeatures")
 
     def __call__(self, features: dict, cols_to_output_tensors: Any = None,
                  training: Any = None) -> Tensor:
@@ -280,7 +281,7 @@ def linear_model(features: dict, feature_columns: Any, units: int = 1,
     """``tf.feature_column.linear_model``: ``[batch, units]`` logits, a weight per id of each
     categorical column (one table, zero-initialised) plus a kernel over the dense columns and
     a bias (``linear_model/bias_weights``)."""
-    from ..estimator.layers import dense, reduce_sum, reshape
+    from tierserve.trainer.graph.layers import dense, reduce_sum, reshape
 
     _refuse(trainable, cols_to_vars, "linear_model")
     g = current_graph("linear_model")
@@ -313,7 +314,7 @@ def linear_model(features: dict, feature_columns: Any, units: int = 1,
         sums.append(_weighted_input(g, col, units, sparse_combiner, {}, zero_init=True))
     total = sums[0] if len(sums) == 1 else None
     if len(sums) > 1:
-        from ..estimator.layers import add
+        from tierserve.trainer.graph.layers import add
 
         total = add(sums, name="linear_model/weighted_sum")
     if dense_like:
@@ -322,7 +323,7 @@ def linear_model(features: dict, feature_columns: Any, units: int = 1,
                     bias_initializer="zeros")
         _rename_bias(g, out)
         if total is not None:
-            from ..estimator.layers import add
+            from tierserve.trainer.graph.layers import add
 
             out = add([out, total], name="linear_model/logits")
         return out

@@ -26,25 +26,12 @@ with what to use instead (:mod:`.refusals`).
 from __future__ import annotations
 
 import contextlib
+import sys
+import types
 from typing import Any
 
-from .. import data as _data
-from .. import estimator as _estimator
-from .. import feature_column as _feature_column
-from ..compat import warn_once
-from ..data.iterator import OutOfRangeError
-from ..estimator import hooks as _hooks
-from ..estimator import layers as _layers
-from ..estimator import losses as _losses
-from ..estimator import metrics as _metrics
-from ..estimator import optimizers as _optimizers
-from ..estimator.export import placeholder, sparse_placeholder
-from ..estimator.graph import current_graph
-from . import app, keras, summary
-from . import ops as _ops
-from . import tf_logging as logging
-from ._namespace import Namespace, RefusedError, UnsupportedError, unsupported
-from .dtypes import (
+from tierserve.core.compat import warn_once
+from tierserve.trainer.graph.dtypes import (
     DType,
     as_dtype,
     bool,
@@ -63,7 +50,7 @@ from .dtypes import (
     uint32,
     uint64,
 )
-from .ops import (
+from tierserve.trainer.graph.ops import (
     add,
     arg_max,
     argmax,
@@ -85,6 +72,22 @@ from .ops import (
     to_int64,
     truediv,
 )
+from tierserve.trainer.graph.tensors import current_graph
+
+from .. import data as _data
+from .. import estimator as _estimator
+from .. import feature_column as _feature_column
+from ..data.iterator import OutOfRangeError
+from ..estimator import hooks as _hooks
+from ..estimator import metrics as _metrics
+from ..estimator import optimizers as _optimizers
+from ..estimator.export import placeholder, sparse_placeholder
+from ..graph import layers as _layers
+from ..graph import losses as _losses
+from ..graph import ops as _ops
+from . import app, keras, summary
+from . import tf_logging as logging
+from ._namespace import Namespace, RefusedError, UnsupportedError, unsupported
 from .refusals import FEATURE_COLUMN_REFUSED, TF_HINTS, TF_REFUSED, TRAIN_REFUSED
 from .variables import Variable, get_variable
 
@@ -155,7 +158,22 @@ def __getattr__(name: str) -> Any:
     raise unsupported(f"tf.{name}", _module_names(), instead=TF_HINTS.get(name))
 
 
-from . import compat  # noqa: E402 - it refers back to this module as v1
+def _compat_module() -> types.ModuleType:
+    """``tf.compat``: ``v1`` and ``v2`` are this module itself, so
+    ``from tierserve.trainer.tf.compat import v1 as tf`` stands for
+    ``import tensorflow.compat.v1 as tf``; ``module_wrapper`` holds TensorFlow's
+    deprecation-warning limit, which code sets to silence warnings this module never prints.
+    Built here, and registered as a module, because it is this module."""
+    module = types.ModuleType(f"{__name__}.compat", _compat_module.__doc__)
+    this = sys.modules[__name__]
+    module.v1 = module.v2 = this
+    module.module_wrapper = types.SimpleNamespace(_PER_MODULE_WARNING_LIMIT=0)
+    module.__all__ = ["module_wrapper", "v1", "v2"]
+    sys.modules[module.__name__] = module
+    return module
+
+
+compat = _compat_module()
 
 __all__ = [
     "AUTO_REUSE", "DType", "OutOfRangeError", "RefusedError", "UnsupportedError", "Variable",

@@ -8,7 +8,7 @@ import difflib
 import types
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 
 class UnsupportedError(ConfigError, AttributeError):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
+from tierserve.trainer.graph.tensors import Tensor, current_graph
 
-from ..estimator.graph import Tensor, current_graph
 from ..estimator.metrics import MetricOp
 
 

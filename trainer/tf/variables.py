@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from tierserve.ps.errors import ConfigError
-
-from ..estimator.graph import Tensor, current_graph
-from .ops import _add, dense_input
+from tierserve.core.errors import ConfigError
+from tierserve.trainer.graph.ops import _add, dense_input
+from tierserve.trainer.graph.tensors import Tensor, current_graph
 
 
 def _make(name: str, shape: tuple[int, ...], initial: Callable | None, trainable: bool,

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
+from tierserve.server.errors import http_status
 from tierserve.trainer import data
 from tierserve.trainer.data import (
     AUTOTUNE,
@@ -206,7 +207,7 @@ def test_wrong_number_of_fields_names_file_and_line(tmp_path):
         err = info.value
         assert (err.file, err.line) == (str(paths[1]), 57), name
         assert f"{paths[1]}, line 57" in str(err) and "expected 3 fields, got 4" in str(err)
-        assert err.http_status == 400
+        assert http_status(err) == 400
 
 
 def test_a_field_of_the_wrong_type_names_the_column_and_line(tmp_path):

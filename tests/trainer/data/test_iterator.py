@@ -4,7 +4,7 @@ the rest of the pass; from_generator reads output_shapes in output_types' struct
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 from tierserve.trainer import data
 from tierserve.trainer.data.iterator import (
     NextFeatures,

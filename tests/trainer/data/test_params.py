@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.trainer.data import (
     Check_t,
     DataFileError,

@@ -4,7 +4,7 @@ import warnings
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.trainer.data import (
     Check_t,
     DataFileError,

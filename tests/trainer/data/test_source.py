@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tierserve.trainer as hugectr
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 
 
 def test_move_to_local_copies_files_and_folders(tmp_path):

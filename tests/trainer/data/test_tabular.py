@@ -4,7 +4,7 @@ pyarrow's own reading of the files, list columns stay per row, bad input is name
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.trainer.data import Dataset
 from tierserve.trainer.data.errors import DataFileError
 from tierserve.trainer.data.tabular import Field, from_parquet

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.ps.partition import partition_of
 from tierserve.trainer.distributed import LocalComm
-from tierserve.trainer.distributed.estimator import EstimatorRun, InputContext
+from tierserve.trainer.estimator.distributed import EstimatorRun, InputContext
 
 from .mpi_run import HERE, mpiexec, run
 

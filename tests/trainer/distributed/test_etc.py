@@ -60,8 +60,8 @@ def test_two_ranks_with_the_cache_equal_one_rank(ps_type, emb_type, fit, sources
 
 def test_local_paths_must_match_the_ranks(sources, tmp_path):
     mpiexec()
-    from tierserve.ps.errors import ConfigError
-    from tierserve.trainer.etc import EmbeddingTrainingCache
+    from tierserve.core.errors import ConfigError
+    from tierserve.trainer.hugectr.etc import EmbeddingTrainingCache
 
     cache = EmbeddingTrainingCache.__new__(EmbeddingTrainingCache)
     cache.rank, cache.size = 1, 3

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
+from tierserve.model.batch import Batch, SparseInput
 from tierserve.ps.partition import partition_of
 from tierserve.ps.sparse_file import SparseTable
-from tierserve.trainer.data.batch import Batch, SparseInput
 from tierserve.trainer.distributed import LocalComm, rank_device
 from tierserve.trainer.distributed.allreduce import allreduce_gradients
 from tierserve.trainer.distributed.metrics import GatheredMetrics

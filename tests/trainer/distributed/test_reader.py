@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.trainer.adapters import ReaderHandle
 from tierserve.trainer.data import (
     Check_t,
     DataGenerator,
@@ -18,6 +17,7 @@ from tierserve.trainer.data import (
 )
 from tierserve.trainer.data.shard import BatchShares
 from tierserve.trainer.distributed.reader import Placeholder, ShardedReader, share, slice_batch
+from tierserve.trainer.hugectr.adapters import ReaderHandle
 
 SLOTS = [50, 7, 300]
 FILES, PER_FILE = 3, 200  # 600 records

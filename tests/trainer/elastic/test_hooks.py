@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.trainer import tf
 from tierserve.trainer.elastic import (
     ElasticDataShardReportHook,

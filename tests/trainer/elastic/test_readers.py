@@ -6,7 +6,7 @@ non-elastic Reader, FileReader, and the input_fn built from a data set."""
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.trainer.elastic import (
     Column,
     ElasticReader,

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.trainer.elastic import ShardDispatcher, ShardingClient
 
 

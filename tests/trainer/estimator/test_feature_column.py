@@ -8,7 +8,7 @@ import bisect
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.trainer import estimator
 from tierserve.trainer import feature_column as fc
 

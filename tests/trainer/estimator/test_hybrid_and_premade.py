@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import tierserve.trainer.hybrid as hb
-from tierserve.ps.compat import HugeCTRCompatibilityWarning, reset_warnings
-from tierserve.ps.errors import ConfigError
+from tierserve.core.compat import HugeCTRCompatibilityWarning, reset_warnings
+from tierserve.core.errors import ConfigError
 from tierserve.trainer import estimator as tf_estimator
 from tierserve.trainer import feature_column
 from tierserve.trainer.estimator import layers, losses, train
@@ -110,7 +110,7 @@ def test_export_saved_model_with_placeholders(tmp_path):
     np.testing.assert_array_equal(request["CATCOLUMN"], np.stack(
         [BATCH["col1"][:4], BATCH["col2"][:4]], axis=1))
     assert request["DES"].shape == (4, 0)
-    from tierserve.trainer.inference_graph import InferenceGraph  # the server's dense forward
+    from tierserve.model.inference_graph import InferenceGraph  # the server's dense forward
 
     assert InferenceGraph  # importable; the HTTP round trip is test_criteo_export's
     with pytest.raises(ConfigError, match="needs feature .col2., which the serving input receiver does not give"):
@@ -184,7 +184,7 @@ def test_multiclass_label_vocabulary_and_example_weights(tmp_path):
     for p in preds:
         assert p["probabilities"].shape == (3,) and p["probabilities"].sum() == pytest.approx(1)
         assert p["classes"][0] == names[p["class_ids"][0]]
-    from tierserve.ps.errors import InvalidInputError
+    from tierserve.core.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="'top' is not in the label_vocabulary"):
         est.train(lambda: (features, np.array(["top"] * 120)), steps=1)

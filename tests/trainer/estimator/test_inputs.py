@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import InvalidInputError
+from tierserve.core.errors import InvalidInputError
 from tierserve.trainer import data
 from tierserve.trainer.estimator import inputs
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.trainer.layers import LAYER_TYPES, build_layer
+from tierserve.model.layers import LAYER_TYPES, build_layer
 
 EPS = 1e-6
 B = 5

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
+from tierserve.server.errors import http_status
 from tierserve.trainer import estimator
 from tierserve.trainer import feature_column as fc
 from tierserve.trainer.estimator import layers, losses, metrics, train
@@ -163,7 +164,7 @@ def test_a_feature_the_input_fn_does_not_provide(tmp_path):
     features = {k: v for k, v in FEATURES.items() if k != "id"}
     with pytest.raises(InvalidInputError, match="'id_embedding' needs feature 'id'") as err:
         est.train(lambda: (features, LABELS), steps=1)
-    assert err.value.http_status == 400
+    assert http_status(err.value) == 400
     assert "does not provide" in str(err.value)
 
 

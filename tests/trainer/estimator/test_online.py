@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from polling import until
 
-from tierserve.ps.errors import BackendUnavailableError, ConfigError
+from tierserve.core.errors import BackendUnavailableError, ConfigError
 from tierserve.trainer import estimator
 from tierserve.trainer import feature_column as fc
 from tierserve.trainer.estimator import UpdatePublisherHook, export

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
 from tierserve.trainer import estimator
 from tierserve.trainer import feature_column as fc
 from tierserve.trainer.estimator.spec import ModeKeys

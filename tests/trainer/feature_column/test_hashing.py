@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError, InvalidInputError
+from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.trainer import feature_column as fc
 from tierserve.trainer.feature_column.hashing import (
     DEFAULT_HASH_KEY,

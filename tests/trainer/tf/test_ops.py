@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.ps.errors import ConfigError
+from tierserve.core.errors import ConfigError
+from tierserve.model.layers import build_layer
+from tierserve.model.network import DenseNetwork
 from tierserve.trainer import tf
-from tierserve.trainer.estimator.graph import Graph, LabelTensor, building
-from tierserve.trainer.layers import build_layer
-from tierserve.trainer.network import DenseNetwork
+from tierserve.trainer.graph.tensors import Graph, LabelTensor, building
 
 RNG = np.random.default_rng(7)
 B = 6
