@@ -18,9 +18,10 @@ from tierserve.model.graph_json import load_graph_json
 from tierserve.ps.config import PSConfig
 from tierserve.ps.hash_map import HashMapConfig
 from tierserve.ps.hierarchy import HierarchicalParameterServer
-from tierserve.server.inference_model import InferenceGraph, InferenceModel, InferenceParams
+from tierserve.server.inference_model import InferenceGraph, InferenceParams
 from tierserve.server.inference_params import model_config_from_params
 from tierserve.trainer.data.criteo import convert_criteo
+from tierserve.trainer.hugectr.inference_model import InferenceModel  # evaluate over a dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 from script_runner import run_script  # noqa: E402
