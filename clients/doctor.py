@@ -227,7 +227,7 @@ def _extras() -> list[Check]:
 def _native_transport() -> Check:
     """Whether gRPC can go over the native (Rust) transport or falls back to grpc.aio."""
     version = _dist_version("tierserve-native")
-    from tierserve.server.grpc_native import native_available
+    from tierserve.server.grpc.native import native_available
 
     if native_available():
         return Check("extras", "native gRPC transport", "ok",

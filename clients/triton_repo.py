@@ -149,7 +149,7 @@ def store_signature(tables: int) -> Signature:
 def version_signature(entry, folder: Path, i64_keys: bool) -> Signature:
     """The signature of one version folder (its files as the loader would pick them)."""
     from tierserve.model.graph_json import load_graph_json
-    from tierserve.server.loader import version_files
+    from tierserve.server.runtime.loader import version_files
 
     config = version_files(entry, folder)
     if not config.network_file:
@@ -332,7 +332,7 @@ def generate(
     """
     from tierserve.ps.config import load_ps_config
     from tierserve.ps.table_tag import check_name
-    from tierserve.server.repository import ModelRepository
+    from tierserve.server.runtime.repository import ModelRepository
 
     root = Path(model_repository).resolve()
     if not root.is_dir():

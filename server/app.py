@@ -3,7 +3,7 @@
 ``create_app(settings)`` builds the data plane over a model repository (or a ``ps.json``);
 its lifespan loads the models, starts the gRPC server and the repository poller, and tears
 everything down again.  :func:`serve` runs it with HTTP on the native transport
-(:class:`~.native_server.NativeServer`) or on uvicorn (``http_transport``);
+(:class:`~.http.native_server.NativeServer`) or on uvicorn (``http_transport``);
 :class:`BackgroundServer` runs it in a thread (tests, benchmarks, the demo).  Nothing here
 reads arguments at import time.
 """
@@ -27,19 +27,20 @@ from fastapi import FastAPI
 from tierserve.core.errors import ConfigError
 from tierserve.ps.table_tag import is_valid_name
 
-from . import heap, openapi
-from .admission import Admission, BurstTrim, make_budget
-from .dataplane import DataPlane
-from .drain import Server
-from .grpc_native import NativeGrpcServer, check_native_transport, native_available
-from .grpc_server import create_grpc_server
-from .http_python import uvicorn_config
-from .metrics import ServerMetrics
-from .native_server import NativeServer
-from .pool_state import PooledDataPlane, PoolState, reuse_port_socket
-from .repository import Loader, LoadFunction, ModelRepository
-from .rest import build_router, install_error_handler
-from .servables import RequestLimits
+from .grpc.aio import create_grpc_server
+from .grpc.native import NativeGrpcServer, check_native_transport, native_available
+from .http import openapi
+from .http.drain import Server
+from .http.native_server import NativeServer
+from .http.python import uvicorn_config
+from .http.rest import build_router, install_error_handler
+from .runtime import heap
+from .runtime.admission import Admission, BurstTrim, make_budget
+from .runtime.dataplane import DataPlane
+from .runtime.metrics import ServerMetrics
+from .runtime.pool_state import PooledDataPlane, PoolState, reuse_port_socket
+from .runtime.repository import Loader, LoadFunction, ModelRepository
+from .runtime.servables import RequestLimits
 from .settings import Settings
 
 log = logging.getLogger("tierserve.server")
@@ -65,7 +66,7 @@ def create_app(
     """The server app for ``settings``; ``loader`` builds servables (default: InferenceModel);
     ``pool``: this server is one worker of a pool (:mod:`.workers`)."""
     if loader is None:
-        from .loader import RepositoryLoader
+        from .runtime.loader import RepositoryLoader
 
         loader = RepositoryLoader()
     check_sources(settings)
@@ -242,7 +243,7 @@ def uses_native_http(settings: Settings) -> bool:
     if settings.http_transport == "python":
         return False
     if settings.http_transport == "native" and not native_available():
-        from .http_native import check_native_transport as check_http
+        from .http.native import check_native_transport as check_http
 
         check_http()
     return native_available()
@@ -276,7 +277,7 @@ def serve(
     # interval (default 5 ms) keeps a request from waiting that long for it.
     sys.setswitchinterval(0.0005)
     if settings.malloc_tuning:
-        from .allocator import tune_malloc
+        from .runtime.allocator import tune_malloc
 
         tune_malloc()
     check_sources(settings)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tierserve.core import errors as e
 
-from .admission import ServerBusyError
+from .runtime.admission import ServerBusyError
 
 #: class -> (HTTP status, name of a ``grpc.StatusCode`` member, kept as a string so the
 #: HTTP side needs no grpc import)

@@ -206,7 +206,7 @@ class HPS:
         written into DLPack capsule ``out_tensor`` (a float32 tensor of at least
         ``len(keys) * vec_size`` elements, on the host or a CUDA device).  Neither capsule is
         consumed: the tensors they came from see the result."""
-        from .dlpack import read_capsule, write_capsule
+        from .runtime.dlpack import read_capsule, write_capsule
 
         key_array = read_capsule(keys, "keys")
         if key_array.ndim != 1:

@@ -1,7 +1,7 @@
 """The server's one log format, for tierserve's own loggers and uvicorn's alike.
 
 uvicorn is started without a logging config of its own (``log_config=None`` in
-:func:`tierserve.server.app.uvicorn_config`), so its records reach the root logger set up
+:func:`tierserve.server.http.python.uvicorn_config`), so its records reach the root logger set up
 here and read like every other line: ``time LEVEL logger: message``.
 """
 

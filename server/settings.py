@@ -216,8 +216,8 @@ class Settings(BaseModel):
     malloc_tuning: bool = Field(
         True,
         description="raise glibc malloc's mmap and trim thresholds to 1 GiB (see "
-        "server/allocator.py): large batches stop page-faulting their buffers in again, and "
-        "freed memory stays with the process",
+        "server/runtime/allocator.py): large batches stop page-faulting their buffers in again, "
+        "and freed memory stays with the process",
     )
     log_level: LogLevel = Field(
         "info", description="the least severe log lines shown, of tierserve and uvicorn alike"

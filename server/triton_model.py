@@ -2,7 +2,8 @@
 
 Each version folder of a generated Triton repository holds a thin ``model.py`` that puts
 tierserve on ``sys.path`` and hands every call to :class:`TritonPythonModel` here.  It serves
-the version the way ``tierserve serve`` does: :class:`~tierserve.server.loader.RepositoryLoader`
+the version the way ``tierserve serve`` does:
+:class:`~tierserve.server.runtime.loader.RepositoryLoader`
 stages the version found in Triton's version folder with the tiers of the ``ps.json`` named
 by the ``ps_config`` parameter, the version is committed, and Kafka updates from that
 ``ps.json``'s ``update_source`` are applied by the loader's consumers until Triton unloads it.
@@ -32,8 +33,8 @@ from tierserve.core.errors import ConfigError, TierserveError
 from tierserve.ps.config import load_ps_config
 
 from .errors import http_status
-from .loader import RepositoryLoader
-from .servables import Servable
+from .runtime.loader import RepositoryLoader
+from .runtime.servables import Servable
 
 log = logging.getLogger("tierserve.server.triton_model")
 

@@ -33,7 +33,8 @@ version that every worker maps (:mod:`tierserve.model.served_weights`; the paren
 what is left when it stops), never mapped from the model's own files.  Each worker polls the
 repository on its own and stages a new version when it sees it; a staged version then waits (:meth:`PoolState.wait_for_peers`)
 until every running worker has staged it too, and the workers commit it together, within
-milliseconds of each other (after :data:`~.pool_state.COMMIT_BARRIER_S` a worker commits alone, with a
+milliseconds of each other (after :data:`~.runtime.pool_state.COMMIT_BARRIER_S` a worker commits
+alone, with a
 warning naming the workers it waited for).  Every answer is wholly one version's.  A
 repository load or unload request reaches the one worker that answers it.  Tiers that the workers would share and write otherwise cannot be
 served by several workers yet: a writable RocksDB opens in one process only, and a Redis tier
@@ -68,7 +69,7 @@ from tierserve.core.errors import ConfigError
 from tierserve.ps.config import PSConfig, load_ps_config
 from tierserve.ps.retry import EqualJitterBackoff
 
-from .pool_state import STAGED_RING, PoolState
+from .runtime.pool_state import STAGED_RING, PoolState
 from .settings import Settings
 
 log = logging.getLogger("tierserve.server.workers")
@@ -115,7 +116,7 @@ def check_config(settings: Settings) -> PSConfig | None:
         )
     config = load_ps_config(path)
     if settings.model_repository is not None:
-        from .repository import ModelRepository
+        from .runtime.repository import ModelRepository
 
         on_disk = ModelRepository(loader=None, root=settings.model_repository).model_names()
         listed = {m.model for m in config.models}

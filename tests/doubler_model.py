@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tierserve.server.servables import RankingServable
+from tierserve.server.runtime.servables import RankingServable
 
 
 class Doubler:

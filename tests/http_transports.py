@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierserve.server.grpc_native import native_available
+from tierserve.server.grpc.native import native_available
 from tierserve.server.settings import Settings
 
 TRANSPORTS = [

@@ -133,7 +133,7 @@ def _markers(url: str, brokers: str, marked: np.ndarray, cat: np.ndarray, dim: i
 
 def freshness(brokers: str, tmp: Path, rate: int, seconds: float, rocksdb: bool) -> dict:
     from tierserve.server.app import BackgroundServer
-    from tierserve.server.loader import RepositoryLoader
+    from tierserve.server.runtime.loader import RepositoryLoader
     from tierserve.server.settings import Settings
 
     demo = train_demo_model(tmp / "train", iterations=20, batch_size=256, seed=3)

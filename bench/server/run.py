@@ -12,7 +12,7 @@
    iterations never touched are drawn at random), so the tier is as large as the model's.
 2. Times ``InferenceModel.predict_batch`` on fixed batches of 1, 64 and 1024 rows (the peer).
    The peer's process gets the malloc settings ``tierserve serve`` gives itself
-   (``server/allocator.py``; ``--no-malloc-tuning`` leaves both at glibc's defaults) and its
+   (``server/runtime/allocator.py``; ``--no-malloc-tuning`` leaves both at glibc's defaults) and its
    BLAS thread count (1, or what ``--server-args`` gives ``--blas-threads``).
 3. Starts ``tierserve serve`` in a subprocess and sends the same batches, one client, over HTTP
    (tritonclient.http, binary tensors) and gRPC (tritonclient.grpc): throughput and p50/p99.
@@ -714,7 +714,7 @@ def main() -> int:
         if args.no_malloc_tuning:
             extra = ("--no-malloc-tuning",)
         else:  # the peer gets the allocator settings the server gives itself
-            from tierserve.server.allocator import tune_malloc
+            from tierserve.server.runtime.allocator import tune_malloc
 
             results["malloc_tuning"] = tune_malloc()
         model, predict = predictor(version, volatile)

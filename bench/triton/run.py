@@ -147,8 +147,8 @@ def main() -> int:
     generator = server_bench.use_load_arguments(args)
     scale = 0.3 if args.quick else 1.0
     repeats = {1: int(1000 * scale), 64: int(400 * scale), 1024: int(100 * scale)}
-    from tierserve.server.allocator import tune_malloc
     from tierserve.server.app import free_port
+    from tierserve.server.runtime.allocator import tune_malloc
 
     results: dict = {
         "cpu_count": os.cpu_count(),

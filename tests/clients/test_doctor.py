@@ -49,7 +49,7 @@ def test_every_extra_of_pyproject_and_the_native_transport_are_reported():
     whether gRPC goes over the native transport."""
     import importlib.metadata
 
-    from tierserve.server.grpc_native import native_available
+    from tierserve.server.grpc.native import native_available
 
     offered = set(importlib.metadata.metadata("tierserve").get_all("Provides-Extra"))
     checks = {c.name: c for c in diagnose(compile_kernels=False) if c.section == "extras"}

@@ -62,7 +62,7 @@ from tierserve.ps.redis_tier import value_hash
 from tierserve.ps.sparse_file import read_sparse_model
 from tierserve.server.app import BackgroundServer, free_port
 from tierserve.server.inference_model import InferenceModel, InferenceParams
-from tierserve.server.loader import RepositoryLoader
+from tierserve.server.runtime.loader import RepositoryLoader
 from tierserve.server.settings import Settings
 
 pytestmark = pytest.mark.slow

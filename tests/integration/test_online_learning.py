@@ -15,7 +15,7 @@ from polling import until
 from tierserve.clients.demo_model import SLOT_SIZES, train_demo_model, write_repository
 from tierserve.model.batch import Batch, SparseInput
 from tierserve.server.app import BackgroundServer
-from tierserve.server.loader import RepositoryLoader
+from tierserve.server.runtime.loader import RepositoryLoader
 from tierserve.server.settings import Settings
 
 pytestmark = pytest.mark.kafka

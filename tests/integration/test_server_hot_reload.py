@@ -100,7 +100,7 @@ def test_new_version_swaps_in_under_load_and_broken_one_is_refused(models, caplo
             assert not np.allclose(v1, v2)  # the new weights serve
 
             # version 3 is broken: its dense file is truncated
-            with caplog.at_level(logging.ERROR, logger="tierserve.server.repository"):
+            with caplog.at_level(logging.ERROR, logger="tierserve.server.runtime.repository"):
                 broken = repo / "dlrm" / ".3"
                 shutil.copytree(repo / "dlrm" / "2", broken)
                 dense = next(broken.glob("*_dense_*.model"))

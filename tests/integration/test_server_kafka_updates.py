@@ -18,7 +18,7 @@ from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.ps.kafka_producer import UpdateProducer
 from tierserve.ps.update_message import encode_update
 from tierserve.server.app import BackgroundServer, free_port
-from tierserve.server.loader import RepositoryLoader
+from tierserve.server.runtime.loader import RepositoryLoader
 from tierserve.server.settings import Settings
 
 pytestmark = pytest.mark.kafka

@@ -19,7 +19,7 @@ from tierserve.clients.demo_model import train_demo_model
 from tierserve.ps.kafka_groups import REPLICA_ENV
 from tierserve.ps.kafka_producer import UpdateProducer
 from tierserve.server.app import BackgroundServer, free_port
-from tierserve.server.loader import RepositoryLoader
+from tierserve.server.runtime.loader import RepositoryLoader
 from tierserve.server.settings import Settings
 
 pytestmark = pytest.mark.kafka

@@ -87,7 +87,7 @@ class Dlrm26:
         """Requests of 1, 64 and 256 rows of held-out data and InferenceModel's answers."""
         from tierserve.model.graph_json import load_graph_json
         from tierserve.ps.config import load_ps_config
-        from tierserve.server.loader import RepositoryLoader
+        from tierserve.server.runtime.loader import RepositoryLoader
         from tierserve.trainer.hugectr.inference_data import epoch_batches
 
         folder = self.repo / "dlrm" / "1"

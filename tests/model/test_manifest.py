@@ -9,8 +9,8 @@ import pytest
 from tierserve.clients.demo_model import train_demo_model, write_repository
 from tierserve.core.errors import CorruptModelFileError
 from tierserve.model import manifest
-from tierserve.server.loader import RepositoryLoader
-from tierserve.server.repository import ModelRepository
+from tierserve.server.runtime.loader import RepositoryLoader
+from tierserve.server.runtime.repository import ModelRepository
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The worker's budget of calls and bytes in flight (server/admission.py): first come first
+"""The worker's budget of calls and bytes in flight (server/runtime/admission.py): first come first
 served, refused after the admission timeout, nothing kept by a request that gave up; the
 Python budget and the native transport's alike."""
 
@@ -9,10 +9,10 @@ import asyncio
 import pytest
 from polling import until, until_async
 
-from tierserve.server.admission import Admission, BurstTrim, LocalBudget, ServerBusyError
-from tierserve.server.allocator import trimmer
 from tierserve.server.errors import http_status
-from tierserve.server.grpc_native import native_available
+from tierserve.server.grpc.native import native_available
+from tierserve.server.runtime.admission import Admission, BurstTrim, LocalBudget, ServerBusyError
+from tierserve.server.runtime.allocator import trimmer
 from tierserve.server.settings import Settings
 
 KINDS = ["local", "native"] if native_available() else ["local"]

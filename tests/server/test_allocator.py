@@ -13,7 +13,7 @@ import pytest
 def test_tune_malloc_in_a_fresh_process():
     # A child process: the test process's own allocator is left alone.
     code = (
-        "from tierserve.server.allocator import tune_malloc; import numpy as np; "
+        "from tierserve.server.runtime.allocator import tune_malloc; import numpy as np; "
         "ok = tune_malloc(); a = [np.ones((1024, 512), np.float32) for _ in range(8)]; "
         "print(ok, float(sum(x.sum() for x in a)))"
     )
@@ -45,7 +45,7 @@ def test_a_threads_arena_gives_back_its_free_top():
     # arena, which malloc_trim leaves alone; release_thread_arena on that thread gives it back.
     code = """
 import ctypes, json, os, threading
-from tierserve.server import allocator
+from tierserve.server.runtime import allocator
 
 def rss_anon_mib():  # statm: resident and shared pages; os.read allocates no malloc block
     fd = os.open("/proc/self/statm", os.O_RDONLY)
@@ -80,7 +80,7 @@ print(json.dumps(out))
 
 
 def test_release_does_nothing_without_tuning():
-    code = "from tierserve.server import allocator; print(allocator.release_thread_arena())"
+    code = "from tierserve.server.runtime import allocator; print(allocator.release_thread_arena())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -94,8 +94,8 @@ def test_a_large_batchs_arena_gives_back_what_its_outputs_held_at_the_top():
     # arena held since the batch, under the low threshold: the top goes back.
     code = """
 import ctypes, json, os, threading, time
-from tierserve.server import allocator
-from tierserve.server.allocator import LARGE_ROWS
+from tierserve.server.runtime import allocator
+from tierserve.server.runtime.allocator import LARGE_ROWS
 
 def rss_anon_mib():
     fd = os.open("/proc/self/statm", os.O_RDONLY)

@@ -3,8 +3,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tierserve.server.batching import DynamicBatcher
-from tierserve.server.servables import RankingServable
+from tierserve.server.runtime.batching import DynamicBatcher
+from tierserve.server.runtime.servables import RankingServable
 
 
 class Doubler:

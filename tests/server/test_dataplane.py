@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from tierserve.core.errors import InvalidInputError, NotFoundError, NotReadyError
-from tierserve.server.dataplane import DataPlane
-from tierserve.server.metrics import ServerMetrics
-from tierserve.server.repository import Loader as ServableLoader
-from tierserve.server.repository import ModelRepository
-from tierserve.server.servables import RankingServable
-from tierserve.server.tensors import DecodedRequest, RequestedOutput
+from tierserve.server.runtime.dataplane import DataPlane
+from tierserve.server.runtime.metrics import ServerMetrics
+from tierserve.server.runtime.repository import Loader as ServableLoader
+from tierserve.server.runtime.repository import ModelRepository
+from tierserve.server.runtime.servables import RankingServable
+from tierserve.server.runtime.tensors import DecodedRequest, RequestedOutput
 
 
 class Scaled:

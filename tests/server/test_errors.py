@@ -3,8 +3,8 @@
 import pytest
 
 from tierserve.core import errors
-from tierserve.server.admission import ServerBusyError
 from tierserve.server.errors import STATUS, grpc_status, http_status, status_of
+from tierserve.server.runtime.admission import ServerBusyError
 
 
 def _all_error_classes() -> list[type]:

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from tierserve.core.errors import InvalidInputError
-from tierserve.server import batching, tensors
-from tierserve.server.batching import DynamicBatcher
-from tierserve.server.servables import RankingServable
-from tierserve.server.tensors import TensorSpec, check_inputs, decode_rest_request
+from tierserve.server.runtime import batching, tensors
+from tierserve.server.runtime.batching import DynamicBatcher
+from tierserve.server.runtime.servables import RankingServable
+from tierserve.server.runtime.tensors import TensorSpec, check_inputs, decode_rest_request
 
 
 def _binary(des: np.ndarray, cat: np.ndarray, request_id: str | None = None) -> tuple[bytes, int]:

@@ -1,5 +1,5 @@
-"""The serving process's heap frozen after loading (``server/heap.py``): collections skip the
-loaded models, and a retired version's reference cycles are still collected."""
+"""The serving process's heap frozen after loading (``server/runtime/heap.py``): collections
+skip the loaded models, and a retired version's reference cycles are still collected."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import weakref
 import pytest
 from polling import until_async
 
-from tierserve.server import heap
+from tierserve.server.runtime import heap
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from polling import until
 
 from tierserve.core.errors import ConfigError
 from tierserve.server.app import BackgroundServer, check_ports, create_app
-from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.grpc.gen import grpc_predict_v2_pb2 as pb
 from tierserve.server.settings import Settings
 
 GOOD = {

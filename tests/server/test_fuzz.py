@@ -25,10 +25,10 @@ from schemathesis.generation.modes import GenerationMode
 
 from tierserve.core.errors import InvalidInputError
 from tierserve.server.app import BackgroundServer
-from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
-from tierserve.server.grpc_server import decode_infer_request
+from tierserve.server.grpc.aio import decode_infer_request
+from tierserve.server.grpc.gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.runtime.tensors import DATATYPES, decode_rest_request
 from tierserve.server.settings import Settings
-from tierserve.server.tensors import DATATYPES, decode_rest_request
 
 EXAMPLES = int(os.environ.get("TIERSERVE_FUZZ_EXAMPLES", "8"))
 TOKEN = "fuzz-token"

@@ -1,4 +1,4 @@
-"""The native gRPC transport (server/native, server/grpc_native.py) against real gRPC clients:
+"""The native gRPC transport (server/native, server/grpc/native.py) against real gRPC clients:
 the same answers and errors as the grpc.aio front end, its own refusals (compression, size,
 unknown methods, messages that are not protobuf), many calls at once, a drain on stop."""
 
@@ -18,9 +18,9 @@ from doubler_model import Doubler, doubler_loader, write_doubler_repository
 from polling import until
 
 from tierserve.server.app import BackgroundServer
-from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
-from tierserve.server.grpc_native import NativeGrpcServer, native_available
-from tierserve.server.servables import RankingServable
+from tierserve.server.grpc.gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.grpc.native import NativeGrpcServer, native_available
+from tierserve.server.runtime.servables import RankingServable
 from tierserve.server.settings import Settings
 
 needs_native = pytest.mark.skipif(

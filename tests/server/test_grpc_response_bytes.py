@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tierserve.server.dataplane import InferResult
-from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
-from tierserve.server.grpc_server import encode_infer_response, encode_infer_response_bytes
+from tierserve.server.grpc.aio import encode_infer_response, encode_infer_response_bytes
+from tierserve.server.grpc.gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.runtime.dataplane import InferResult
 
 
 def _result(outputs: dict, request_id: str = "", version: str = "1") -> InferResult:

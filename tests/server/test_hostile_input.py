@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from tierserve.server.app import BackgroundServer, create_app
-from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.grpc.gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.runtime.tensors import DecodedRequest
 from tierserve.server.settings import Settings
-from tierserve.server.tensors import DecodedRequest
 
 DES = [[0.1 * i for i in range(13)], [0.5] * 13]
 pytestmark = pytest.mark.usefixtures("each_http_transport")

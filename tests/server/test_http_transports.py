@@ -1,5 +1,5 @@
 """Infer requests over both HTTP transports (python: uvicorn; native: parsed and decoded
-in Rust, see server/http_native.py), each answered as the app's own infer route answers it.
+in Rust, see server/http/native.py), each answered as the app's own infer route answers it.
 
 The answers are compared on one real server with the app's own infer route: a path with a
 percent escape (``/v2/models/%6D/infer``, the model ``m``) is left to the ASGI app (the
@@ -365,7 +365,7 @@ def test_a_batched_request_whose_client_hung_up_does_not_run(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
     from tierserve.server.app import BackgroundServer
-    from tierserve.server.servables import RankingServable
+    from tierserve.server.runtime.servables import RankingServable
     from tierserve.server.settings import Settings
 
     class Gate(Doubler):

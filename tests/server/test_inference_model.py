@@ -11,7 +11,7 @@ from tierserve.clients.demo_model import train_demo_model
 from tierserve.core.errors import ConfigError, CorruptModelFileError
 from tierserve.ps.config import load_ps_config
 from tierserve.server.inference_model import InferenceParams
-from tierserve.server.loader import RepositoryLoader
+from tierserve.server.runtime.loader import RepositoryLoader
 from tierserve.trainer.evaluation import auc, logloss
 from tierserve.trainer.hugectr.inference_data import epoch_batches, wrapped_batches
 from tierserve.trainer.hugectr.inference_model import InferenceModel, InferenceSession

@@ -1,6 +1,6 @@
 """Import boundaries of the server package (docs/architecture.md, Packages and layering).
 
-The runtime that serves a model (InferenceModel, repository, loader) is used by the batch CLI
+The runtime that serves a model (``server/runtime``, InferenceModel) is used by the batch CLI
 and the Triton model without the HTTP and gRPC front ends, and nothing in the server imports
 the clients package, which sits above it.
 """
@@ -14,8 +14,9 @@ from pathlib import Path
 
 FRONT_ENDS = (
     "tierserve.server.app",
-    "tierserve.server.rest",
-    "tierserve.server.grpc_server",
+    "tierserve.server.workers",
+    "tierserve.server.http",
+    "tierserve.server.grpc",
     "fastapi",
     "uvicorn",
     "grpc",
@@ -32,9 +33,11 @@ def _imported_after(statement: str, prefixes: tuple[str, ...]) -> list[str]:
 
 
 def test_the_runtime_imports_no_front_end():
+    """Every module of ``server/runtime`` and the InferenceModel, imported together."""
     runtime = (
-        "import tierserve.server.loader, tierserve.server.repository, "
-        "tierserve.server.inference_model"
+        "import importlib, pkgutil, tierserve.server.runtime as r, tierserve.server.inference_model\n"
+        "for m in pkgutil.iter_modules(r.__path__, r.__name__ + '.'):\n"
+        "    importlib.import_module(m.name)"
     )
     assert _imported_after(runtime, FRONT_ENDS) == []
 

@@ -1,5 +1,5 @@
 """Memory a large allowed request used goes back to the OS afterwards, although ``tierserve
-serve`` keeps freed memory in its heap for the usual batch sizes (server/allocator.py)."""
+serve`` keeps freed memory in its heap for the usual batch sizes (server/runtime/allocator.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tierserve.server.metrics import ServerMetrics
+from tierserve.server.runtime.metrics import ServerMetrics
 
 
 def _samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:

@@ -1,14 +1,15 @@
-"""A pool worker's data plane (server/pool_state.py): readiness is the pool's, and repository
-load and unload are refused, as explicit behaviour of PooledDataPlane (not patched in)."""
+"""A pool worker's data plane (server/runtime/pool_state.py): readiness is the pool's, and
+repository load and unload are refused, as explicit behaviour of PooledDataPlane (not patched
+in)."""
 
 import asyncio
 
 import pytest
 
 from tierserve.core.errors import ConfigError
-from tierserve.server.dataplane import DataPlane
-from tierserve.server.pool_state import PooledDataPlane, PoolState
-from tierserve.server.repository import FunctionLoader, ModelRepository
+from tierserve.server.runtime.dataplane import DataPlane
+from tierserve.server.runtime.pool_state import PooledDataPlane, PoolState
+from tierserve.server.runtime.repository import FunctionLoader, ModelRepository
 
 
 def _refuse(name, version, folder, ps_config):

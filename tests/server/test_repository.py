@@ -15,8 +15,8 @@ from polling import until
 
 from tierserve.clients.demo_model import write_repository
 from tierserve.model.batch import Batch, SparseInput
-from tierserve.server.loader import RepositoryLoader
-from tierserve.server.repository import ModelRepository
+from tierserve.server.runtime.loader import RepositoryLoader
+from tierserve.server.runtime.repository import ModelRepository
 
 ROWS = 32
 

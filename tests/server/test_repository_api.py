@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as th
 
 from tierserve.server.app import BackgroundServer
-from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.grpc.gen import grpc_predict_v2_pb2 as pb
 from tierserve.server.settings import Settings
 
 

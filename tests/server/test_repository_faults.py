@@ -19,8 +19,8 @@ import pytest
 from polling import until
 
 from tierserve.ps.sparse_file import write_sparse_model
-from tierserve.server.loader import RepositoryLoader
-from tierserve.server.repository import ModelRepository
+from tierserve.server.runtime.loader import RepositoryLoader
+from tierserve.server.runtime.repository import ModelRepository
 
 ROWS, DIM = 40_000, 16
 RAW_BYTES = ROWS * (8 + 4 * DIM)  # what the table's keys and vectors take

@@ -16,9 +16,9 @@ import pytest
 from tierserve.clients.demo_model import write_repository
 from tierserve.core.errors import TierserveError
 from tierserve.model import manifest
-from tierserve.server.loader import RepositoryLoader
-from tierserve.server.repository import ModelRepository
-from tierserve.server.servables import EmbeddingLookupServable, RankingServable
+from tierserve.server.runtime.loader import RepositoryLoader
+from tierserve.server.runtime.repository import ModelRepository
+from tierserve.server.runtime.servables import EmbeddingLookupServable, RankingServable
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_only_ascii_digits_name_versions(repo, demos, name, caplog):
     repo.load_all()
     odd = repo.root / "dlrm" / name
     shutil.copytree(repo.root / "dlrm" / "1", odd)
-    with caplog.at_level(logging.WARNING, logger="tierserve.server.repository"):
+    with caplog.at_level(logging.WARNING, logger="tierserve.server.runtime.repository"):
         _settle(repo)
         assert repo.versions("dlrm") == ["1"]
         repo.load("dlrm")

@@ -17,7 +17,7 @@ import pytest
 from doubler_model import binary_body, doubler_loader, write_doubler_repository
 
 from tierserve.server.app import create_app
-from tierserve.server.rest import InferFastPath
+from tierserve.server.http.rest import InferFastPath
 from tierserve.server.settings import Settings
 
 

@@ -14,7 +14,7 @@ import pytest
 from hostile import H2Connection, ServerProcess
 from polling import until
 
-from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.grpc.gen import grpc_predict_v2_pb2 as pb
 
 pytestmark = pytest.mark.slow
 

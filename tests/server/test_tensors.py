@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tierserve.core.errors import InvalidInputError
-from tierserve.server.tensors import (
+from tierserve.server.runtime.tensors import (
     TensorSpec,
     check_inputs,
     decode_rest_request,
@@ -109,7 +109,7 @@ def test_response_binary_and_json():
 def test_json_codec_reads_and_writes_what_the_stdlib_did():
     """orjson parses; what it refuses and json read (NaN literals, a byte-order mark, UTF-16,
     lone surrogates, numbers beyond FP64) is still read, and answers still encode."""
-    from tierserve.server.tensors import dump_json, parse_json
+    from tierserve.server.runtime.tensors import dump_json, parse_json
 
     assert parse_json(b'{"a": [1, 2.5, -3]}') == {"a": [1, 2.5, -3]}
     assert parse_json(memoryview(b"[1]")) == [1]

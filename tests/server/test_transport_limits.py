@@ -21,8 +21,8 @@ import pytest
 from hostile import H2Connection, ServerProcess
 from polling import settled, until
 
-from tierserve.server.grpc_gen import grpc_predict_v2_pb2 as pb
-from tierserve.server.grpc_native import native_available
+from tierserve.server.grpc.gen import grpc_predict_v2_pb2 as pb
+from tierserve.server.grpc.native import native_available
 
 pytestmark = pytest.mark.slow
 TRANSPORTS = ["native", "python"] if native_available() else ["python"]

@@ -114,7 +114,7 @@ def test_the_triton_model_imports_no_front_end():
     code = (
         "import sys, tierserve.server.triton_model\n"
         "print([m for m in sys.modules if m.startswith(('tierserve.server.app', "
-        "'tierserve.server.rest', 'tierserve.server.grpc_server', 'fastapi', 'uvicorn', "
+        "'tierserve.server.http.rest', 'tierserve.server.grpc.aio', 'fastapi', 'uvicorn', "
         "'grpc'))])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -434,7 +434,7 @@ def test_a_staged_version_commits_when_every_running_worker_has_staged_it():
     import multiprocessing
     import threading
 
-    from tierserve.server.pool_state import STAGED_RING, PoolState
+    from tierserve.server.runtime.pool_state import STAGED_RING, PoolState
 
     ctx = multiprocessing.get_context("spawn")
     ready, alive = ctx.RawArray("b", 3), ctx.RawArray("b", 3)

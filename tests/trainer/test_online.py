@@ -56,7 +56,7 @@ def test_update_source_takes_hugectrs_params_and_refuses_the_null_one():
 
 def test_fit_exports_whole_versions_the_loader_reads(demo, tmp_path):
     from tierserve.ps.config import ModelConfig
-    from tierserve.server.loader import version_files
+    from tierserve.server.runtime.loader import version_files
 
     repo = tmp_path / "repo"
     demo.model.fit(max_iter=5, display=100, eval_interval=0, repository=str(repo),

@@ -86,7 +86,7 @@ def _sources() -> str:
     parts = []
     for folder in ("ps", "cache", "trainer", "server", "clients"):
         for path in (ROOT / folder).rglob("*.py"):
-            if "grpc_gen" not in path.parts:
+            if path.parent != ROOT / "server" / "grpc" / "gen":
                 parts.append(path.read_text())
     return "\n".join(parts)
 

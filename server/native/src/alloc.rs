@@ -1,7 +1,8 @@
 //! The transport's allocator: blocks of `BIG` bytes or more are mapped and unmapped on their
 //! own, everything else goes to the C library's `malloc`.
 //!
-//! `tierserve serve` raises glibc's mmap and trim thresholds to 1 GiB (server/allocator.py),
+//! `tierserve serve` raises glibc's mmap and trim thresholds to 1 GiB
+//! (server/runtime/allocator.py),
 //! so a freed block stays in the arena of the thread that allocated it.  Request messages are
 //! allocated on the transport's threads and freed after Python took them: in those arenas a
 //! burst of large calls would stay resident after the burst.  Mapped on their own, they go

@@ -132,7 +132,7 @@ pub(crate) fn framing(head: &Head) -> Result<Framing, Refusal> {
 }
 
 /// `POST /v2/models/{m}[/versions/{v}]/infer` with segments of printable ASCII other than
-/// `%`, `/` and `?` (as server/rest.py's `_INFER_PATH`; others go to the ASGI app).
+/// `%`, `/` and `?` (as server/http/rest.py's `_INFER_PATH`; others go to the ASGI app).
 pub fn infer_path(method: &str, target: &[u8]) -> Option<(String, String)> {
     if method != "POST" {
         return None;

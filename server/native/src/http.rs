@@ -310,7 +310,7 @@ async fn ask(conn: &mut Conn<'_>, item: Item, shutdown: &mut watch::Receiver<boo
 }
 
 /// The refusal of a request that found no room within the admission timeout (the words of
-/// server/admission.py's `busy_error` and the gRPC transport's).
+/// server/runtime/admission.py's `busy_error` and the gRPC transport's).
 fn busy(server: &HttpServer) -> Refusal {
     let limits = &server.limits;
     Refusal(

@@ -5,10 +5,10 @@
 //! contiguous typed buffers.  It takes what well-formed clients send: anything it is not
 //! sure of (a malformed or unusual body, FP16 or BYTES data, numbers a datatype does not
 //! hold, integers past 2^53 in float data) is left to Python (`None`), whose decoder
-//! (server/tensors.py) answers it, errors and all, so every error message has one source.
+//! (server/runtime/tensors.py) answers it, errors and all, so every error message has one source.
 //! What it decodes is what that decoder would make of the body.
 //!
-//! `encode` writes one response of a request's rows of the outputs, as server/tensors.py's
+//! `encode` writes one response of a request's rows of the outputs, as server/runtime/tensors.py's
 //! `encode_rest_response` does: JSON data, or binary data after a JSON header.
 
 use std::borrow::Cow;
@@ -187,7 +187,7 @@ fn truth(value: &Value) -> bool {
     }
 }
 
-/// Dimensions a tensor may have (as server/tensors.py's MAX_DIMS).
+/// Dimensions a tensor may have (as server/runtime/tensors.py's MAX_DIMS).
 const MAX_DIMS: usize = 32;
 
 /// The body decoded (see the module documentation); None: leave it to Python.
@@ -425,7 +425,7 @@ pub struct Answer<'a> {
 }
 
 /// The response body to one request, and the length of its JSON header when any output is
-/// binary (as server/tensors.py's `encode_rest_response`).
+/// binary (as server/runtime/tensors.py's `encode_rest_response`).
 pub fn encode(answer: &Answer, outputs: &[Output]) -> (Vec<u8>, Option<usize>) {
     let mut json = String::with_capacity(128);
     json.push_str("{\"model_name\":");

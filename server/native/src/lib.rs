@@ -3,8 +3,8 @@
 //! Both transports run on one small tokio runtime (`Runtime`).  gRPC (`GrpcTransport`) is
 //! hyper's HTTP/2 with tonic's gRPC protocol; HTTP (`HttpTransport`, module `http`) parses
 //! HTTP/1.1 itself and decodes KServe v2 infer requests (`kserve`).  The requests are
-//! answered in Python, on the server's event loop (`server/grpc_native.py`,
-//! `server/http_native.py`).  No thread of this module ever takes the GIL: a request is
+//! answered in Python, on the server's event loop (`server/grpc/native.py`,
+//! `server/http/native.py`).  No thread of this module ever takes the GIL: a request is
 //! queued and an eventfd is written when the queue was empty; the event loop, woken by the
 //! eventfd, takes the queued requests (`take`) and answers each with `reply`.  A request
 //! whose client gave up (a gRPC deadline or cancel, an HTTP client that hung up) stops being

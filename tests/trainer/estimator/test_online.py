@@ -118,7 +118,7 @@ def _tables_equal(ps, model, name: str) -> bool:
 @pytest.mark.kafka
 def test_an_estimator_trained_while_served_is_served_as_it_predicts(tmp_path, kafka_broker):
     from tierserve.server.app import BackgroundServer
-    from tierserve.server.loader import RepositoryLoader
+    from tierserve.server.runtime.loader import RepositoryLoader
     from tierserve.server.settings import Settings
 
     model = _classifier(tmp_path / "ctr")

@@ -19,6 +19,7 @@ import numpy as np
 
 from tierserve.core.errors import InvalidInputError
 
+from ..version import version
 from .allocator import trimmer
 from .batching import DynamicBatcher
 from .heap import Refreezer
@@ -26,7 +27,6 @@ from .metrics import ServerMetrics
 from .repository import Handle, ModelEntry, ModelRepository
 from .servables import NO_LIMITS, RequestLimits, Servable
 from .tensors import DecodedRequest, TensorSpec
-from .version import version
 
 SERVER_NAME = "tierserve"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "model_configuration"]

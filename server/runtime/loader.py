@@ -33,11 +33,11 @@ from tierserve.model import manifest
 from tierserve.model.dense_file import NONTRAINABLE_SUFFIX
 from tierserve.ps.config import ModelConfig, PSConfig
 
-from .inference_model import InferenceModel
+from ..inference_model import InferenceModel
 from .repository import Loader
 from .servables import EmbeddingLookupServable, RankingServable, Servable, warm_up
 
-log = logging.getLogger("tierserve.server.loader")
+log = logging.getLogger("tierserve.server.runtime.loader")
 
 _SPARSE = re.compile(r"^(?!.*_opt_)(.*?)(\d+)_sparse_(\d+)\.model$")
 _DENSE = re.compile(r"^(?!.*_opt_).*_dense_\d+\.model$")

@@ -1,6 +1,7 @@
 """What the data plane serves: a model version behind a uniform tensor interface.
 
-A :class:`Servable` declares its input and output :class:`~tierserve.server.tensors.TensorSpec`
+A :class:`Servable` declares its input and output
+:class:`~tierserve.server.runtime.tensors.TensorSpec`
 and runs in three steps so the dynamic batcher can coalesce requests: ``prepare`` turns one
 request's checked arrays into a batch-first unit, ``merge`` joins units, ``execute`` runs one
 unit and returns batch-first outputs, which the batcher splits back by batch size.

@@ -3,9 +3,9 @@
 HTTP/2 and gRPC framing run in Rust threads; every call reaches this module on the event
 loop, in batches: the transport queues calls and wakes the loop through an eventfd, and
 :meth:`NativeGrpcServer._drain` takes all of them at once.  The RPCs are answered by the
-same code as the ``grpc.aio`` front end (:mod:`.grpc_server`): ``ModelInfer`` through
+same code as the ``grpc.aio`` front end (:mod:`.aio`): ``ModelInfer`` through
 :meth:`DataPlane.start_infer` without a coroutine, the others through
-:class:`~.grpc_server.InferenceServicer`.  What a grpc.aio call costs in Python (its call
+:class:`~.aio.InferenceServicer`.  What a grpc.aio call costs in Python (its call
 objects, coroutines and completion queue, 0.2-0.3 ms of CPU) is gone; what is left is
 decoding, the data plane and encoding.
 """
@@ -23,18 +23,18 @@ from google.protobuf.message import DecodeError
 
 from tierserve.core.errors import ConfigError, InvalidInputError, TierserveError
 
-from .admission import make_budget, max_descriptor
-from .dataplane import DataPlane
-from .grpc_gen import grpc_predict_v2_pb2 as pb
-from .grpc_server import (
+from ..runtime.admission import make_budget, max_descriptor
+from ..runtime.dataplane import DataPlane
+from ..runtime.policy import model_name
+from ..settings import Settings
+from .aio import (
     _METHODS,
     InferenceServicer,
     decode_infer_request,
     encode_infer_response_bytes,
     status_of,
 )
-from .policy import model_name
-from .settings import Settings
+from .gen import grpc_predict_v2_pb2 as pb
 
 log = logging.getLogger("tierserve.server")
 

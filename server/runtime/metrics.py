@@ -1,6 +1,7 @@
 """Prometheus metrics of one server, in a registry of its own (so tests can build many apps).
 
-Under worker processes (``PROMETHEUS_MULTIPROC_DIR`` set, :mod:`.workers`) the request,
+Under worker processes (``PROMETHEUS_MULTIPROC_DIR`` set, :mod:`tierserve.server.workers`) the
+request,
 error, latency and batch metrics are written to that folder by every worker and a scrape
 sums them over the workers (prometheus-client's multiprocess mode); the collected statistics
 below are the answering worker's.

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 
-log = logging.getLogger("tierserve.server.allocator")
+log = logging.getLogger("tierserve.server.runtime.allocator")
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3

@@ -1,8 +1,9 @@
 """Runs the server app with HTTP on the native transport (``http_transport`` native).
 
 What uvicorn's ``Server`` does for the Python transport, for the native one: the event loop
-(uvloop or asyncio, :func:`~.settings.event_loop`), the app's lifespan (models, gRPC, the
-repository poller), the HTTP front end (:class:`~.http_native.NativeHttpServer`), and a
+(uvloop or asyncio, :func:`~tierserve.server.settings.event_loop`), the app's lifespan (models,
+gRPC, the
+repository poller), the HTTP front end (:class:`~.native.NativeHttpServer`), and a
 drain on SIGTERM or SIGINT: the HTTP transport stops accepting (after taking what waits in
 its accept queue) and answers every request already sent, then the lifespan ends (the gRPC
 transport drains the same way), all within ``shutdown_grace_s`` each, and ``run`` returns
@@ -18,8 +19,8 @@ import threading
 
 from fastapi import FastAPI
 
-from .http_native import NativeHttpServer
-from .settings import Settings, event_loop
+from ..settings import Settings, event_loop
+from .native import NativeHttpServer
 
 log = logging.getLogger("tierserve.server")
 

@@ -20,8 +20,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from ..settings import Settings, event_loop
 from .rest import InferFastPath, _error_bytes, _send
-from .settings import Settings, event_loop
 
 _JSON = b"application/json"
 
@@ -84,7 +84,7 @@ class HttpLimits:
 
 def uvicorn_config(app: FastAPI, settings: Settings, log_level: str, **extra) -> uvicorn.Config:
     """How plain uvicorn serves ``app`` within ``settings``' limits (module docstring), on
-    the event loop gRPC shares (:func:`~.settings.event_loop`)."""
+    the event loop gRPC shares (:func:`~tierserve.server.settings.event_loop`)."""
     return uvicorn.Config(
         HttpLimits(InferFastPath(app), settings),
         host=settings.host,

@@ -3,7 +3,8 @@
 Pydantic models describe the bodies; :func:`install` makes the app's ``/openapi.json``
 include the infer routes (served by a plain ASGI endpoint, which FastAPI does not document
 by itself) and every status and content type the server answers with.  The models only
-document: requests are decoded by :mod:`.tensors`, which accepts what these schemas allow
+document: requests are decoded by :mod:`tierserve.server.runtime.tensors`, which accepts what these
+schemas allow
 and refuses the rest with a 4xx naming the field.
 """
 
@@ -15,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
-from .tensors import DATATYPES
+from ..runtime.tensors import DATATYPES
 
 INFER_PATHS = ("/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer")
 

@@ -25,19 +25,19 @@ from fastapi import FastAPI
 
 from tierserve.core.errors import ConfigError, PayloadTooLargeError
 
-from .admission import max_descriptor
-from .dataplane import DataPlane
-from .grpc_native import DRAIN_BYTES, DRAIN_CALLS
-from .policy import model_name
-from .rest import INTERNAL_ERROR, InferEndpoint, _error_bytes
-from .settings import Settings
-from .tensors import (
+from ..grpc.native import DRAIN_BYTES, DRAIN_CALLS
+from ..runtime.admission import max_descriptor
+from ..runtime.dataplane import DataPlane
+from ..runtime.policy import model_name
+from ..runtime.tensors import (
     DATATYPES,
     DecodedRequest,
     RequestedOutput,
     datatype_of,
     encode_rest_response,
 )
+from ..settings import Settings
+from .rest import INTERNAL_ERROR, InferEndpoint, _error_bytes
 
 log = logging.getLogger("tierserve.server")
 
@@ -67,7 +67,8 @@ def check_native_transport() -> None:
 
 class NativeHttpServer:
     """HTTP on ``settings.host:settings.http_port`` over the native transport, for ``app``
-    (made by :func:`~.app.create_app`); ``start`` on the running loop, ``stop(grace)``."""
+    (made by :func:`~tierserve.server.app.create_app`); ``start`` on the running loop,
+    ``stop(grace)``."""
 
     def __init__(
         self, app: FastAPI, settings: Settings, reuse_port: bool = False, runtime: Any = None

@@ -52,7 +52,7 @@ from tierserve.ps.table_tag import check_name, is_valid_name
 
 from .servables import Servable
 
-log = logging.getLogger("tierserve.server.repository")
+log = logging.getLogger("tierserve.server.runtime.repository")
 
 #: A plain function that builds the servable of ``model`` ``version`` from ``version_dir``
 #: (None in ``--config`` mode) and the repository's ps config.

@@ -3,9 +3,9 @@
 The servicer only converts protobuf messages to data-plane calls and back; it runs on the
 same event loop as the REST front end, so both feed the same dynamic batchers.  One wrapper
 around every handler maps every :class:`TierserveError` to
-``grpc.StatusCode[grpc_status(error)]`` (:mod:`.errors`).
+``grpc.StatusCode[grpc_status(error)]`` (:mod:`tierserve.server.errors`).
 
-The messages come from ``server/proto/grpc_predict_v2.proto`` (Triton's field numbers, in
+The messages come from ``server/grpc/proto/grpc_predict_v2.proto`` (Triton's field numbers, in
 package ``tierserve.v2`` so they coexist with tritonclient's generated ``inference.*``
 modules in one process); the handlers are registered under Triton's service name, which is
 all a client sees.
@@ -24,11 +24,10 @@ from google.protobuf import json_format
 
 from tierserve.core.errors import InvalidInputError, TierserveError
 
-from .admission import Admission, max_descriptor, open_descriptors
-from .dataplane import DataPlane
-from .errors import grpc_status
-from .grpc_gen import grpc_predict_v2_pb2 as pb
-from .policy import (
+from ..errors import grpc_status
+from ..runtime.admission import Admission, max_descriptor, open_descriptors
+from ..runtime.dataplane import DataPlane
+from ..runtime.policy import (
     AdminToken,
     load_name,
     model_name,
@@ -36,8 +35,7 @@ from .policy import (
     public_message,
     repository_parameters,
 )
-from .settings import Settings
-from .tensors import (
+from ..runtime.tensors import (
     DATATYPES,
     DecodedRequest,
     RequestedOutput,
@@ -47,6 +45,8 @@ from .tensors import (
     element_count,
     shape_text,
 )
+from ..settings import Settings
+from .gen import grpc_predict_v2_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
 log = logging.getLogger("tierserve.server")

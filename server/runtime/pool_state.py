@@ -1,7 +1,8 @@
-"""What the worker processes of one server share (:mod:`.workers`): a listening socket on a
-port they all bind (``SO_REUSEPORT``), :class:`PoolState` (readiness, liveness, the versions
-staged) and the data plane of a pool's worker (:class:`PooledDataPlane`), with which the app
-(:mod:`.app`) answers readiness for the pool and commits versions together.
+"""What the worker processes of one server share (:mod:`tierserve.server.workers`): a listening
+socket on a port they all bind (``SO_REUSEPORT``), :class:`PoolState` (readiness, liveness, the
+versions staged) and the data plane of a pool's worker (:class:`PooledDataPlane`), with which
+the app (:mod:`tierserve.server.app`) answers readiness for the pool and commits versions
+together.
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ class PoolState:
 
 
 class PooledDataPlane(DataPlane):
-    """The data plane of one worker of a pool (:mod:`.workers`): readiness is the pool's (this
-    worker reports its own and answers ready only while every worker is), and repository load
-    and unload requests are refused (they would reach this one worker only)."""
+    """The data plane of one worker of a pool (:mod:`tierserve.server.workers`): readiness is the
+    pool's (this worker reports its own and answers ready only while every worker is), and
+    repository load and unload requests are refused (they would reach this one worker only)."""
 
     def __init__(self, *args: Any, pool: PoolState, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

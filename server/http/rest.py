@@ -16,7 +16,8 @@ Routes (``{v}`` segments are optional):
 Infer has one implementation, :class:`InferEndpoint`, a plain ASGI app: the router mounts it,
 and :class:`InferFastPath` (in front of FastAPI) calls it directly, leaving out FastAPI's
 per-request layers.  One exception handler turns every :class:`TierserveError` into its
-:func:`~.errors.http_status` with the body ``{"error": message}`` (file paths cut); anything else is a
+:func:`~tierserve.server.errors.http_status` with the body ``{"error": message}`` (file paths cut);
+anything else is a
 500 with ``{"error": "internal error"}`` and a logged traceback.  :mod:`.openapi` documents
 every route, infer included.
 """
@@ -38,11 +39,10 @@ from starlette.routing import Route
 
 from tierserve.core.errors import InvalidInputError, PayloadTooLargeError, TierserveError
 
-from . import openapi as docs
-from .admission import Admission, ServerBusyError
-from .dataplane import DataPlane
-from .errors import http_status
-from .policy import (
+from ..errors import http_status
+from ..runtime.admission import Admission, ServerBusyError
+from ..runtime.dataplane import DataPlane
+from ..runtime.policy import (
     AdminToken,
     error_body,
     load_name,
@@ -50,7 +50,7 @@ from .policy import (
     public_index,
     repository_parameters,
 )
-from .tensors import (
+from ..runtime.tensors import (
     DecodedRequest,
     TensorSpec,
     array_from_json,
@@ -61,6 +61,7 @@ from .tensors import (
     parse_json,
     parse_json_exact,
 )
+from . import openapi as docs
 
 log = logging.getLogger("tierserve.server")
 
@@ -199,7 +200,7 @@ class InferEndpoint:
             label = plane.metrics_label(model)
             plane.metrics.observe_request(label, "http", time.perf_counter() - started, status)
 
-    # -- served by the native HTTP transport (server/http_native.py), without ASGI ---------
+    # -- served by the native HTTP transport (server/http/native.py), without ASGI ---------
 
     def refuse(self, model: str, version: str, length: str | None) -> TierserveError | None:
         """The error an infer request gets before its body is read (unknown model, declared
@@ -314,7 +315,8 @@ class InferFastPath:
     app's :class:`InferEndpoint`; everything else, lifespan included, goes to ``app``.
 
     A request with a body first takes its room in the worker's budget (the app's
-    :class:`~.admission.Admission`), waiting for it with the body unread; one that finds none
+    :class:`~tierserve.server.runtime.admission.Admission`), waiting for it with the body unread;
+    one that finds none
     within ``admission_timeout_s`` is answered 503.  Requests without a body (health,
     metadata, metrics) never wait."""
 

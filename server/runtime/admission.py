@@ -11,7 +11,7 @@ HTTP front end's waiters are kept in :class:`Waiters`.
 
 After a burst (bytes in flight high, then low again) the memory it used is handed back to
 the OS (:class:`BurstTrim`): ``tierserve serve`` keeps freed memory in its heap otherwise
-(server/allocator.py).  :func:`max_descriptor` turns ``descriptor_reserve`` into the highest
+(server/runtime/allocator.py).  :func:`max_descriptor` turns ``descriptor_reserve`` into the highest
 descriptor an accepted connection may have.
 """
 
@@ -27,8 +27,8 @@ from typing import Protocol
 
 from tierserve.core.errors import CapacityExceededError
 
+from ..settings import Settings
 from .allocator import LARGE_BODY, trimmer
-from .settings import Settings
 
 
 class ServerBusyError(CapacityExceededError):
