@@ -56,6 +56,7 @@ from tierserve.core.errors import (
 
 from .config import ModelConfig, PSConfig, load_ps_config
 from .config_base import VolatileConfig
+from .id_admission import UpdateAdmission
 from .keys import as_keys
 from .rocksdb_tier import RocksDBConfig
 from .row_codec import RowCodec
@@ -170,6 +171,7 @@ class HierarchicalParameterServer:
         self._load_lock = threading.Lock()  # guards _models and _staged
         self._stage_lock = threading.Lock()  # one stage at a time: storage names stay unique
         self._generation = 0
+        self._admission: dict[tuple, UpdateAdmission] = {}  # (storage, levels): its rule
         if load:
             try:
                 for model in config.models:
@@ -390,6 +392,9 @@ class HierarchicalParameterServer:
         for spec in old.tables.values():
             if spec.storage in keep:
                 continue
+            with self._load_lock:
+                self._admission = {k: v for k, v in self._admission.items()
+                                   if k[0] != spec.storage}  # fmt: skip
             for tier in self.tiers.values():
                 if tier.read_only:
                     continue
@@ -542,9 +547,54 @@ class HierarchicalParameterServer:
     update = insert
 
     def apply_update(self, tag: str, keys, embeddings, *, level: str | None = None) -> None:
-        """:meth:`insert` addressed by table tag ``hps_et.<model>.<table>`` (a Kafka topic)."""
+        """:meth:`insert` addressed by table tag ``hps_et.<model>.<table>`` (a Kafka topic).
+
+        With the table's ``min_update_count`` above 1, updates of ids that no tier written
+        here stores yet are held back until the id has that many
+        (:mod:`tierserve.ps.id_admission`); the tiers count admitted and held-back keys.
+        """
         model, table = parse_table_tag(tag)
-        self.insert(model, table, keys, embeddings, level=level)
+        admitted = self._admit(model, table, keys, embeddings, level)
+        if admitted is None:
+            self.insert(model, table, keys, embeddings, level=level)
+            return
+        rule, keys, stored, admit, stats = admitted
+        if admit.any():
+            self.insert(model, table, keys[admit], np.asarray(embeddings)[admit], level=level)
+        rule.record(keys, ~admit)
+        for st in stats:
+            st.admitted += int(np.count_nonzero(admit & ~stored))
+            st.held_back += int(np.count_nonzero(~admit))
+
+    def _admit(self, model: str, table: str, keys, embeddings, level: str | None):
+        """``(rule, keys, stored, admitted, tier stats)`` for a table with an admission rule (its
+        ids stored in no tier this update writes count as new); None for one without."""
+        m = self._acquire(model)
+        try:
+            spec = m.table(table)
+            count = m.config.min_update_count[list(m.tables).index(table)]
+            if count <= 1:
+                return None
+            keys = self._keys(keys)
+            emb = np.asarray(embeddings)
+            if emb.ndim != 2 or emb.shape[0] != keys.size:
+                return None  # insert refuses it
+            levels = [level] if level is not None else list(self.tiers)
+            tiers = [self.tiers[lv] for lv in levels
+                     if lv in self.tiers and self.accepts_updates(lv, m.name)]  # fmt: skip
+            if not tiers:
+                return None
+            stored = np.zeros(keys.size, dtype=bool)
+            for tier in tiers:
+                stored |= tier.lookup(spec.storage, keys)[1]
+            with self._load_lock:
+                rule = self._admission.get((spec.storage, tuple(levels)))
+                if rule is None:
+                    rule = UpdateAdmission(count, m.config.admission_sketch_width)
+                    self._admission[(spec.storage, tuple(levels))] = rule
+        finally:
+            m.release()
+        return rule, keys, stored, rule.admit(keys, stored), [t.stats for t in tiers]
 
     def add_update_listener(self, listener) -> None:
         """Call ``listener(model, table, keys, embeddings)`` after each insert or evict.

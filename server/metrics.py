@@ -65,6 +65,18 @@ class _TierCollector(Collector):
             "open); they fell through to the next tier or the default vector",
             labels=["tier"],
         )
+        admitted = CounterMetricFamily(
+            "tierserve_tier_admitted",
+            "Keys of online updates of ids the tier did not store yet that were written "
+            "(admitted by the table's min_update_count)",
+            labels=["tier"],
+        )
+        held_back = CounterMetricFamily(
+            "tierserve_tier_held_back",
+            "Keys of online updates of ids the tier does not store yet that were not written: "
+            "fewer than the table's min_update_count updates of them so far",
+            labels=["tier"],
+        )
         latency = HistogramMetricFamily(
             "tierserve_tier_latency_seconds",
             "Latency of storage-tier operations (lookup, insert, ...)",
@@ -135,6 +147,8 @@ class _TierCollector(Collector):
                 hits.add_metric([tier], snap.get("hits", 0))
                 misses.add_metric([tier], snap.get("misses", 0))
                 skipped.add_metric([tier], snap.get("skipped", 0))
+                admitted.add_metric([tier], snap.get("admitted", 0))
+                held_back.add_metric([tier], snap.get("held_back", 0))
                 for op, h in snap.get("latency", {}).items():
                     buckets = [
                         ("+Inf" if bound == float("inf") else str(bound), n)
@@ -153,6 +167,8 @@ class _TierCollector(Collector):
         yield hits
         yield misses
         yield skipped
+        yield admitted
+        yield held_back
         yield latency
 
     @staticmethod
