@@ -62,6 +62,16 @@ UpdateSourceConfig = Annotated[
 MAX_KEYS_PER_REQUEST = 2**31 - 1
 
 
+def _each(value, ok, field: str, what: str):
+    """``value`` (one setting for all tables, or a list of one per table) when ``ok`` holds
+    for each entry (never a bool); else a ValueError naming ``field`` and ``what`` it takes."""
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, bool) or not ok(v):
+            raise ValueError(f"{v!r} is not a {field}: give {what}, for all tables or as a "
+                             "list with one per table")  # fmt: skip
+    return value
+
+
 class ModelConfig(StrictModel):
     """One served model: its files and per-table settings (``models[]`` in ``ps.json``)."""
 
@@ -103,6 +113,9 @@ class ModelConfig(StrictModel):
     #: (:mod:`tierserve.ps.id_admission`).
     min_update_count: PositiveInt | list[PositiveInt] = 1
     admission_sketch_width: Annotated[int, Field(ge=64, le=2**30)] = DEFAULT_SKETCH_WIDTH
+    #: Rows not written or looked up for that many seconds are removed from every tier (one
+    #: value for all tables, or one per table; null: never); see :mod:`tierserve.ps.expiry`.
+    ttl_seconds: float | None | list[float | None] = None
 
     @property
     def num_tables(self) -> int:
@@ -129,13 +142,15 @@ class ModelConfig(StrictModel):
     @field_validator("min_update_count", mode="before")
     @classmethod
     def _whole_counts(cls, value):
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(
-                    f"{v!r} is not a min_update_count: give a whole number >= 1 (default 1: "
-                    "admit new ids at once), for all tables or as a list with one per table"
-                )
-        return value
+        return _each(value, lambda v: isinstance(v, int) and v >= 1, "min_update_count",
+                     "a whole number >= 1 (default 1: admit new ids at once)")  # fmt: skip
+
+    @field_validator("ttl_seconds", mode="before")
+    @classmethod
+    def _positive_ttls(cls, value):
+        return _each(value, lambda v: v is None or isinstance(v, int | float) and 0 < v < 2**31,
+                     "ttl_seconds", "a number of seconds > 0 (and below 2**31), or null for no "
+                     "expiry (the default)")  # fmt: skip
 
     @model_validator(mode="after")
     def _per_table_lists(self) -> ModelConfig:
@@ -147,13 +162,14 @@ class ModelConfig(StrictModel):
         if self.embedding_table_names is None:
             names = [f"sparse_embedding{i + 1}" for i in range(n)]
             object.__setattr__(self, "embedding_table_names", names)
-        for field in ("storage_dtype", "min_update_count"):
+        for field in ("storage_dtype", "min_update_count", "ttl_seconds"):
             if not isinstance(getattr(self, field), list):
                 object.__setattr__(self, field, [getattr(self, field)] * n)
         for field in (
             "default_value_for_each_table",
             "storage_dtype",
             "min_update_count",
+            "ttl_seconds",
             "maxnum_catfeature_query_per_table_per_sample",
             "embedding_vecsize_per_table",
             "embedding_table_names",

@@ -30,6 +30,12 @@ ps.row_codec.RowCodec`): tiers hold the encoded rows as ``codec.words`` 4-byte w
 class encodes on load and on insert (online updates included) and decodes on lookup, so
 callers always see float32.  A table's layout is recorded beside it (``layout/<storage>``),
 and attaching to a table stored in another layout is refused.
+
+Expiry and admission for online learning: a table's ``ttl_seconds`` has every writable tier
+keep its rows' last use and :class:`~tierserve.ps.expiry.ExpirySweeper` (owned here) remove
+the rows unused for that long; its ``min_update_count`` holds back online updates of ids no
+tier stores yet (:meth:`HierarchicalParameterServer.apply_update`,
+:mod:`tierserve.ps.id_admission`).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from tierserve.core.errors import (
 
 from .config import ModelConfig, PSConfig, load_ps_config
 from .config_base import VolatileConfig
+from .expiry import ExpirySweeper
 from .id_admission import UpdateAdmission
 from .keys import as_keys
 from .rocksdb_tier import RocksDBConfig
@@ -82,6 +89,8 @@ class TableSpec:
     default: float
     #: How the table's rows are stored (float32 unless ``storage_dtype`` says otherwise).
     codec: RowCodec = None
+    #: Seconds a row lives after its last write or lookup (``ttl_seconds``; None: forever).
+    ttl: float | None = None
 
     def __post_init__(self) -> None:
         if self.codec is None:
@@ -182,6 +191,7 @@ class HierarchicalParameterServer:
         from .refill import start_refill
 
         self._refill = start_refill(self)  # refills a Redis node that comes back empty
+        self.expiry = ExpirySweeper(self).start()  # removes rows whose ttl_seconds passed
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs) -> HierarchicalParameterServer:
@@ -242,11 +252,13 @@ class HierarchicalParameterServer:
                     storage = f"{tag}@{gen}" if live or tag in busy else tag
                 codec = RowCodec(config.storage_dtype[i], dim)
                 spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i],
-                                 codec)  # fmt: skip
+                                 codec, config.ttl_seconds[i])  # fmt: skip
                 if attach:
                     for tier in self.tiers.values():
                         _check_layout(tier, spec)
                         tier.create_table(storage, codec.words)
+                        if not tier.read_only:
+                            tier.set_ttl(storage, spec.ttl)
                 else:
                     keys, emb = tables[i]
                     self._fill(spec, keys, emb, created)
@@ -349,6 +361,7 @@ class HierarchicalParameterServer:
             tier.drop_table(spec.storage)  # what an earlier run or interrupted load left
             tier.create_table(spec.storage, spec.codec.words)
             created.append((tier, spec.storage))
+            tier.set_ttl(spec.storage, spec.ttl)
             tier.set_meta(f"layout/{spec.storage}", spec.codec.dtype.value)
             if level == "volatile" and self.persistent is not None:
                 count = min(n, int(math.ceil(self._initial_cache_rate * n)))
@@ -651,6 +664,9 @@ class HierarchicalParameterServer:
         refill = getattr(self, "_refill", None)
         if refill is not None:
             refill.close()
+        expiry = getattr(self, "expiry", None)
+        if expiry is not None:
+            expiry.close()
         for tier in self.tiers.values():
             tier.close()
 

@@ -68,7 +68,8 @@ class TierStats:
     after repeated failures (circuit open; they also count as misses); ``refilled`` counts keys
     written back after a node came back empty (:mod:`tierserve.ps.refill`); ``admitted`` and
     ``held_back`` count keys of online updates of ids the tier did not store yet that were
-    written, or held back by the table's ``min_update_count`` (:mod:`tierserve.ps.id_admission`).
+    written, or held back by the table's ``min_update_count`` (:mod:`tierserve.ps.id_admission`);
+    ``expired`` counts rows removed because their table's ``ttl_seconds`` passed.
     """
 
     tier: str
@@ -81,6 +82,7 @@ class TierStats:
     refilled: int = 0
     admitted: int = 0
     held_back: int = 0
+    expired: int = 0
     latency: dict[str, LatencyHistogram] = field(default_factory=dict)
 
     def histogram(self, op: str) -> LatencyHistogram:
@@ -111,6 +113,7 @@ class TierStats:
             "refilled": self.refilled,
             "admitted": self.admitted,
             "held_back": self.held_back,
+            "expired": self.expired,
             "latency": {
                 op: {"count": h.count, "sum": h.total, "buckets": h.cumulative()}
                 for op, h in self.latency.items()

@@ -77,6 +77,12 @@ class _TierCollector(Collector):
             "fewer than the table's min_update_count updates of them so far",
             labels=["tier"],
         )
+        expired = CounterMetricFamily(
+            "tierserve_tier_expired",
+            "Rows removed because their table's ttl_seconds passed since their last write or "
+            "lookup",
+            labels=["tier"],
+        )
         latency = HistogramMetricFamily(
             "tierserve_tier_latency_seconds",
             "Latency of storage-tier operations (lookup, insert, ...)",
@@ -149,6 +155,7 @@ class _TierCollector(Collector):
                 skipped.add_metric([tier], snap.get("skipped", 0))
                 admitted.add_metric([tier], snap.get("admitted", 0))
                 held_back.add_metric([tier], snap.get("held_back", 0))
+                expired.add_metric([tier], snap.get("expired", 0))
                 for op, h in snap.get("latency", {}).items():
                     buckets = [
                         ("+Inf" if bound == float("inf") else str(bound), n)
@@ -169,6 +176,7 @@ class _TierCollector(Collector):
         yield skipped
         yield admitted
         yield held_back
+        yield expired
         yield latency
 
     @staticmethod
