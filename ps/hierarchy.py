@@ -599,7 +599,7 @@ class HierarchicalParameterServer:
                 return None
             stored = np.zeros(keys.size, dtype=bool)
             for tier in tiers:
-                stored |= tier.lookup(spec.storage, keys)[1]
+                stored |= tier.contains(spec.storage, keys)
             with self._load_lock:
                 rule = self._admission.get((spec.storage, tuple(levels)))
                 if rule is None:
