@@ -183,7 +183,7 @@ class HashTable:
         self._tick = 1
         if clock and track != "recency":
             raise ValueError("a clocked table tracks recency")
-        self._epoch = time.monotonic() if clock else None
+        self._clock_start = time.monotonic() if clock else None
         self._generation = 0
         self._lock = threading.Lock()
         self._state = self._new_state(self._cap_for(capacity))
@@ -196,7 +196,7 @@ class HashTable:
     @property
     def clocked(self) -> bool:
         """Whether the recency ticks are times (:meth:`expire` works)."""
-        return self._epoch is not None
+        return self._clock_start is not None
 
     @property
     def nbytes(self) -> int:
@@ -325,7 +325,7 @@ class HashTable:
     def expire(self, seconds: float) -> np.ndarray:
         """Remove the rows of a clocked table not written or looked up for ``seconds``
         (to a tick: up to 1 / :data:`CLOCK_TICKS_PER_S` s early); returns their keys."""
-        if self._epoch is None:
+        if self._clock_start is None:
             raise ValueError("only a clocked table expires rows")
         cutoff = self._now() - int(seconds * CLOCK_TICKS_PER_S)
         with self._lock:
@@ -386,11 +386,11 @@ class HashTable:
             cap *= 2
 
     def _now(self) -> int:
-        return int((time.monotonic() - self._epoch) * CLOCK_TICKS_PER_S) + 2
+        return int((time.monotonic() - self._clock_start) * CLOCK_TICKS_PER_S) + 2
 
     def _advance(self) -> int:
         """The next recency tick: one more, or for a clocked table the time (never less)."""
-        if self._epoch is None:
+        if self._clock_start is None:
             self._tick += 1
         else:
             self._tick = max(self._tick, self._now())
@@ -404,5 +404,5 @@ class HashTable:
             np.subtract(s, _TICK_REBASE // 2, out=s)
             np.maximum(s, 0, out=s)
             self._tick -= _TICK_REBASE // 2
-            if self._epoch is not None:  # the times move with the ticks
-                self._epoch += _TICK_REBASE // 2 / CLOCK_TICKS_PER_S
+            if self._clock_start is not None:  # the times move with the ticks
+                self._clock_start += _TICK_REBASE // 2 / CLOCK_TICKS_PER_S
