@@ -133,16 +133,7 @@ def test_ttl_per_table(tmp_path):
     assert parse_ps_config({"models": [model]}).models[0].ttl_seconds == [5, 5]
 
 
-@pytest.mark.parametrize("kind", ["hash_map", "rocks_db_read_only"])
-def test_a_ttl_a_tier_cannot_keep_is_refused(tmp_path, kind):
-    if kind == "hash_map":
-        vol = {"type": "hash_map", "overflow_policy": "evict_least_used", "overflow_margin": 1000}
-        with pytest.raises(ConfigError, match="ttl_seconds.*evict_least_used"):
-            _server(tmp_path, "lfu", vol, ttl_seconds=TTL)
-        return
-    rdb = {"type": "rocks_db", "path": str(tmp_path / "rdb")}
-    _server(tmp_path, "ro", {"type": "disabled"}, rdb).close()
-    # read-only: nothing is written there, so nothing expires there: no TTL to keep
-    ro = {**rdb, "read_only": True}
-    with _server(tmp_path, "ro", {"type": "hash_map"}, ro, ttl_seconds=TTL) as ps:
-        assert ps.tiers["persistent"].read_only
+def test_a_ttl_on_evict_least_used_is_refused(tmp_path):
+    vol = {"type": "hash_map", "overflow_policy": "evict_least_used", "overflow_margin": 1000}
+    with pytest.raises(ConfigError, match="ttl_seconds.*evict_least_used"):
+        _server(tmp_path, "lfu", vol, ttl_seconds=TTL)
