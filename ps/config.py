@@ -39,6 +39,7 @@ from .config_base import (
     validate,
 )
 from .hash_map import ParallelHashMapConfig
+from .id_admission import DEFAULT_SKETCH_WIDTH
 from .kafka_source import KafkaUpdateSourceConfig
 from .rocksdb_tier import RocksDBConfig
 from .row_codec import STORAGE_DTYPES, StorageDtype
@@ -59,6 +60,16 @@ UpdateSourceConfig = Annotated[
 #: The most keys one request may carry (INT32 row pointers): bounds ``max_batch_size`` times
 #: the sum of ``maxnum_catfeature_query_per_table_per_sample``, the default key limit.
 MAX_KEYS_PER_REQUEST = 2**31 - 1
+
+
+def _each(value, ok, field: str, what: str):
+    """``value`` (one setting for all tables, or a list of one per table) when ``ok`` holds
+    for each entry (never a bool); else a ValueError naming ``field`` and ``what`` it takes."""
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, bool) or not ok(v):
+            raise ValueError(f"{v!r} is not a {field}: give {what}, for all tables or as a "
+                             "list with one per table")  # fmt: skip
+    return value
 
 
 class ModelConfig(StrictModel):
@@ -96,6 +107,15 @@ class ModelConfig(StrictModel):
     #: all tables, or one per table): ``float32``, ``float16`` or ``int8`` (row-wise scale and
     #: bias); see :mod:`tierserve.ps.row_codec`.  Lookups answer float32 either way.
     storage_dtype: StorageDtype | list[StorageDtype] = StorageDtype.float32
+    #: Online updates of an id no tier stores yet apply only once that many updates of it
+    #: came (one value for all tables, or one per table; 1: at once); counted in a bounded
+    #: count-min sketch of ``admission_sketch_width`` counters per row
+    #: (:mod:`tierserve.ps.id_admission`).
+    min_update_count: PositiveInt | list[PositiveInt] = 1
+    admission_sketch_width: Annotated[int, Field(ge=64, le=2**30)] = DEFAULT_SKETCH_WIDTH
+    #: Rows not written or looked up for that many seconds are removed from every tier (one
+    #: value for all tables, or one per table; null: never); see :mod:`tierserve.ps.expiry`.
+    ttl_seconds: float | None | list[float | None] = None
 
     @property
     def num_tables(self) -> int:
@@ -119,6 +139,19 @@ class ModelConfig(StrictModel):
                 )
         return value
 
+    @field_validator("min_update_count", mode="before")
+    @classmethod
+    def _whole_counts(cls, value):
+        return _each(value, lambda v: isinstance(v, int) and v >= 1, "min_update_count",
+                     "a whole number >= 1 (default 1: admit new ids at once)")  # fmt: skip
+
+    @field_validator("ttl_seconds", mode="before")
+    @classmethod
+    def _positive_ttls(cls, value):
+        return _each(value, lambda v: v is None or isinstance(v, int | float) and 0 < v < 2**31,
+                     "ttl_seconds", "a number of seconds > 0 (and below 2**31), or null for no "
+                     "expiry (the default)")  # fmt: skip
+
     @model_validator(mode="after")
     def _per_table_lists(self) -> ModelConfig:
         n = len(self.sparse_files)
@@ -129,11 +162,14 @@ class ModelConfig(StrictModel):
         if self.embedding_table_names is None:
             names = [f"sparse_embedding{i + 1}" for i in range(n)]
             object.__setattr__(self, "embedding_table_names", names)
-        if not isinstance(self.storage_dtype, list):
-            object.__setattr__(self, "storage_dtype", [self.storage_dtype] * n)
+        for field in ("storage_dtype", "min_update_count", "ttl_seconds"):
+            if not isinstance(getattr(self, field), list):
+                object.__setattr__(self, field, [getattr(self, field)] * n)
         for field in (
             "default_value_for_each_table",
             "storage_dtype",
+            "min_update_count",
+            "ttl_seconds",
             "maxnum_catfeature_query_per_table_per_sample",
             "embedding_vecsize_per_table",
             "embedding_table_names",

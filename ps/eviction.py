@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from tierserve.core.errors import ConfigError
+
 from .config_base import DatabaseOverflowPolicy_t
 
 
@@ -72,3 +74,13 @@ def make_policy(policy: DatabaseOverflowPolicy_t | str) -> EvictionPolicy:
 def resolution_size(overflow_margin: int, target: float) -> int:
     """How many entries a partition keeps after resolving an overflow."""
     return int(math.floor(overflow_margin * target))
+
+
+def check_ttl_policy(policy: EvictionPolicy, kind: str) -> None:
+    """Refuse a table TTL on a tier whose per-row statistic is not an access time."""
+    if policy.track == "frequency":
+        raise ConfigError(
+            f"ttl_seconds needs the last access time of each row, but the {kind} tier's "
+            "overflow_policy evict_least_used keeps access counts instead: use evict_oldest "
+            "or evict_random with a TTL"
+        )

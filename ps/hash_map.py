@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from tierserve.core.errors import InvalidInputError, NotFoundError
+from tierserve.core.errors import ConfigError, InvalidInputError, NotFoundError
 
 from .aligned import cache_aligned
 from .config_base import (
@@ -30,7 +30,7 @@ from .config_base import (
     PositiveInt,
     default_num_partitions,
 )
-from .eviction import make_policy, resolution_size
+from .eviction import check_ttl_policy, make_policy, resolution_size
 from .hash_kernels import group_by_partition
 from .hash_table import HashTable
 from .partition import as_keys
@@ -70,6 +70,7 @@ class HashMapTier(Tier):
             self.overflow_margin, config.overflow_resolution_target
         )
         self._tables: dict[str, list[HashTable]] = {}
+        self._ttl: dict[str, float] = {}  # tables with a time-to-live: seconds
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()
         self._pool = None
@@ -90,6 +91,42 @@ class HashMapTier(Tier):
             track = self.policy.track if self.overflow_margin < UNBOUNDED else None
             self._tables[tag] = [HashTable(dim, track=track) for _ in range(self.num_partitions)]
 
+    def set_ttl(self, tag: str, seconds: float | None) -> None:
+        """:meth:`Tier.set_ttl`: the table's partitions keep their rows' access times
+        (before its rows load; a TTL needs them, so it refuses ``evict_least_used``)."""
+        if seconds is None:
+            return
+        check_ttl_policy(self.policy, self.kind)
+        parts = self._parts(tag)
+        with self._lock:
+            if not parts[0].clocked:
+                if any(len(p) for p in parts):
+                    raise ConfigError(f"ttl_seconds must be set on {tag} before its rows load")
+                self._tables[tag] = [HashTable(parts[0].dim, track="recency", clock=True)
+                                     for _ in parts]  # fmt: skip
+            self._ttl[tag] = float(seconds)
+
+    def contains(self, tag: str, keys) -> np.ndarray:
+        parts = self._parts(tag)
+        keys = as_keys(keys)
+        if len(parts) == 1:
+            return parts[0].contains(keys)
+        order, bounds = group_by_partition(keys, len(parts))
+        found = np.empty(keys.size, dtype=bool)
+        for p in range(len(parts)):
+            sel = order[bounds[p] : bounds[p + 1]]
+            found[sel] = parts[p].contains(keys[sel])
+        return found
+
+    def expire(self, tag: str, keep=None) -> np.ndarray:
+        seconds = self._ttl.get(tag)
+        parts = self._tables.get(tag)
+        if seconds is None or parts is None or not parts[0].clocked:
+            return np.empty(0, dtype=np.int64)
+        gone = np.concatenate([p.expire(seconds) for p in parts])
+        self.stats.expired += gone.size
+        return gone
+
     def dim(self, tag: str) -> int | None:
         parts = self._tables.get(tag)
         return None if parts is None else parts[0].dim
@@ -100,6 +137,7 @@ class HashMapTier(Tier):
     def drop_table(self, tag: str) -> None:
         with self._lock:
             self._tables.pop(tag, None)
+            self._ttl.pop(tag, None)
 
     def nbytes(self, tag: str) -> int:
         """Bytes of memory table ``tag`` holds (index and vectors)."""
@@ -127,31 +165,36 @@ class HashMapTier(Tier):
 
     def lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
         parts = self._parts(tag)
-        return self._lookup(parts, as_keys(keys), parts[0].dim, 0)
+        return self._lookup(parts, as_keys(keys), parts[0].dim, 0, self._refresh(tag))
 
     def lookup_decoded(self, tag: str, keys, codec) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`Tier.lookup_decoded`: the kernels decode the rows as they copy them."""
         parts = self._parts(tag)
         if parts[0].dim != codec.words:
             raise InvalidInputError(f"table {tag} holds rows of {parts[0].dim} words, not {codec}")
-        return self._lookup(parts, as_keys(keys), codec.dim, codec.layout)
+        return self._lookup(parts, as_keys(keys), codec.dim, codec.layout, self._refresh(tag))
 
-    def _lookup(self, parts: list[HashTable], keys: np.ndarray, width: int, layout: int):
+    def _refresh(self, tag: str) -> bool:
+        """Whether lookups stamp their rows' access time: ``refresh_time_after_fetch``, and
+        always in a table with a TTL (it counts from the last update or lookup)."""
+        return self.refresh_after_fetch or tag in self._ttl
+
+    def _lookup(self, parts: list[HashTable], keys: np.ndarray, width: int, layout: int,
+                refresh: bool):  # fmt: skip
         """``(rows [n, width], found)``; ``layout`` decodes stored rows (0: as stored)."""
         with self.stats.timed("lookup"):
             if len(parts) == 1:
                 emb = cache_aligned((keys.size, width), np.float32)
                 found = np.empty(keys.size, dtype=bool)
-                hits = parts[0].lookup_into(keys, None, emb, found, self.refresh_after_fetch,
-                                            layout)  # fmt: skip
+                hits = parts[0].lookup_into(keys, None, emb, found, refresh, layout)
             else:
-                emb, found, hits = self._lookup_partitioned(parts, keys, width, layout)
+                emb, found, hits = self._lookup_partitioned(parts, keys, width, layout, refresh)
             self.stats.hits += hits
             self.stats.misses += keys.size - hits
             return emb, found
 
     def _lookup_partitioned(self, parts: list[HashTable], keys: np.ndarray, width: int,
-                            layout: int):  # fmt: skip
+                            layout: int, refresh: bool):  # fmt: skip
         order, bounds = group_by_partition(keys, len(parts))
         emb = cache_aligned((keys.size, width), np.float32)
         grouped = np.empty(keys.size, dtype=bool)  # found flags in partition order
@@ -161,8 +204,8 @@ class HashMapTier(Tier):
             # Each partition writes its rows straight to request order: all in parallel.
             a, b = bounds[p], bounds[p + 1]
             if b > a:
-                hits[p] = parts[p].lookup_into(keys, order[a:b], emb, grouped[a:b],
-                                               self.refresh_after_fetch, layout)
+                hits[p] = parts[p].lookup_into(keys, order[a:b], emb, grouped[a:b], refresh,
+                                               layout)  # fmt: skip
 
         self._map(work, len(parts))
         found = np.empty(keys.size, dtype=bool)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -45,6 +46,8 @@ _FILL = 0.75  # fill after a load or a rebuild
 _GROW_FILL = 0.7  # fill after growing for inserts
 _MAX_FILL = 0.85  # slots in use (tombstones included) that trigger growth
 _TICK_REBASE = 2**30
+#: Ticks per second of a table whose ticks are times (``clock``; tables with a TTL).
+CLOCK_TICKS_PER_S = 10
 _TRACK = {None: 0, "recency": _k.TRACK_RECENCY, "frequency": _k.TRACK_FREQUENCY}
 _NO_POS = np.empty(0, dtype=np.int64)
 
@@ -163,10 +166,13 @@ class HashTable:
     """One partition's embeddings: int64 key -> float32 vector of length ``dim``.
 
     ``track`` selects the per-slot statistic kept for eviction: ``"recency"`` (last access
-    tick), ``"frequency"`` (access count) or ``None``.
+    tick), ``"frequency"`` (access count) or ``None``.  With ``clock`` (recency only) the
+    ticks are times, in :data:`CLOCK_TICKS_PER_S` per second since the table was made, so
+    that :meth:`expire` can remove the rows not accessed for a number of seconds.
     """
 
-    def __init__(self, dim: int, track: str | None = None, capacity: int = 0) -> None:
+    def __init__(self, dim: int, track: str | None = None, capacity: int = 0,
+                 clock: bool = False) -> None:  # fmt: skip
         if dim <= 0:
             raise InvalidInputError(f"embedding dim must be positive, got {dim}")
         if track not in _TRACK:
@@ -175,6 +181,9 @@ class HashTable:
         self.track = track
         self._track = _TRACK[track]
         self._tick = 1
+        if clock and track != "recency":
+            raise ValueError("a clocked table tracks recency")
+        self._clock_start = time.monotonic() if clock else None
         self._generation = 0
         self._lock = threading.Lock()
         self._state = self._new_state(self._cap_for(capacity))
@@ -183,6 +192,11 @@ class HashTable:
 
     def __len__(self) -> int:
         return self._state.live
+
+    @property
+    def clocked(self) -> bool:
+        """Whether the recency ticks are times (:meth:`expire` works)."""
+        return self._clock_start is not None
 
     @property
     def nbytes(self) -> int:
@@ -218,8 +232,7 @@ class HashTable:
         track = self._track
         if track == _k.TRACK_RECENCY:
             if refresh:
-                self._tick += 1
-                tick = self._tick
+                tick = self._advance()
             else:
                 track = _k._TRACK_NONE
         hits = _k.lookup(
@@ -249,8 +262,7 @@ class HashTable:
             raise InvalidInputError(f"keys {int(EMPTY)} and {int(TOMB)} are reserved")
         emb = np.ascontiguousarray(embeddings, dtype=np.float32).reshape(keys.size, self.dim)
         with self._lock:
-            self._tick += 1
-            stat = self._tick if self._track == _k.TRACK_RECENCY else 1
+            stat = self._advance() if self._track == _k.TRACK_RECENCY else 1
             before = self._state.live
             start = 0
             rebuilt = False
@@ -279,8 +291,7 @@ class HashTable:
             raise InvalidInputError(f"keys {int(EMPTY)} and {int(TOMB)} are reserved")
         emb = np.ascontiguousarray(embeddings, dtype=np.float32).reshape(keys.size, self.dim)
         with self._lock:
-            self._tick += 1
-            stat = self._tick if self._track == _k.TRACK_RECENCY else 1
+            stat = self._advance() if self._track == _k.TRACK_RECENCY else 1
             cap = self._cap_for(keys.size)
             threads = _load_threads(keys.size)
             while True:
@@ -310,6 +321,24 @@ class HashTable:
             if st.used - st.live > max(st.live // 4, 1024):
                 self._rebuild(self._cap_for(st.live))
             return int(gone.size)
+
+    def expire(self, seconds: float) -> np.ndarray:
+        """Remove the rows of a clocked table not written or looked up for ``seconds``
+        (to a tick: up to 1 / :data:`CLOCK_TICKS_PER_S` s early); returns their keys."""
+        if self._clock_start is None:
+            raise ValueError("only a clocked table expires rows")
+        cutoff = self._now() - int(seconds * CLOCK_TICKS_PER_S)
+        with self._lock:
+            st = self._state
+            live = st.live_slots()
+            old = live[st.stats[live] < cutoff]
+            keys = st.index[old].copy()
+            if old.size:
+                st.index[old] = TOMB
+                st.live -= old.size
+                if st.used - st.live > max(st.live // 4, 1024):
+                    self._rebuild(self._cap_for(st.live))
+            return keys
 
     def evict_to(self, target: int, policy, rng: np.random.Generator) -> int:
         """Evict by ``policy`` until at most ``target`` keys remain; returns how many went."""
@@ -356,6 +385,17 @@ class HashTable:
                 return
             cap *= 2
 
+    def _now(self) -> int:
+        return int((time.monotonic() - self._clock_start) * CLOCK_TICKS_PER_S) + 2
+
+    def _advance(self) -> int:
+        """The next recency tick: one more, or for a clocked table the time (never less)."""
+        if self._clock_start is None:
+            self._tick += 1
+        else:
+            self._tick = max(self._tick, self._now())
+        return self._tick
+
     def _rebase(self) -> None:
         with self._lock:
             if self._tick < _TICK_REBASE:
@@ -364,3 +404,5 @@ class HashTable:
             np.subtract(s, _TICK_REBASE // 2, out=s)
             np.maximum(s, 0, out=s)
             self._tick -= _TICK_REBASE // 2
+            if self._clock_start is not None:  # the times move with the ticks
+                self._clock_start += _TICK_REBASE // 2 / CLOCK_TICKS_PER_S

@@ -30,6 +30,12 @@ ps.row_codec.RowCodec`): tiers hold the encoded rows as ``codec.words`` 4-byte w
 class encodes on load and on insert (online updates included) and decodes on lookup, so
 callers always see float32.  A table's layout is recorded beside it (``layout/<storage>``),
 and attaching to a table stored in another layout is refused.
+
+Expiry and admission for online learning: a table's ``ttl_seconds`` has every writable tier
+keep its rows' last use and :class:`~tierserve.ps.expiry.ExpirySweeper` (owned here) remove
+the rows unused for that long; its ``min_update_count`` holds back online updates of ids no
+tier stores yet (:meth:`HierarchicalParameterServer.apply_update`,
+:mod:`tierserve.ps.id_admission`).
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ from tierserve.core.errors import (
 
 from .config import ModelConfig, PSConfig, load_ps_config
 from .config_base import VolatileConfig
+from .expiry import ExpirySweeper
+from .id_admission import UpdateAdmission
 from .keys import as_keys
 from .rocksdb_tier import RocksDBConfig
 from .row_codec import RowCodec
@@ -81,6 +89,8 @@ class TableSpec:
     default: float
     #: How the table's rows are stored (float32 unless ``storage_dtype`` says otherwise).
     codec: RowCodec = None
+    #: Seconds a row lives after its last write or lookup (``ttl_seconds``; None: forever).
+    ttl: float | None = None
 
     def __post_init__(self) -> None:
         if self.codec is None:
@@ -170,6 +180,7 @@ class HierarchicalParameterServer:
         self._load_lock = threading.Lock()  # guards _models and _staged
         self._stage_lock = threading.Lock()  # one stage at a time: storage names stay unique
         self._generation = 0
+        self._admission: dict[tuple, UpdateAdmission] = {}  # (storage, levels): its rule
         if load:
             try:
                 for model in config.models:
@@ -180,6 +191,7 @@ class HierarchicalParameterServer:
         from .refill import start_refill
 
         self._refill = start_refill(self)  # refills a Redis node that comes back empty
+        self.expiry = ExpirySweeper(self).start()  # removes rows whose ttl_seconds passed
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs) -> HierarchicalParameterServer:
@@ -240,11 +252,13 @@ class HierarchicalParameterServer:
                     storage = f"{tag}@{gen}" if live or tag in busy else tag
                 codec = RowCodec(config.storage_dtype[i], dim)
                 spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i],
-                                 codec)  # fmt: skip
+                                 codec, config.ttl_seconds[i])  # fmt: skip
                 if attach:
                     for tier in self.tiers.values():
                         _check_layout(tier, spec)
                         tier.create_table(storage, codec.words)
+                        if not tier.read_only:
+                            tier.set_ttl(storage, spec.ttl)
                 else:
                     keys, emb = tables[i]
                     self._fill(spec, keys, emb, created)
@@ -347,6 +361,7 @@ class HierarchicalParameterServer:
             tier.drop_table(spec.storage)  # what an earlier run or interrupted load left
             tier.create_table(spec.storage, spec.codec.words)
             created.append((tier, spec.storage))
+            tier.set_ttl(spec.storage, spec.ttl)
             tier.set_meta(f"layout/{spec.storage}", spec.codec.dtype.value)
             if level == "volatile" and self.persistent is not None:
                 count = min(n, int(math.ceil(self._initial_cache_rate * n)))
@@ -390,6 +405,9 @@ class HierarchicalParameterServer:
         for spec in old.tables.values():
             if spec.storage in keep:
                 continue
+            with self._load_lock:
+                self._admission = {k: v for k, v in self._admission.items()
+                                   if k[0] != spec.storage}  # fmt: skip
             for tier in self.tiers.values():
                 if tier.read_only:
                     continue
@@ -542,9 +560,54 @@ class HierarchicalParameterServer:
     update = insert
 
     def apply_update(self, tag: str, keys, embeddings, *, level: str | None = None) -> None:
-        """:meth:`insert` addressed by table tag ``hps_et.<model>.<table>`` (a Kafka topic)."""
+        """:meth:`insert` addressed by table tag ``hps_et.<model>.<table>`` (a Kafka topic).
+
+        With the table's ``min_update_count`` above 1, updates of ids that no tier written
+        here stores yet are held back until the id has that many
+        (:mod:`tierserve.ps.id_admission`); the tiers count admitted and held-back keys.
+        """
         model, table = parse_table_tag(tag)
-        self.insert(model, table, keys, embeddings, level=level)
+        admitted = self._admit(model, table, keys, embeddings, level)
+        if admitted is None:
+            self.insert(model, table, keys, embeddings, level=level)
+            return
+        rule, keys, stored, admit, stats = admitted
+        if admit.any():
+            self.insert(model, table, keys[admit], np.asarray(embeddings)[admit], level=level)
+        rule.record(keys, ~admit)
+        for st in stats:
+            st.admitted += int(np.count_nonzero(admit & ~stored))
+            st.held_back += int(np.count_nonzero(~admit))
+
+    def _admit(self, model: str, table: str, keys, embeddings, level: str | None):
+        """``(rule, keys, stored, admitted, tier stats)`` for a table with an admission rule (its
+        ids stored in no tier this update writes count as new); None for one without."""
+        m = self._acquire(model)
+        try:
+            spec = m.table(table)
+            count = m.config.min_update_count[list(m.tables).index(table)]
+            if count <= 1:
+                return None
+            keys = self._keys(keys)
+            emb = np.asarray(embeddings)
+            if emb.ndim != 2 or emb.shape[0] != keys.size:
+                return None  # insert refuses it
+            levels = [level] if level is not None else list(self.tiers)
+            tiers = [self.tiers[lv] for lv in levels
+                     if lv in self.tiers and self.accepts_updates(lv, m.name)]  # fmt: skip
+            if not tiers:
+                return None
+            stored = np.zeros(keys.size, dtype=bool)
+            for tier in tiers:
+                stored |= tier.contains(spec.storage, keys)
+            with self._load_lock:
+                rule = self._admission.get((spec.storage, tuple(levels)))
+                if rule is None:
+                    rule = UpdateAdmission(count, m.config.admission_sketch_width)
+                    self._admission[(spec.storage, tuple(levels))] = rule
+        finally:
+            m.release()
+        return rule, keys, stored, rule.admit(keys, stored), [t.stats for t in tiers]
 
     def add_update_listener(self, listener) -> None:
         """Call ``listener(model, table, keys, embeddings)`` after each insert or evict.
@@ -601,6 +664,9 @@ class HierarchicalParameterServer:
         refill = getattr(self, "_refill", None)
         if refill is not None:
             refill.close()
+        expiry = getattr(self, "expiry", None)
+        if expiry is not None:
+            expiry.close()
         for tier in self.tiers.values():
             tier.close()
 

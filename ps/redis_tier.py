@@ -61,7 +61,7 @@ from .config_base import (
     default_num_partitions,
     quiet,
 )
-from .eviction import make_policy, resolution_size
+from .eviction import check_ttl_policy, make_policy, resolution_size
 from .partition import as_keys, group_by_partition
 from .redis_client import network_errors, open_client
 from .retry import EqualJitterBackoff, ExponentialBackoff
@@ -78,6 +78,22 @@ RETRY_BASE_S, RETRY_CAP_S = 0.01, 1.0
 _COUNT_SCRIPT = (
     "for i = 1, #ARGV do redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end return #ARGV"
 )
+
+# Removes the rows of ARGV[2..] whose access time in the statistics hash (KEYS[2]) is before
+# ARGV[1] from both hashes and returns them: checked and deleted at once, so a row touched
+# since the sweep read its time stays.
+_EXPIRE_SCRIPT = """
+local gone = {}
+for i = 2, #ARGV do
+  local t = redis.call('HGET', KEYS[2], ARGV[i])
+  if t and tonumber(t) < tonumber(ARGV[1]) then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    gone[#gone + 1] = ARGV[i]
+  end
+end
+return gone
+"""
 
 
 class RedisTierConfig(VolatileConfig):
@@ -222,6 +238,7 @@ class RedisTier(Tier):
             ),
         )
         self._dims: dict[str, int] = {}
+        self._ttl: dict[str, float] = {}  # tables with a time-to-live: seconds
         self._rng = np.random.default_rng()
         self._lock = threading.Lock()
         self._network_errors = network_errors(redis)
@@ -342,6 +359,48 @@ class RedisTier(Tier):
                 raise InvalidInputError(f"table {tag} exists with dim {old}, not {dim}")
             self._dims[tag] = int(dim)
 
+    def set_ttl(self, tag: str, seconds: float | None) -> None:
+        """:meth:`Tier.set_ttl`: the table's statistics hashes keep each row's last write or
+        lookup time (lookups always refresh it), and :meth:`expire` sweeps them.  Redis 7.0
+        expires whole keys only (a partition hash holds many rows; per-field HPEXPIRE came
+        with 7.4), so the sweep is ours."""
+        if seconds is None:
+            return
+        check_ttl_policy(self.policy, self.kind)
+        self._ttl[tag] = float(seconds)
+
+    def expire(self, tag: str, keep=None) -> np.ndarray:
+        """Remove the rows of ``tag`` not written or looked up for its TTL: each partition's
+        statistics hash is scanned (HSCAN, no blocking HGETALL) and the old rows deleted by
+        a script that checks their time again."""
+        seconds = self._ttl.get(tag)
+        if seconds is None:
+            return np.empty(0, dtype=np.int64)
+        cutoff = time.time_ns() // 1000 - int(seconds * 1e6)
+        gone: list[bytes] = []
+        for name, (conn, parts) in self._routes(tag, range(self.num_partitions)).items():
+            if not self._allow(name):
+                continue
+            try:
+                for p in parts:
+                    gone += self._expire_partition(conn, tag, p, cutoff)
+            except self._network_errors as exc:
+                self._node_failed(name, exc, "expiry sweep")
+                continue
+            self.breakers[name].succeeded()
+        self.stats.expired += len(gone)
+        return np.frombuffer(b"".join(gone), dtype="<i8").astype(np.int64)
+
+    def _expire_partition(self, conn, tag: str, p: int, cutoff: int) -> list[bytes]:
+        vname, tname = value_hash(tag, p), stat_hash(tag, p)
+        old = [f for f, t in conn.hscan_iter(tname, count=self.max_get_batch_size)
+               if int(t) < cutoff]  # fmt: skip
+        gone: list[bytes] = []
+        for c0 in range(0, len(old), self.max_batch_size):
+            gone += conn.eval(_EXPIRE_SCRIPT, 2, vname, tname, cutoff,
+                              *old[c0 : c0 + self.max_batch_size])  # fmt: skip
+        return gone
+
     def dim(self, tag: str) -> int | None:
         return self._dims.get(tag)
 
@@ -366,10 +425,14 @@ class RedisTier(Tier):
             self.breakers[name].succeeded()
         with self._lock:
             self._dims.pop(tag, None)
+            self._ttl.pop(tag, None)
 
     # --- data ------------------------------------------------------------------------------
 
-    def lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
+    def contains(self, tag: str, keys) -> np.ndarray:
+        return self.lookup(tag, keys, refresh=False)[1]
+
+    def lookup(self, tag: str, keys, *, refresh: bool = True) -> tuple[np.ndarray, np.ndarray]:
         dim = self._require_dim(tag)
         keys = as_keys(keys)
         n = keys.size
@@ -409,7 +472,10 @@ class RedisTier(Tier):
             hits = found_emb.shape[0]
             self.stats.hits += hits
             self.stats.misses += n - hits
-            if self.refresh_after_fetch and self.policy.track and hits:
+            refresh = refresh and (
+                (self.refresh_after_fetch and self.policy.track) or tag in self._ttl
+            )
+            if refresh and hits:
                 self._touch(tag, keys[pos])
             return emb, found
 
@@ -437,7 +503,7 @@ class RedisTier(Tier):
 
     def _queue_stat(self, pipe, tag: str, p: int, fields: list, now: int) -> int:
         """Queue the statistics update of ``fields``; returns how many commands it queued."""
-        if self.policy.track == "recency":
+        if self.policy.track == "recency" or tag in self._ttl:
             pipe.execute_command("HSET", stat_hash(tag, p), *_interleave(fields, [now] * len(fields)))
             return 1
         if self.policy.track == "frequency":

@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -33,6 +34,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tierserve.core.errors import (
     BackendUnavailableError,
+    ConfigError,
     InvalidInputError,
     ReadOnlyError,
     StorageFullError,
@@ -80,6 +82,14 @@ class RocksDBConfig(TierConfig):
 
 def _drain(iterator) -> None:
     collections.deque(iterator, maxlen=0)
+
+
+_NO_KEYS = np.empty(0, dtype=np.int64)
+
+
+def _times_cf(tag: str) -> str:
+    """The column family of the access times of table ``tag`` (tables with a TTL)."""
+    return f"{tag}#t"
 
 
 class _Gate:
@@ -141,6 +151,7 @@ class RocksDBTier(Tier):
         self._reopen_lock = threading.Lock()  # not _lock: writers hold the gate and take _lock
         self._failed: str | None = None  # why RocksDB refuses writes until it is reopened
         self._db = None
+        self._ttl: dict[str, float] = {}  # tables with a time-to-live: seconds
         self._open()
 
     def _open(self) -> None:
@@ -293,6 +304,69 @@ class RocksDBTier(Tier):
             self._handles[tag] = self._db.get_column_family_handle(tag)
             self._dims[tag] = int(dim)
 
+    # --- expiry ----------------------------------------------------------------------------
+
+    def set_ttl(self, tag: str, seconds: float | None) -> None:
+        """:meth:`Tier.set_ttl`: the table gets a column family ``<tag>#t`` of each row's last
+        write or lookup time (int64 microseconds), written with the rows and by lookups that
+        find them, and swept by :meth:`expire`.  (rocksdict's ``AccessType.with_ttl`` is one
+        TTL for the whole database, counted from writes only and applied when compaction
+        happens to run: not a table's TTL after its last lookup.)"""
+        if seconds is None:
+            return
+        if self.read_only:
+            raise ConfigError(f"ttl_seconds: rocks_db at {self.path} is read-only, it cannot "
+                              "expire rows")  # fmt: skip
+        self._require_dim(tag)
+        name = _times_cf(tag)
+        with self._writing(f"creating the access times of {tag}"), self._lock:
+            if name not in self._db.list_cf(self.path, self._options()):
+                self._db.create_column_family(name, self._options())
+            self._ttl[tag] = float(seconds)
+
+    def _stamp(self, wb, tag: str, fields: list) -> None:
+        """Queue the access time of ``fields`` of a table with a TTL into write batch ``wb``."""
+        handle = self._db.get_column_family_handle(_times_cf(tag))
+        now = (time.time_ns() // 1000).to_bytes(8, "little")
+        for f in fields:
+            wb.put(f, now, handle)
+
+    def _touch(self, tag: str, fields: list) -> None:
+        """Record a lookup of ``fields`` (best effort: a failed write only loses the time)."""
+        try:
+            with self._writing(f"recording access times of {tag}"):
+                wb = self._rd.WriteBatch(raw_mode=True)
+                self._stamp(wb, tag, fields)
+                self._db.write(wb)
+        except BackendUnavailableError as exc:
+            log.warning("rocks_db: could not record access times of %s: %s", tag, exc)
+
+    def expire(self, tag: str, keep=None) -> np.ndarray:
+        """Remove the rows of ``tag`` not written or looked up for its TTL: a scan of its
+        access times, then one write batch per ``max_batch_size`` old rows."""
+        seconds = self._ttl.get(tag)
+        if seconds is None or tag not in self._dims:
+            return _NO_KEYS
+        cutoff = time.time_ns() // 1000 - int(seconds * 1e6)
+        with self._gate.using():
+            times = self._db.get_column_family(_times_cf(tag))
+            raw = [(k, v) for k, v in times.items()]
+        if not raw:
+            return _NO_KEYS
+        stamps = np.frombuffer(b"".join(v for _, v in raw), dtype="<i8")
+        old = [raw[i][0] for i in np.flatnonzero(stamps < cutoff).tolist()]
+        if keep is not None and old:
+            spared = keep(np.frombuffer(b"".join(old), dtype="<i8").astype(np.int64))
+            if spared.any():
+                self._touch(tag, [f for f, s in zip(old, spared.tolist()) if s])
+                old = [f for f, s in zip(old, spared.tolist()) if not s]
+        mb = self.max_batch_size
+        with self._writing(f"expiring rows of {tag}"):
+            for c0 in range(0, len(old), mb):
+                self._write(tag, lambda wb, f=old[c0 : c0 + mb]: self._delete(wb, tag, f))
+        self.stats.expired += len(old)
+        return np.frombuffer(b"".join(old), dtype="<i8").astype(np.int64)
+
     def dim(self, tag: str) -> int | None:
         return self._dims.get(tag)
 
@@ -310,12 +384,21 @@ class RocksDBTier(Tier):
             self._dims.pop(tag)
             self._db.drop_column_family(tag)
             self._db.delete(_META_PREFIX + tag.encode())
+            if self._ttl.pop(tag, None) is not None:
+                self._db.drop_column_family(_times_cf(tag))
 
     # --- data ------------------------------------------------------------------------------
 
+    def contains(self, tag: str, keys) -> np.ndarray:
+        with self._gate.using():
+            return self._lookup(tag, keys)[1]  # no access time recorded
+
     def lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
         with self._gate.using():
-            return self._lookup(tag, keys)
+            emb, found = self._lookup(tag, keys)
+        if tag in self._ttl and found.any():  # outside the gate: the touch is a write
+            self._touch(tag, key_fields(as_keys(keys)[found]))
+        return emb, found
 
     def _lookup(self, tag: str, keys) -> tuple[np.ndarray, np.ndarray]:
         dim = self._require_dim(tag)
@@ -341,7 +424,7 @@ class RocksDBTier(Tier):
             hits = found_emb.shape[0]
             self.stats.hits += hits
             self.stats.misses += keys.size - hits
-            return emb, found
+        return emb, found
 
     def _write(self, tag: str, fill) -> None:
         wb = self._rd.WriteBatch(raw_mode=True)
@@ -359,7 +442,14 @@ class RocksDBTier(Tier):
             for c0 in range(0, keys.size, mb):
                 fields = key_fields(keys[c0 : c0 + mb])
                 vals = vector_values(embeddings[c0 : c0 + mb])
-                self._write(tag, lambda wb, f=fields, v=vals: _drain(map(wb.put, f, v)))
+                stamp = tag in self._ttl
+
+                def fill(wb, f=fields, v=vals, stamp=stamp):
+                    _drain(map(wb.put, f, v))
+                    if stamp:
+                        self._stamp(wb, tag, f)
+
+                self._write(tag, fill)
             self.stats.inserts += keys.size
 
     def load_table(self, tag: str, keys, embeddings, chunk: int = 1 << 18) -> None:
@@ -381,8 +471,16 @@ class RocksDBTier(Tier):
         with self._writing(f"evicting from table {tag}"):
             for c0 in range(0, keys.size, mb):
                 fields = key_fields(keys[c0 : c0 + mb])
-                self._write(tag, lambda wb, f=fields: _drain(map(wb.delete, f)))
+                self._write(tag, lambda wb, f=fields: self._delete(wb, tag, f))
         return present
+
+    def _delete(self, wb, tag: str, fields: list) -> None:
+        """Queue the deletion of rows ``fields`` (and their access times) into ``wb``."""
+        _drain(map(wb.delete, fields))
+        if tag in self._ttl:
+            handle = self._db.get_column_family_handle(_times_cf(tag))
+            for f in fields:
+                wb.delete(f, handle)
 
     def size(self, tag: str) -> int:
         """The exact number of keys (iterates the column family)."""

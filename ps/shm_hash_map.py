@@ -50,6 +50,7 @@ from .config_base import (
 from .hash_map import HashMapTier
 from .hash_table import _MAX_FILL, HashTable, _slots, _State
 from .partition import GOLDEN
+from .tier import Tier
 
 #: Where the tier's folders live.
 SHM_ROOT = Path("/dev/shm")
@@ -353,6 +354,10 @@ class SharedHashMapTier(HashMapTier):
     # every process of the host reads and writes the same tables: one process per host
     # applies each Kafka update (consumer group hps.<level>.<host>), the others' caches hear
     shared = "host"
+
+    # Its tables' access ticks are counted by each process: no TTL (refused, naming it).
+    set_ttl = Tier.set_ttl
+    expire = Tier.expire
 
     def __init__(self, config: MultiProcessHashMapConfig) -> None:
         super().__init__(config)

@@ -66,7 +66,10 @@ class TierStats:
     ``evictions`` counts keys removed by overflow handling; ``inserts`` counts keys written;
     ``skipped`` counts keys a lookup did not ask for because their backend was being skipped
     after repeated failures (circuit open; they also count as misses); ``refilled`` counts keys
-    written back after a node came back empty (:mod:`tierserve.ps.refill`).
+    written back after a node came back empty (:mod:`tierserve.ps.refill`); ``admitted`` and
+    ``held_back`` count keys of online updates of ids the tier did not store yet that were
+    written, or held back by the table's ``min_update_count`` (:mod:`tierserve.ps.id_admission`);
+    ``expired`` counts rows removed because their table's ``ttl_seconds`` passed.
     """
 
     tier: str
@@ -77,6 +80,9 @@ class TierStats:
     inserts: int = 0
     skipped: int = 0
     refilled: int = 0
+    admitted: int = 0
+    held_back: int = 0
+    expired: int = 0
     latency: dict[str, LatencyHistogram] = field(default_factory=dict)
 
     def histogram(self, op: str) -> LatencyHistogram:
@@ -105,6 +111,9 @@ class TierStats:
             "inserts": self.inserts,
             "skipped": self.skipped,
             "refilled": self.refilled,
+            "admitted": self.admitted,
+            "held_back": self.held_back,
+            "expired": self.expired,
             "latency": {
                 op: {"count": h.count, "sum": h.total, "buckets": h.cumulative()}
                 for op, h in self.latency.items()

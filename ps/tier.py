@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from tierserve.core.errors import InvalidInputError, NotFoundError
+from tierserve.core.errors import ConfigError, InvalidInputError, NotFoundError
 
 from .partition import as_keys
 from .stats import TierStats
@@ -99,6 +99,26 @@ class Tier(abc.ABC):
         """Fill a new table in bulk from a sparse model (chunked inserts by default)."""
         for start in range(0, keys.shape[0], chunk):
             self.insert(tag, keys[start : start + chunk], embeddings[start : start + chunk])
+
+    # --- expiry ----------------------------------------------------------------------------
+
+    def set_ttl(self, tag: str, seconds: float | None) -> None:
+        """Expire the rows of table ``tag`` not written or looked up for ``seconds`` (None:
+        never); :meth:`expire` removes them.  Tiers that cannot refuse a TTL naming it."""
+        if seconds is not None:
+            raise ConfigError(f"ttl_seconds is not supported by the {self.kind} tier")
+
+    def expire(self, tag: str, keep=None) -> np.ndarray:
+        """Remove the rows of ``tag`` whose time-to-live passed; returns their keys (int64;
+        counted in ``stats.expired``).  ``keep(keys) -> bool mask``, when given, spares
+        those of them it marks (their time restarts: a tier in front still serves them).
+        Called off the request path (:mod:`tierserve.ps.expiry`)."""
+        return np.empty(0, dtype=np.int64)
+
+    def contains(self, tag: str, keys: np.ndarray) -> np.ndarray:
+        """A bool mask of the ``keys`` table ``tag`` holds (a lookup that refreshes no
+        access time where the tier can avoid it)."""
+        return self.lookup(tag, keys)[1]
 
     def get_meta(self, name: str) -> str | None:
         """A small string this tier keeps beside its tables (None when unset).

@@ -66,6 +66,24 @@ class _TierCollector(Collector):
             "open); they fell through to the next tier or the default vector",
             labels=["tier"],
         )
+        admitted = CounterMetricFamily(
+            "tierserve_tier_admitted",
+            "Keys of online updates of ids the tier did not store yet that were written "
+            "(admitted by the table's min_update_count)",
+            labels=["tier"],
+        )
+        held_back = CounterMetricFamily(
+            "tierserve_tier_held_back",
+            "Keys of online updates of ids the tier does not store yet that were not written: "
+            "fewer than the table's min_update_count updates of them so far",
+            labels=["tier"],
+        )
+        expired = CounterMetricFamily(
+            "tierserve_tier_expired",
+            "Rows removed because their table's ttl_seconds passed since their last write or "
+            "lookup",
+            labels=["tier"],
+        )
         latency = HistogramMetricFamily(
             "tierserve_tier_latency_seconds",
             "Latency of storage-tier operations (lookup, insert, ...)",
@@ -136,6 +154,9 @@ class _TierCollector(Collector):
                 hits.add_metric([tier], snap.get("hits", 0))
                 misses.add_metric([tier], snap.get("misses", 0))
                 skipped.add_metric([tier], snap.get("skipped", 0))
+                admitted.add_metric([tier], snap.get("admitted", 0))
+                held_back.add_metric([tier], snap.get("held_back", 0))
+                expired.add_metric([tier], snap.get("expired", 0))
                 for op, h in snap.get("latency", {}).items():
                     buckets = [
                         ("+Inf" if bound == float("inf") else str(bound), n)
@@ -154,6 +175,9 @@ class _TierCollector(Collector):
         yield hits
         yield misses
         yield skipped
+        yield admitted
+        yield held_back
+        yield expired
         yield latency
 
     @staticmethod

@@ -429,3 +429,30 @@ def test_updates_to_a_compact_table_are_quantized_on_apply(tmp_path, kafka_broke
     finally:
         consumer.close()
         ps.close()
+
+
+def test_a_new_id_appears_only_after_min_update_count_updates(tmp_path, kafka_broker):
+    name = _name("m")
+    tag = table_tag(name, "sparse_embedding1")
+    _create_topic(kafka_broker, tag)
+    model = write_model(tmp_path / name, name, [(np.arange(100), DIM)])
+    model["min_update_count"] = 3
+    ps = HierarchicalParameterServer(parse_ps_config({
+        "volatile_db": {"type": "hash_map", "update_filters": [name]}, "models": [model],
+    }))  # fmt: skip
+    consumer = UpdateConsumer(ps, _config(kafka_broker), "volatile", replica=_name("r")).start()
+    try:
+        with UpdateProducer(kafka_broker.bootstrap) as producer:
+            for i in range(3):  # one message each: the third update of 5000 admits it
+                producer.publish(name, "sparse_embedding1", [5000, 7],
+                                 np.full((2, DIM), i + 0.5, np.float32))  # fmt: skip
+                producer.flush()
+                assert until(lambda i=i: consumer.stats.messages == i + 1), consumer.stats
+                got = ps.lookup(name, "sparse_embedding1", [5000, 7])
+                np.testing.assert_array_equal(got[1], i + 0.5)  # stored id: at once
+                np.testing.assert_array_equal(got[0], i + 0.5 if i == 2 else -1.0)
+        st = ps.tiers["volatile"].stats
+        assert (st.admitted, st.held_back) == (1, 2)
+    finally:
+        consumer.close()
+        ps.close()

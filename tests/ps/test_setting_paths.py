@@ -215,7 +215,22 @@ MODEL_ROUTES = {
     "slot_num": R(5, REFUSED),  # the graph has 4 slots
     "storage_dtype": R(["int8"], "ps",
                        lambda ps, e: [s.codec.dtype.value for s in ps.model("m32").tables.values()]),
+    "ttl_seconds": R([30.0], "ps", lambda ps, e: [ps.tiers["volatile"]._ttl.get(s.storage)
+                                                  for s in ps.model("m32").tables.values()]),
+    "min_update_count": R([3], "ps", lambda ps, e: [_admission(ps).min_update_count]),
+    "admission_sketch_width": R(4096, "ps", lambda ps, e: _admission(ps, 3).sketch.width),
 }
+
+
+def _admission(ps, count=None):
+    """The admission rule of model m32's first table, made by an update of a new id (with a
+    ``min_update_count`` of ``count`` when the route does not set one)."""
+    served = ps.model("m32")
+    if count is not None:
+        served.config.min_update_count = [count] * len(served.tables)
+    spec = next(iter(served.tables.values()))
+    ps.apply_update(spec.tag, [2**40], np.zeros((1, spec.dim), np.float32))
+    return next(rule for (storage, _), rule in ps._admission.items() if storage == spec.storage)
 PS_ROUTES = {
     "supportlonglong": R(False, "ps", lambda ps, e: e.refuses_wide_keys(ps), True),
     # the containers: each field of what they hold has its routes above
