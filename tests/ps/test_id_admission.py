@@ -16,7 +16,7 @@ from tierserve.ps import HierarchicalParameterServer
 from tierserve.ps.config import parse_ps_config
 from tierserve.ps.id_admission import CountMinSketch, UpdateAdmission
 from tierserve.ps.table_tag import table_tag
-from tierserve.server.metrics import ServerMetrics
+from tierserve.server.runtime.metrics import ServerMetrics
 
 DIM = 4
 

@@ -16,7 +16,7 @@ from tierserve.ps.config import parse_ps_config
 from tierserve.ps.expiry import MAX_INTERVAL_S, MIN_INTERVAL_S, sweep_interval
 from tierserve.ps.hash_table import HashTable
 from tierserve.ps.table_tag import table_tag
-from tierserve.server.metrics import ServerMetrics
+from tierserve.server.runtime.metrics import ServerMetrics
 
 DIM = 4
 TTL = 2.0  # short, but well above a lookup on a busy machine
