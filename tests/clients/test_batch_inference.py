@@ -1,4 +1,4 @@
-"""``tierserve evaluate`` / ``predict`` on a model trained with 32-bit keys (issue 13)."""
+"""``tierserve evaluate`` / ``predict`` on a model trained with 32-bit keys."""
 
 from __future__ import annotations
 

@@ -263,7 +263,7 @@ print(json.dumps({"latencies": latencies, "failures": failures}))
 
 
 def _poison(broker, topic: str) -> None:
-    """A header claiming vectors of 2^32-4 bytes, then nothing (issue 12's message)."""
+    """A header claiming vectors of 2^32-4 bytes, then nothing (it once stopped both consumers)."""
     producer = raw_producer(broker.bootstrap)
     producer.produce(topic, value=b"HCTR" + struct.pack("<I", 2**32 - 4))
     producer.produce(topic, value=os.urandom(37))

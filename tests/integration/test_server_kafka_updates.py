@@ -24,6 +24,21 @@ from tierserve.server.settings import Settings
 pytestmark = pytest.mark.kafka
 
 
+def _kafka_repository(demo, tmp_path, kafka_broker) -> tuple:
+    """The demo model's repository with the broker as its update source and its RocksDB in
+    ``tmp_path``: (folder, its ps.json as a dict)."""
+    repo = tmp_path / "repo"
+    write_repository(demo, repo)
+    config = json.loads((repo / "ps.json").read_text())
+    config["update_source"] = {
+        "type": "kafka_message_queue", "brokers": kafka_broker.bootstrap,
+        "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500,
+    }  # fmt: skip
+    config["persistent_db"]["path"] = str(tmp_path / "rocksdb")
+    (repo / "ps.json").write_text(json.dumps(config))
+    return repo, config
+
+
 def _predict(url, des, cat):
     client = th.InferenceServerClient(url)
     a = th.InferInput("DES", list(des.shape), "FP32")
@@ -35,15 +50,7 @@ def _predict(url, des, cat):
 
 def test_published_updates_change_what_the_server_serves(tmp_path, kafka_broker):
     demo = train_demo_model(tmp_path / "train", iterations=20, batch_size=256, seed=3)
-    repo = tmp_path / "repo"
-    write_repository(demo, repo)
-    config = json.loads((repo / "ps.json").read_text())
-    config["update_source"] = {
-        "type": "kafka_message_queue", "brokers": kafka_broker.bootstrap,
-        "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500,
-    }  # fmt: skip
-    config["persistent_db"]["path"] = str(tmp_path / "rocksdb")
-    (repo / "ps.json").write_text(json.dumps(config))
+    repo, config = _kafka_repository(demo, tmp_path, kafka_broker)
     table = config["models"][0]["embedding_table_names"][0]
     rng = np.random.default_rng(0)
     des = rng.random((4, 13), dtype=np.float32)
@@ -96,7 +103,7 @@ def _ready(url: str) -> bool:
 
 def _hostile_values(rng, dim: int) -> list[bytes]:
     """Values no consumer may stop on: the header that killed both consumer threads once
-    (value_size 2**32 - 4, issue 12), other huge or odd value sizes, truncated records, wrong
+    (value_size 2**32 - 4), other huge or odd value sizes, truncated records, wrong
     dims, NaN, and random bytes with and without the magic."""
 
     def header(value_size: int) -> bytes:
@@ -114,15 +121,7 @@ def _hostile_values(rng, dim: int) -> list[bytes]:
 
 def test_hostile_messages_do_not_stop_updates_nor_health(tmp_path, kafka_broker):
     demo = train_demo_model(tmp_path / "train", iterations=5, batch_size=256, seed=5)
-    repo = tmp_path / "repo"
-    write_repository(demo, repo)
-    config = json.loads((repo / "ps.json").read_text())
-    config["update_source"] = {
-        "type": "kafka_message_queue", "brokers": kafka_broker.bootstrap,
-        "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500,
-    }  # fmt: skip
-    config["persistent_db"]["path"] = str(tmp_path / "rocksdb")
-    (repo / "ps.json").write_text(json.dumps(config))
+    repo, config = _kafka_repository(demo, tmp_path, kafka_broker)
     table = config["models"][0]["embedding_table_names"][0]
     dim = config["models"][0]["embedding_vecsize_per_table"][0]
     rng = np.random.default_rng(5)
@@ -171,15 +170,7 @@ def test_updates_of_a_model_the_server_does_not_serve_are_skipped_not_waited_for
     # model loaded, so a topic of another deployment's model on the same brokers left the
     # server with a waiting partition and a lag of its own forever.
     demo = train_demo_model(tmp_path / "train", iterations=5, batch_size=256, seed=6)
-    repo = tmp_path / "repo"
-    write_repository(demo, repo)
-    config = json.loads((repo / "ps.json").read_text())
-    config["update_source"] = {
-        "type": "kafka_message_queue", "brokers": kafka_broker.bootstrap,
-        "poll_timeout_ms": 100, "metadata_refresh_interval_ms": 500,
-    }  # fmt: skip
-    config["persistent_db"]["path"] = str(tmp_path / "rocksdb")
-    (repo / "ps.json").write_text(json.dumps(config))
+    repo, config = _kafka_repository(demo, tmp_path, kafka_broker)
     table = config["models"][0]["embedding_table_names"][0]
     dim = config["models"][0]["embedding_vecsize_per_table"][0]
     keys = np.array([4, 5], np.int64)

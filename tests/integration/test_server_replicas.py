@@ -1,5 +1,5 @@
 """Two ``tierserve serve`` processes on one host and one Kafka broker, each with its embedding
-cache on: an update published to Kafka reaches both within a second (issue 11, defect 3),
+cache on: an update published to Kafka reaches both within a second,
 whether they share one Redis (only one of them applies the update to it) or each keeps its
 own hash map (each is its own replica, not two halves of one consumer group)."""
 

@@ -1,5 +1,5 @@
 """HugeCTR's ``max_get_batch_size`` and ``max_set_batch_size`` are two settings: reads and
-writes are chunked by their own size (issue 13; they were folded into their minimum).
+writes are chunked by their own size (they were folded into their minimum).
 Counted on a real Redis server with ``INFO commandstats``."""
 
 from __future__ import annotations

@@ -275,7 +275,7 @@ def test_int32_keys_when_supportlonglong_is_false(tmp_path):
     with server(tmp_path, [model], supportlonglong=False) as ps:
         got = ps.lookup("m", "sparse_embedding1", np.array([1, 2], np.int32))
         np.testing.assert_array_equal(got, expected([1, 2], 4))
-        # int64 values that fit a 32-bit key are the same keys (issue 13); others are refused
+        # int64 values that fit a 32-bit key are the same keys; others are refused
         got = ps.lookup("m", "sparse_embedding1", np.array([1, 2], np.int64))
         np.testing.assert_array_equal(got, expected([1, 2], 4))
         with pytest.raises(InvalidInputError, match="not a 32-bit key"):

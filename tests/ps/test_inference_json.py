@@ -1,4 +1,4 @@
-"""The older HugeCTR inference JSON as a model config (issue 13): CreateParameterServer and
+"""The older HugeCTR inference JSON as a model config: CreateParameterServer and
 CreateEmbeddingCache read it as well as ps.json."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HugeCTR's ``max_receive_buffer_size`` counts embedding rows (issue 13): once that many rows
+"""HugeCTR's ``max_receive_buffer_size`` counts embedding rows: once that many rows
 have arrived they are handed on at once, without waiting out ``poll_timeout_ms``.  Through a
 real Kafka broker."""
 

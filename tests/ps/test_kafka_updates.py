@@ -202,7 +202,7 @@ def _headed(value_size: int, body: bytes) -> bytes:
 
 
 # Any bytes, and bytes behind a real header with any value_size (2**32 - 4 killed both
-# consumer threads once, issue 12), and whole updates of random dims and keys.
+# consumer threads once), and whole updates of random dims and keys.
 _values = st.one_of(
     st.binary(max_size=100),
     st.builds(

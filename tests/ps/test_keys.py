@@ -1,4 +1,4 @@
-"""The one key rule (tierserve.ps.keys) and 32-bit models through every tier (issue 13)."""
+"""The one key rule (tierserve.ps.keys) and 32-bit models through every tier."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_any_bytes_decode_or_raise_malformed(data):
 
 @pytest.mark.parametrize("value_size", [2**32 - 4, 2**31, 2**31 - 4])
 def test_a_huge_value_size_with_no_record_is_an_empty_update(value_size):
-    # Found by issue 12: numpy raised ValueError building a record dtype this large, which
+    # numpy raised ValueError building a record dtype this large, which
     # killed the consumer threads.
     keys, emb = decode_update(_headed(value_size, b""))
     assert keys.shape == (0,) and emb.shape == (0, value_size // 4)

@@ -1,5 +1,5 @@
-"""The scripts of HugeCTR's two Python interface documents run with one import changed
-(issue 13): tests/trainer/hugectr_scripts/, each in a scratch folder holding the data and
+"""The scripts of HugeCTR's two Python interface documents run with one import changed:
+tests/trainer/hugectr_scripts/, each in a scratch folder holding the data and
 configuration files it names (see that folder's README)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every field of every public parameter object is honoured or refused, never accepted and
-ignored (issue 13).
+ignored.
 
 A field counts as honoured when the code reads it somewhere (``.field`` or ``"field"`` in the
 sources of ps, cache, trainer, server and clients).  Fields that are read under another name,

@@ -1,5 +1,5 @@
 """hugectr.data.DataSourceParams / DataSource on local paths (fsspec), and the Model methods
-that take data_source_params (issue 13)."""
+that take data_source_params."""
 
 from __future__ import annotations
 
