@@ -200,12 +200,13 @@ pub(crate) fn error_reply(refusal: &Refusal) -> Reply {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::fd::RawFd;
     use std::time::Duration;
 
-    fn limits() -> Limits {
+    /// Small limits for the HTTP tests (this module's and `http.rs`'s).
+    pub(crate) fn limits() -> Limits {
         Limits {
             max_request_bytes: 1000,
             max_header_bytes: 200,

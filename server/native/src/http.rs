@@ -646,21 +646,8 @@ pub async fn accept_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::head::tests::limits;
     use std::io::Write as _;
-
-    fn limits() -> Limits {
-        Limits {
-            max_request_bytes: 1000,
-            max_header_bytes: 200,
-            max_header_count: 4,
-            header_timeout: Duration::from_millis(400),
-            body_timeout: Duration::from_millis(400),
-            keep_alive_timeout: Duration::from_millis(300),
-            admission_timeout: Duration::from_millis(200),
-            max_connections: 100,
-            max_descriptor: RawFd::MAX,
-        }
-    }
 
     /// What a test holds while its transport serves (dropping the signals' senders stops it).
     type Serving = (Arc<HttpServer>, tokio::runtime::Runtime, [watch::Sender<bool>; 2]);
