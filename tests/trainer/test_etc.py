@@ -131,7 +131,7 @@ def test_a_saved_cache_table_is_trained_on_incrementally(sources, tmp_path):
     second = _model(sources[0][0], _etc("Staged", tmp_path))
     second.load_dense_weights(str(tmp_path / "m_dense_1.model"))
     second.load_dense_optimizer_states(str(tmp_path / "m_opt_dense_1.model"))
-    second._step = first._step
+    second.engine.step = first.engine.step
     source, keyset = sources[0]
     _train_source(plain, source)
     second.get_embedding_training_cache().update(keyset)

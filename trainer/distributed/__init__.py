@@ -135,7 +135,7 @@ def resume(model: Any, prefix: str, iteration: int) -> None:
     model.load_sparse_weights([sparse_model_name(prefix, i, iteration) for i in range(n)])
     model.load_sparse_optimizer_states([sparse_optimizer_name(prefix, i, iteration)
                                         for i in range(n)])
-    model._step = int(iteration)
+    model.engine.step = int(iteration)
 
 
 __all__ = [

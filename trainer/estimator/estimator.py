@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,16 +37,14 @@ from tierserve.trainer.graph.tensors import (
 )
 
 from . import checkpoint as ckpt
-from .fetches import _accepts, _as_batch, _fetch, _progress, _sample, _value, check_labels
+from . import loops
+from .fetches import _accepts, _as_batch, _sample, check_labels
 from .hooks import (
     CheckpointSaverHook,
-    GraphSummaryHook,
-    SessionRunContext,
     SessionRunHook,
-    SessionRunValues,
 )
 from .optimizers import TrainOp, group
-from .program import Program, StepResult
+from .program import Program
 from .run_config import RunConfig
 from .spec import EstimatorSpec, ModeKeys
 from .variables import StructureError, VariableStore
@@ -79,25 +76,6 @@ class _Overridable:
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         return self if obj is None else getattr(obj, self.source)
-
-
-class _Session:
-    """What hooks see as the session: the global step, checkpoints and a stop request."""
-
-    def __init__(self, estimator: Estimator) -> None:
-        self._estimator = estimator
-        self.stop = False
-
-    @property
-    def global_step(self) -> int:
-        return self._estimator._store.global_step
-
-    def save_checkpoint(self, directory: str | None = None, basename: str = "model.ckpt"
-                        ) -> Path:
-        return self._estimator._save(directory, basename)
-
-    def request_stop(self) -> None:
-        self.stop = True
 
 
 class Estimator:
@@ -393,84 +371,7 @@ class Estimator:
               saving_listeners: list | None = None) -> Estimator:
         """Train on ``input_fn``'s batches: ``steps`` more steps, or up to global step
         ``max_steps``, or (neither) until the input ends."""
-        if steps is not None and max_steps is not None:
-            raise ConfigError("train: give steps or max_steps, not both")
-        for name, v in (("steps", steps), ("max_steps", max_steps)):
-            if v is not None and int(v) <= 0:
-                raise ConfigError(f"train: {name} must be positive, got {v}")
-        self._restore()
-        store = self._store
-        if max_steps is not None and store.global_step >= int(max_steps):
-            log.info("Skipping training since max_steps has already saved.")
-            return self
-        last = (store.global_step + int(steps)) if steps is not None else (
-            int(max_steps) if max_steps is not None else None)
-        session = _Session(self)
-        hooks = list(hooks or [])
-        for h in hooks:
-            if not isinstance(h, SessionRunHook):
-                raise ConfigError(f"train: hooks must be SessionRunHooks, got {h!r}")
-        start_step = store.global_step
-        prog = None
-        progress = _progress(None if last is None else last - start_step)
-        writer = None
-        rate_t, rate_step = time.perf_counter(), store.global_step
-        try:
-            for features, labels in self._batches(input_fn, ModeKeys.TRAIN, True):
-                labels = self._labels_for(labels)
-                if labels is None:
-                    raise InvalidInputError("train: the input_fn gave no labels")
-                if prog is None:
-                    prog = self._program(ModeKeys.TRAIN, features, labels)
-                    chief_hooks = prog.spec.training_chief_hooks if self._config.is_chief \
-                        else []
-                    hooks = hooks + list(chief_hooks) + list(prog.spec.training_hooks)
-                    hooks.append(self._saver_hook(saving_listeners))
-                    writer = self._writer("train")
-                    if writer is not None and prog.graph.summaries:  # tf.summary.scalar
-                        hooks.append(GraphSummaryHook(prog.graph.summaries, writer,
-                                                      self._config.save_summary_steps))
-                    for h in hooks:
-                        h.begin()
-                    for h in hooks:
-                        h.after_create_session(session, None)
-                    self._check_head_labels(prog, labels)
-                else:
-                    prog = self._program(ModeKeys.TRAIN, features, labels)
-                ctx = SessionRunContext(session=session)
-                requests = [h.before_run(ctx) for h in hooks]
-                result = prog.run(features, labels, training=True)
-                store.global_step += 1
-                step = store.global_step
-                for h, req in zip(hooks, requests):
-                    values = None if req is None else _fetch(req.fetches, result, step)
-                    h.after_run(ctx, SessionRunValues(values))
-                progress.update(1)
-                every = self._config.log_step_count_steps
-                if every and (step % every == 0):
-                    now = time.perf_counter()
-                    rate = (step - rate_step) / max(now - rate_t, 1e-9)
-                    log.info("loss = %.6g, step = %d (%.1f global_step/sec)", result.loss,
-                             step, rate)
-                    progress.set_postfix(loss=f"{result.loss:.5f}")
-                    if writer is not None:
-                        writer.scalars({"global_step/sec": rate}, step)
-                    rate_t, rate_step = now, step
-                sumsteps = self._config.save_summary_steps
-                if writer is not None and sumsteps and step % sumsteps == 0:
-                    writer.scalars({"loss": result.loss, **prog.learning_rates()}, step)
-                stop = ctx.stop_requested or session.stop or (last is not None and step >= last)
-                if self._dist is not None:  # a hook's stop on one rank stops every rank
-                    stop = self._dist.any(stop, "training stop")
-                if stop:
-                    break
-        finally:
-            progress.close()
-            if prog is not None:
-                for h in hooks:
-                    h.end(session)
-                if writer is not None:
-                    self._close_writer(writer)
+        loops.train(self, input_fn, hooks, steps, max_steps, saving_listeners)
         return self
 
     def _saver_hook(self, listeners) -> SessionRunHook:
@@ -521,79 +422,7 @@ class Estimator:
             raise ConfigError(f"evaluate: steps must be positive, got {steps}")
         if self._dist is not None:  # each rank its share, metrics over all of them
             return self._dist.evaluate(self, input_fn, steps, hooks, checkpoint_path, name)
-        self._restore(checkpoint_path)
-        if self.latest_checkpoint() is None and self._store.global_step == 0:
-            log.warning("evaluate: no checkpoint in %s; evaluating the initial model",
-                        self._model_dir)
-        session = _Session(self)
-        hooks = list(hooks or [])
-        prog = None
-        n_batches = 0
-        loss_sum = 0.0
-        weighted_sum = 0.0
-        examples = 0
-        ops: dict[str, Any] = {}
-        gather = self._gather_eval
-        recorded: dict[str, list] = {}  # what the merge over ranks recomputes the ops from
-        batch_losses: list[tuple[float, int]] = []
-        try:
-            for features, labels in self._batches(input_fn, ModeKeys.EVAL, steps is not None):
-                labels = self._labels_for(labels)
-                if labels is None:
-                    raise InvalidInputError("evaluate: the input_fn gave no labels")
-                p = self._program(ModeKeys.EVAL, features, labels)
-                if prog is None:
-                    prog = p
-                    ops = dict(prog.spec.eval_metric_ops or {})
-                    for op in ops.values():
-                        op.reset()
-                    hooks = hooks + list(prog.spec.evaluation_hooks)
-                    for h in hooks:
-                        h.begin()
-                    for h in hooks:
-                        h.after_create_session(session, None)
-                    self._check_head_labels(prog, labels)
-                ctx = SessionRunContext(session=session)
-                requests = [h.before_run(ctx) for h in hooks]
-                result = p.run(features, labels, training=False)
-                for key, op in ops.items():
-                    values = [_value(t, result) for t in op.tensors]
-                    op.update(values)
-                    if gather is not None:
-                        recorded.setdefault(key, []).append(values)
-                if gather is not None:
-                    batch_losses.append((result.loss, result.batch_size))
-                loss_sum += result.loss
-                weighted_sum += result.loss if p.loss_is_sum else result.loss * result.batch_size
-                examples += result.batch_size
-                n_batches += 1
-                for h, req in zip(hooks, requests):
-                    values = None if req is None else _fetch(req.fetches, result,
-                                                              self._store.global_step)
-                    h.after_run(ctx, SessionRunValues(values))
-                if ctx.stop_requested or (steps is not None and n_batches >= int(steps)):
-                    break
-        finally:
-            if prog is not None:
-                for h in hooks:
-                    h.end(session)
-        if gather is not None:  # collective: every rank's batches
-            metrics: dict[str, Any] = gather(ops, recorded, batch_losses)
-        elif n_batches == 0:
-            raise InvalidInputError("evaluate: the input_fn gave no batches")
-        else:
-            metrics = {k: op.result() for k, op in ops.items()}
-            metrics["loss"] = loss_sum / n_batches
-            metrics["average_loss"] = weighted_sum / max(examples, 1)
-        metrics["global_step"] = self._store.global_step
-        writer = self._writer("eval" if name is None else f"eval_{name}")
-        if writer is not None:
-            writer.scalars({k: v for k, v in metrics.items() if k != "global_step"},
-                           self._store.global_step)
-            self._close_writer(writer)
-        log.info("Saving dict for global step %d: %s", self._store.global_step,
-                 ", ".join(f"{k} = {v:.6g}" for k, v in sorted(metrics.items())))
-        return metrics
+        return loops.evaluate(self, input_fn, steps, hooks, checkpoint_path, name)
 
     # -- predict ---------------------------------------------------------------------------
 
@@ -608,61 +437,10 @@ class Estimator:
             yield from self._dist.twin(self).predict(input_fn, predict_keys, hooks,
                                                      checkpoint_path, yield_single_examples)
             return
-        self._restore(checkpoint_path)
         if isinstance(predict_keys, str):
             predict_keys = [predict_keys]
-        session = _Session(self)
-        hooks = list(hooks or [])
-        started = False
-        try:
-            for features, _labels in self._batches(input_fn, ModeKeys.PREDICT, False):
-                prog = self._program(ModeKeys.PREDICT, features, None)
-                if not started:
-                    started = True
-                    hooks = hooks + list(prog.spec.prediction_hooks)
-                    for h in hooks:
-                        h.begin()
-                    for h in hooks:
-                        h.after_create_session(session, None)
-                ctx = SessionRunContext(session=session)
-                requests = [h.before_run(ctx) for h in hooks]
-                result = prog.run(features, None, training=False)
-                values = self._prediction_values(prog, result, predict_keys)
-                for h, req in zip(hooks, requests):
-                    fetched = None if req is None else _fetch(req.fetches, result,
-                                                               self._store.global_step)
-                    h.after_run(ctx, SessionRunValues(fetched))
-                if not yield_single_examples:
-                    yield values
-                elif isinstance(values, dict):
-                    for i in range(result.batch_size):
-                        yield {k: v[i] for k, v in values.items()}
-                else:
-                    yield from values
-                if ctx.stop_requested:
-                    break
-        finally:
-            if started:
-                for h in hooks:
-                    h.end(session)
-
-    def _prediction_values(self, prog: Program, result: StepResult, keys) -> Any:
-        preds = prog.spec.predictions
-        if isinstance(preds, dict):
-            values = {k: _value(t, result) for k, t in preds.items()}
-            for k, fn in prog.spec.derived_predictions.items():
-                values[k] = fn(values)
-            if keys is not None:
-                unknown = [k for k in keys if k not in values]
-                if unknown:
-                    raise InvalidInputError(f"predict_keys {unknown} are not predictions of "
-                                            f"this model ({', '.join(values)})")
-                values = {k: values[k] for k in keys}
-            return values
-        if keys is not None:
-            raise InvalidInputError("predict_keys: the model's predictions is one tensor, "
-                                    "not a dict")
-        return _value(preds, result)
+        yield from loops.predict(self, input_fn, predict_keys, hooks, checkpoint_path,
+                                 yield_single_examples)
 
     # -- variables -------------------------------------------------------------------------
 

@@ -65,10 +65,10 @@ def fit(model: Model, num_epochs: int = 0, max_iter: int = 2000, display: int = 
             bar.update(1)
             if it % max(display, 1) == 0 or it == 1:
                 rate = samples / max(time.perf_counter() - start, 1e-9)
-                bar.set_postfix(loss=f"{model._loss:.5f}", lr=f"{model._lr:.3g}",
-                                samples_s=f"{rate:,.0f}")
+                loss, lr = model.engine.loss, model.engine.lr
+                bar.set_postfix(loss=f"{loss:.5f}", lr=f"{lr:.3g}", samples_s=f"{rate:,.0f}")
                 if lines and not quiet and it % max(display, 1) == 0:
-                    print(f"[tierserve] iter {it}: loss {model._loss:.6f}, lr {model._lr:.6g}, "
+                    print(f"[tierserve] iter {it}: loss {loss:.6f}, lr {lr:.6g}, "
                           f"{rate:,.0f} samples/s", flush=True)
             if eval_interval > 0 and it % eval_interval == 0 and model._eval_reader is not None:
                 metrics = model._evaluate()

@@ -1,31 +1,25 @@
 """HugeCTR's ``Model``: build a graph with ``add``, ``compile``, train with ``fit`` (or the
 low-level ``train`` / ``eval`` loop), save and load model files.
 
-One training step: read a :class:`~tierserve.model.batch.Batch`, look the sparse
-inputs up in the embedding tables, run the dense network forward and backward
-(:class:`~tierserve.model.network.DenseNetwork`), update dense parameters with the dense
-optimizer and each table with its sparse optimizer.  Everything runs on ``xp`` (numpy, or
-cupy when ``vvgpu`` names a visible GPU).
+This is the facade: HugeCTR's names and arguments over the trainer's
+:class:`~tierserve.trainer.training_engine.TrainingEngine`, which holds the tables, the dense
+network's parameters and the optimizer states and runs each step.  The facade keeps the
+graph's layer descriptions, the data readers, the metrics, the learning-rate scheduler and
+the embedding training cache; model files are :mod:`.model_files`, ``fit``'s loop
+:mod:`.fit_loop`.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 
 from tierserve.core.errors import ConfigError
 from tierserve.model import manifest
-from tierserve.model.device import is_gpu, select_xp, to_numpy, to_xp
+from tierserve.model.device import to_numpy
 from tierserve.model.graph_json import Graph, load_graph_json, save_graph_json
-from tierserve.model.inference_graph import (
-    EMBEDDING_TYPES,
-    graph_inputs,
-    input_shapes,
-    label_layout,
-)
-from tierserve.model.network import DenseNetwork
+from tierserve.model.inference_graph import EMBEDDING_TYPES
 from tierserve.trainer.hugectr.layer_specs import (
     DenseLayer,
     GroupDenseLayer,
@@ -35,8 +29,15 @@ from tierserve.trainer.hugectr.layer_specs import (
 from tierserve.trainer.hugectr.solver import Solver
 from tierserve.trainer.metrics import Metrics
 from tierserve.trainer.optimizers import OptParamsPy, make_optimizer
+from tierserve.trainer.training_engine import TrainingEngine
 
 from . import adapters, fit_loop, model_files
+
+
+def _engine_attribute(name: str, doc: str) -> property:
+    """A ``Model`` attribute that is its engine's ``name`` (read and written there)."""
+    return property(lambda self: getattr(self.engine, name),
+                    lambda self, value: setattr(self.engine, name, value), doc=doc)
 
 
 class Model:
@@ -70,18 +71,32 @@ class Model:
         self._embedding_dicts: list[dict[str, Any]] = []
         self._dense_dicts: list[dict[str, Any]] = []
         self._compiled = False
-        self.xp = np
-        self._lr = float(solver.lr)
+        self.engine = TrainingEngine(solver.lr)
         self._scheduler = adapters.make_scheduler(solver)
-        self._step = 0
-        self._loss = float("nan")
-        self._dense_frozen = False
         self._train_reader = None
         self._eval_reader = None
         self._metrics = Metrics(solver.metrics_spec)
         self._last_eval: tuple[np.ndarray, np.ndarray] | None = None
-        self._last_tensors: dict[str, dict[str, Any]] = {}  # check_out_tensor, by Tensor_t
         self._dist = None  # the distributed hooks under mpiexec (tierserve.trainer.distributed)
+
+    # -- the engine's state, under the names scripts and tools read ----------------------------
+
+    xp = _engine_attribute("xp", "numpy, or cupy when the model runs on a GPU")
+    tables = _engine_attribute("tables", "the embedding tables, in the graph's order")
+    embedding_specs = _engine_attribute("embedding_specs", "the embedding layers' specs")
+    network = _engine_attribute("network", "the dense network (DenseNetwork)")
+    params = _engine_attribute("params", "the dense parameters, per layer")
+    states = _engine_attribute("states", "the dense layers' non-trainable state, per layer")
+    optimizer = _engine_attribute("optimizer", "the dense optimizer")
+    opt_states = _engine_attribute("opt_states", "the dense optimizer's state, per parameter")
+    mixed = _engine_attribute("mixed", "whether the network computes in float16")
+    compute_dtype = _engine_attribute("compute_dtype", "float16 when mixed, else float32")
+    loss_scale = _engine_attribute("loss_scale", "the mixed-precision loss scale (else 1)")
+    label_names = _engine_attribute("label_names", "the label tensors' names")
+    label_dims = _engine_attribute("label_dims", "the label tensors' widths")
+    dense_name = _engine_attribute("dense_name", "the dense input tensor's name")
+    dense_dim = _engine_attribute("dense_dim", "the dense input's width")
+    sparse_names = _engine_attribute("sparse_names", "the sparse inputs' names")
 
     # -- building ------------------------------------------------------------------------------
 
@@ -142,39 +157,11 @@ class Model:
         from tierserve.trainer.distributed import for_solver
 
         self._dist = for_solver(self.solver)  # None unless mpiexec started several ranks
-        self.xp = xp = select_xp(self._dist.devices if self._dist else self.solver.vvgpu)
-        self.mixed = bool(self.solver.use_mixed_precision) and is_gpu(xp)
-        if self.solver.use_mixed_precision and not self.mixed:
-            warnings.warn("use_mixed_precision: the CPU computes in float32 (scaler ignored)",
-                          stacklevel=2)
-        self.compute_dtype = np.float16 if self.mixed else np.float32
-        self.loss_scale = float(self.solver.scaler) if self.mixed else 1.0
-        data, self.embedding_specs = graph_inputs(graph)
-        self.label_names, self.label_dims = label_layout(data)
-        self.dense_name = data["dense"]["top"]
-        self.dense_dim = int(data["dense"]["dense_dim"])
-        self.sparse_names = [s["top"] for s in data.get("sparse", [])]
-        self.network = DenseNetwork(
-            self._dense_dicts, input_shapes(graph),
-            grad_sources={s.name for s in self.embedding_specs},
-        )
-        if not self.network.loss_layers:
-            raise ConfigError("the model has no loss layer (BinaryCrossEntropyLoss, ...)")
-        self._loss_scales = self._loss_weights(loss_names, loss_weights)
-        for i, layer in enumerate(self.network.layers):
-            if hasattr(layer, "set_seed"):
-                layer.set_seed(self.solver.seed + 7919 * (i + 1))
-        rng = np.random.default_rng(self.solver.seed)
-        self.params = [[to_xp(xp, p, np.float32) for p in ps]
-                       for ps in self.network.init_params(rng)]
-        self.states = [[to_xp(xp, s, np.float32) for s in ss] for ss in self.network.init_state()]
-        self.optimizer = make_optimizer(self.opt_params)
-        self.opt_states = [[self.optimizer.init_state(tuple(p.shape), xp) for p in ps]
-                           for ps in self.params]
-        if xp is np:
-            self._column_major_params()
-        self.tables = [adapters.make_table(spec, self._table_optimizer(spec), self.solver, xp)
-                       for spec in self.embedding_specs]
+        self.engine.build(
+            graph, self._dense_dicts, self.solver, self.opt_params, self._dist,
+            lambda spec, xp: adapters.make_table(spec, self._table_optimizer(spec), self.solver,
+                                                 xp),
+            loss_names, loss_weights)
         self._graph = graph
         self._compiled = True
         self._open_readers()
@@ -202,24 +189,6 @@ class Model:
         if "optimizer" in layer:
             return OptParamsPy.from_dict(layer["optimizer"])
         return self.opt_params
-
-    def _loss_weights(self, names, weights) -> dict[str, float]:
-        losses = self.network.loss_layers
-        scales = {layer.top[0]: 1.0 for layer in losses}
-        if names is None and weights is None:
-            return scales
-        names, weights = list(names or []), list(weights or [])
-        if len(names) != len(weights):
-            raise ConfigError(f"compile: {len(names)} loss_names but {len(weights)} loss_weights")
-        for name, w in zip(names, weights):
-            match = [layer for layer in losses if name in (layer.top[0], layer.label_name,
-                                                           layer.name)]
-            if not match:
-                raise ConfigError(f"compile: no loss layer for {name!r} "
-                                  f"(losses: {[layer.top[0] for layer in losses]})")
-            for layer in match:
-                scales[layer.top[0]] = float(w)
-        return scales
 
     def _require_compiled(self, what: str) -> None:
         if not self._compiled:
@@ -279,49 +248,6 @@ class Model:
 
     # -- one step ------------------------------------------------------------------------------
 
-    def _tensors(self, batch) -> dict[str, Any]:
-        xp = self.xp
-        tensors: dict[str, Any] = {}
-        label = to_xp(xp, batch.label, np.float32)
-        start = 0
-        for name, dim in zip(self.label_names, self.label_dims):
-            tensors[name] = label[:, start : start + dim]
-            start += dim
-        tensors[self.dense_name] = to_xp(xp, batch.dense, self.compute_dtype)
-        return tensors
-
-    def _column_major_params(self) -> None:
-        """Store the parameters layers name in ``column_major_params`` (and their optimizer
-        state, so updates run over matching memory) in Fortran order.  Values and shapes
-        are unchanged; loading replaces values in place, so the layout stays."""
-        for i, layer in enumerate(self.network.layers):
-            for j in layer.column_major_params:
-                self.params[i][j] = np.asfortranarray(self.params[i][j])
-                state = self.opt_states[i][j]
-                for name in state:
-                    state[name] = np.asfortranarray(state[name])
-
-    def _lookup(self, batch, tensors, training: bool = False) -> None:
-        for spec, table in zip(self.embedding_specs, self.tables):
-            sparse = batch.sparse[self.sparse_names.index(spec.sparse_input)]
-            out = table.forward(sparse, spec.combiner, training=training)
-            tensors[spec.name] = out.astype(self.compute_dtype, copy=False)
-
-    def _params_for_compute(self):
-        if not self.mixed:
-            return self.params
-        return [[p.astype(np.float16) for p in ps] for ps in self.params]
-
-    def _loss_value(self, tensors) -> float:
-        total = 0.0
-        for layer in self.network.loss_layers:
-            total += self._loss_scales[layer.top[0]] * float(tensors[layer.top[0]])
-        return total
-
-    def _regularizers(self) -> list[tuple[str, float]]:
-        return [(layer.regularizer, layer.reg_lambda) for layer in self.network.loss_layers
-                if layer.regularizer and layer.reg_lambda]
-
     def train(self, is_first_batch: bool = True) -> bool:
         """One iteration on the next training batch; False when an epoch-mode source is
         exhausted (nothing is trained then).  ``is_first_batch`` is HugeCTR's hint for its
@@ -331,7 +257,7 @@ class Model:
         batch = self._train_reader.next_batch()
         if batch is None:
             return False
-        self._train_on(batch)
+        self.engine.train_on(batch)
         return True
 
     def train_on_batch(self, batch) -> float:
@@ -339,65 +265,12 @@ class Model:
         current learning rate; returns its loss.  A tierserve addition to HugeCTR's API, for
         callers that bring their own batches."""
         self._require_compiled("train_on_batch")
-        self._train_on(batch)
-        return self._loss
-
-    def _train_on(self, batch) -> None:
-        xp = self.xp
-        tensors = self._tensors(batch)
-        self._lookup(batch, tensors, training=True)
-        params = self._params_for_compute()
-        ctxs = self.network.forward(xp, tensors, params, self.states, True,
-                                    loss_dtype=np.float32 if self.mixed else None)
-        self._last_tensors["Train"] = tensors
-        loss = self._loss_value(tensors)
-        scales = {k: v * self.loss_scale for k, v in self._loss_scales.items()}
-        param_grads, input_grads = self.network.backward(
-            xp, ctxs, params, scales, grad_dtype=np.float16 if self.mixed else None)
-        batch_size = batch.batch_size
-        if self._dist is not None:  # data-parallel: the global batch's gradients and loss
-            loss, batch_size = self._dist.reduce_step(loss, param_grads, input_grads, batch_size)
-        self._step += 1
-        step, lr = self._step, self._lr
-        inv = 1.0 / self.loss_scale
-        if self.mixed:
-            finite = all(bool(xp.isfinite(g).all()) for gs in param_grads for g in gs
-                         if g is not None)
-            finite = finite and all(bool(xp.isfinite(g).all()) for g in input_grads.values())
-            if not finite:  # loss-scale overflow: skip this update, as HugeCTR does
-                self._loss = loss
-                return
-        regs = self._regularizers()
-        for reg, lam in regs:
-            for ps in self.params:
-                for p in ps:
-                    loss += lam / batch_size * (float(xp.abs(p).sum()) if reg == "L1"
-                                                else 0.5 * float((p * p).sum()))
-        self._loss = loss
-        if not self._dense_frozen:
-            for i, ps in enumerate(self.params):
-                for j, p in enumerate(ps):
-                    g = param_grads[i][j]
-                    if g is None and not regs:
-                        continue
-                    g = xp.zeros_like(p) if g is None else g.astype(np.float32, copy=False)
-                    if self.mixed:
-                        g = g * inv
-                    for reg, lam in regs:
-                        g = g + (lam / batch_size) * (xp.sign(p) if reg == "L1" else p)
-                    self.optimizer.update_dense(p, g, self.opt_states[i][j], lr, step)
-        for spec, table in zip(self.embedding_specs, self.tables):
-            g = input_grads.get(spec.name)
-            if g is None:
-                continue
-            g = g.astype(np.float32, copy=False)
-            if self.mixed:
-                g = g * inv
-            table.backward(g, lr, step)
+        self.engine.train_on(batch)
+        return self.engine.loss
 
     def get_current_loss(self) -> float:
         """The loss of the last training iteration (regularization included)."""
-        return self._loss
+        return self.engine.loss
 
     # -- learning rate -------------------------------------------------------------------------
 
@@ -407,7 +280,7 @@ class Model:
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate for the next iterations."""
-        self._lr = float(lr)
+        self.engine.lr = float(lr)
 
     def reset_learning_rate_scheduler(self, base_lr: float, warmup_steps: int = 1,
                                       decay_start: int = 0, decay_steps: int = 1,
@@ -415,33 +288,21 @@ class Model:
         """A fresh scheduler with these settings (fine-tuning)."""
         self._scheduler.reset(base_lr, warmup_steps, decay_start, decay_steps, decay_power,
                               end_lr)
-        self._lr = float(base_lr)
+        self.engine.lr = float(base_lr)
 
     # -- evaluation ----------------------------------------------------------------------------
-
-    def _predict_tensors(self, tensors) -> list[Any]:
-        outs = []
-        for layer, logits in self.network.prediction_inputs():
-            p = layer.predict(self.xp, tensors[logits].astype(np.float32, copy=False))
-            outs.append(p.reshape(p.shape[0], -1))
-        return outs
 
     def predict_batch(self, batch) -> np.ndarray:
         """Inference-mode probabilities ``[B, label_dim]`` for one batch (host numpy)."""
         self._require_compiled("predict_batch")
-        tensors = self._tensors(batch)
-        self._lookup(batch, tensors)
-        self.network.forward(self.xp, tensors, self._params_for_compute(), self.states, False,
-                             with_loss=False)
-        outs = self._predict_tensors(tensors)
-        return to_numpy(outs[0] if len(outs) == 1 else self.xp.concatenate(outs, axis=1))
+        return self.engine.predict_batch(batch)
 
     def check_out_tensor(self, tensor_name: str, tensor_type: Any = "Train") -> np.ndarray:
         """HugeCTR's ``check_out_tensor``: a host copy of tensor ``tensor_name`` (an input, an
         embedding's output or a layer's top) of the last training step (``Tensor_t.Train``)
         or the last evaluated batch (``Tensor_t.Evaluate``), ``[batch, ...]``."""
         kind = getattr(tensor_type, "value", tensor_type)
-        tensors = self._last_tensors.get(str(kind))
+        tensors = self.engine.last_tensors.get(str(kind))
         if tensors is None:
             raise ConfigError(f"check_out_tensor: no {kind} step has run yet "
                               "(Tensor_t.Train after train/fit, Tensor_t.Evaluate after eval)")
@@ -459,16 +320,8 @@ class Model:
         batch = self._eval_reader.next_batch()
         if batch is None:
             return False
-        xp = self.xp
-        tensors = self._tensors(batch)
-        self._lookup(batch, tensors)
-        self.network.forward(xp, tensors, self._params_for_compute(), self.states, False,
-                             loss_dtype=np.float32 if self.mixed else None)
-        self._last_tensors["Evaluate"] = tensors
-        preds = [to_numpy(p) for p in self._predict_tensors(tensors)]
-        pred = preds[0] if len(preds) == 1 else np.concatenate(preds, axis=1)
-        label = to_numpy(batch.label).reshape(len(pred), -1)
-        self._metrics.update(label, pred, self._loss_value(tensors))
+        pred, label, loss = self.engine.evaluate_batch(batch)
+        self._metrics.update(label, pred, loss)
         self._last_eval = (pred, label)
         return True
 
@@ -618,10 +471,10 @@ class Model:
 
     def freeze_dense(self) -> None:
         """Stop updating the dense weights."""
-        self._dense_frozen = True
+        self.engine.dense_frozen = True
 
     def unfreeze_dense(self) -> None:
-        self._dense_frozen = False
+        self.engine.dense_frozen = False
 
     def _embedding_names(self, name: str | None) -> list[str]:
         names = [d["name"] for d in self._embedding_dicts]
@@ -672,7 +525,7 @@ class Model:
 
     def dense_parameters(self) -> list[np.ndarray]:
         """The dense weights in dense-file order (host copies)."""
-        return [to_numpy(p).copy() for ps in self.params for p in ps]
+        return self.engine.dense_parameters()
 
     def graph(self) -> Graph:
         return Graph(**_split(self._graph_dict()))
