@@ -15,7 +15,7 @@ from tierserve.ps.config_base import (
     UpdateSourceType_t,
 )
 from tierserve.trainer.hugectr.adapters import ReaderHandle as DataReader32
-from tierserve.trainer.hugectr.etc import CreateHMemCache
+from tierserve.trainer.hugectr.etc_params import CreateHMemCache
 from tierserve.trainer.hugectr.layer_specs import (
     Activation_t,
     DenseLayer,

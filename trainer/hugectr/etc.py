@@ -41,10 +41,8 @@ reads ``sizeof(TypeKey)``-byte keys and ``criteo2hugectr`` writes uint32 ones).
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,260 +53,31 @@ from tierserve.model.device import to_numpy
 from tierserve.ps.atomic import atomic_directory
 from tierserve.ps.sparse_file import KEY_FILE, SLOT_FILE, VECTOR_FILE, SparseTable
 
-#: Rows moved between the working table and the parameter server per call.
-CHUNK_ROWS = 1 << 13
-
-
-class TrainPSType_t(enum.Enum):  # noqa: N801 - HugeCTR's name
-    """Where an ETC table lives: ``Staged`` (host memory) or ``Cached`` (disk + host cache)."""
-
-    Staged = "Staged"
-    Cached = "Cached"
-
-
-@dataclass(frozen=True)
-class HMemCacheConfig:
-    """The host-memory cache of a ``Cached`` table: ``num_blocks`` blocks of
-    ``block_size_mb`` MB (vectors and optimizer state)."""
-
-    num_blocks: int = 1
-    block_size_mb: float = 64.0
-
-    @property
-    def capacity_bytes(self) -> int:
-        return int(self.num_blocks * self.block_size_mb * (1 << 20))
-
-
-def CreateHMemCache(num_blocks: int = 1, target_hit_rate: float | None = None,  # noqa: N802
-                    max_num_evict: int | None = None,
-                    block_size_mb: float = 64.0) -> HMemCacheConfig:
-    """HugeCTR's ``CreateHMemCache``: a host cache of ``num_blocks`` x ``block_size_mb`` MB.
-
-    ``target_hit_rate`` (0 .. 1) and ``max_num_evict`` (>= 0), HugeCTR's tuning of when its
-    pass-sized blocks are evicted and when the cache freezes, are checked and then warn: this
-    cache evicts its least used rows whenever it is full and never freezes.  Either way every
-    row is read from and written back to the RocksDB table, so the trained values are the
-    same; only the disk traffic differs."""
-    from tierserve.core.compat import warn_once
-
-    if target_hit_rate is not None:
-        if not 0.0 <= float(target_hit_rate) <= 1.0:
-            raise ConfigError(f"CreateHMemCache: target_hit_rate must be in [0, 1], "
-                              f"got {target_hit_rate}")
-        warn_once("CreateHMemCache.target_hit_rate", "the host cache evicts its least used "
-                  "rows whenever it is full, whatever its hit rate (the trained values are "
-                  "the same)")
-    if max_num_evict is not None:
-        if int(max_num_evict) < 0:
-            raise ConfigError(f"CreateHMemCache: max_num_evict must be >= 0, got {max_num_evict}")
-        warn_once("CreateHMemCache.max_num_evict", "the host cache is never frozen: it evicts "
-                  "its least used rows whenever it is full (the trained values are the same)")
-    if int(num_blocks) < 1 or float(block_size_mb) <= 0:
-        raise ConfigError(f"CreateHMemCache: num_blocks must be >= 1 and block_size_mb > 0, "
-                          f"got {num_blocks}, {block_size_mb}")
-    return HMemCacheConfig(int(num_blocks), float(block_size_mb))
-
-
-@dataclass(frozen=True)
-class EmbeddingTrainingCacheParams:
-    """What :func:`CreateETC` returns (HugeCTR's ``EmbeddingTrainingCacheParams``)."""
-
-    ps_types: list[TrainPSType_t]
-    sparse_models: list[str]
-    local_paths: list[str] = field(default_factory=list)
-    hmem_cache_configs: list[HMemCacheConfig] = field(default_factory=list)
-
-    def cache_config(self, table: int) -> HMemCacheConfig:
-        """The host cache of table ``table`` (a ``Cached`` one): the only config, or the one
-        for this table's occurrence among the ``Cached`` tables."""
-        if len(self.hmem_cache_configs) == 1:
-            return self.hmem_cache_configs[0]
-        nth = sum(t is TrainPSType_t.Cached for t in self.ps_types[:table])
-        return self.hmem_cache_configs[nth]
-
-
-def CreateETC(ps_types: list[Any], sparse_models: list[str],  # noqa: N802 - HugeCTR's name
-              local_paths: list[str] | None = None,
-              hmem_cache_configs: list[HMemCacheConfig] | None = None
-              ) -> EmbeddingTrainingCacheParams:
-    """HugeCTR's ``CreateETC``: one parameter-server type and sparse model path per embedding
-    table; ``local_paths`` (one per rank) and ``hmem_cache_configs`` (one, or one per
-    ``Cached`` table) when a table is ``Cached``."""
-    types = []
-    for t in ps_types:
-        try:
-            types.append(t if isinstance(t, TrainPSType_t) else TrainPSType_t(str(t)))
-        except ValueError:
-            raise ConfigError(f"CreateETC: ps_types entries must be TrainPSType_t.Staged or "
-                              f"Cached, got {t!r}") from None
-    models = [os.fspath(p) for p in sparse_models]
-    if not types or len(types) != len(models):
-        raise ConfigError(f"CreateETC: {len(types)} ps_types for {len(models)} sparse_models; "
-                          "give one of each per embedding table")
-    paths = [os.fspath(p) for p in (local_paths or [])]
-    caches = list(hmem_cache_configs or [])
-    cached = sum(t is TrainPSType_t.Cached for t in types)
-    if cached:
-        if not paths:
-            raise ConfigError("CreateETC: a Cached table needs local_paths (one per rank)")
-        if len(caches) not in (1, cached):
-            raise ConfigError(f"CreateETC: hmem_cache_configs must hold 1 or {cached} entries "
-                              f"(one per Cached table), got {len(caches)}")
-        if not all(isinstance(c, HMemCacheConfig) for c in caches):
-            raise ConfigError("CreateETC: hmem_cache_configs entries come from CreateHMemCache")
-    return EmbeddingTrainingCacheParams(types, models, paths, caches)
-
-
-# -- the parameter server of one table --------------------------------------------------------
-
-
-class _RowLayout:
-    """How a table row (vector, optimizer state, prev_time, slot id) packs into float32s."""
-
-    def __init__(self, table: Any) -> None:
-        self.dim = table.dim
-        self.states = list(table.optimizer.state_names)
-        self.row_states = list(table.optimizer.row_state_names)
-        self.has_slots = table._slot_ids is not None
-        self.width = (self.dim * (1 + len(self.states)) + 2 * len(self.row_states)
-                      + (2 if self.has_slots else 0))
-
-    def pack(self, vectors: np.ndarray, states: dict[str, np.ndarray],
-             slot_ids: np.ndarray | None) -> np.ndarray:
-        n = vectors.shape[0]
-        out = np.empty((n, self.width), dtype=np.float32)
-        d, at = self.dim, self.dim
-        out[:, :d] = vectors
-        for name in self.states:
-            out[:, at : at + d] = states[name]
-            at += d
-        for name in self.row_states:
-            out[:, at : at + 2] = np.ascontiguousarray(states[name], dtype=np.int64).view(
-                np.float32).reshape(n, 2)
-            at += 2
-        if self.has_slots:
-            out[:, at : at + 2] = np.ascontiguousarray(slot_ids, dtype=np.int64).view(
-                np.float32).reshape(n, 2)
-        return out
-
-    def unpack(self, rows: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray],
-                                                np.ndarray | None]:
-        d, at = self.dim, self.dim
-        vectors = rows[:, :d]
-        states: dict[str, np.ndarray] = {}
-        for name in self.states:
-            states[name] = rows[:, at : at + d]
-            at += d
-        for name in self.row_states:
-            states[name] = np.ascontiguousarray(rows[:, at : at + 2]).view(np.int64).reshape(-1)
-            at += 2
-        slot_ids = None
-        if self.has_slots:
-            slot_ids = np.ascontiguousarray(rows[:, at : at + 2]).view(np.int64).reshape(-1)
-        return vectors, states, slot_ids
-
-
-class TableServer:
-    """One table's full rows in a tier (Staged) or RocksDB behind a bounded cache (Cached)."""
-
-    def __init__(self, name: str, ps_type: TrainPSType_t, layout: _RowLayout,
-                 local_path: str | None = None, cache: HMemCacheConfig | None = None) -> None:
-        from tierserve.ps.hash_map import HashMapConfig, HashMapTier
-
-        self.tag = f"etc.{name}"
-        self.layout = layout
-        self.ps_type = ps_type
-        self.cache = None
-        if ps_type is TrainPSType_t.Staged:
-            self.store = HashMapTier(HashMapConfig())
-        else:
-            write_buffer, block_cache = rocksdb_memory(cache.capacity_bytes)
-            self.store = _bounded_rocksdb(os.fspath(local_path), write_buffer, block_cache)
-            # the cache's real footprint stays within the rest of the budget: a hash-map row
-            # costs its key and floats over the map's fill (0.7 after growth), and an eviction
-            # rebuilds the arrays while the old ones are alive (x2)
-            rows_budget = max(0, cache.capacity_bytes - 2 * write_buffer - block_cache)
-            row_bytes = (4 * layout.width + 8) / 0.7 * 2
-            self.cache_rows = max(1, int(rows_budget // row_bytes))
-            self.cache = HashMapTier(HashMapConfig(overflow_margin=self.cache_rows,
-                                                   overflow_policy="evict_least_used"))
-            self.cache.create_table(self.tag, layout.width)
-        self.store.create_table(self.tag, layout.width)
-
-    def get(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(rows [n, width], found [n])`` of ``keys``."""
-        if self.cache is None:
-            return self.store.lookup(self.tag, keys)
-        rows, found = self.cache.lookup(self.tag, keys)
-        missing = np.flatnonzero(~found)
-        if missing.shape[0]:
-            disk, on_disk = self.store.lookup(self.tag, keys[missing])
-            rows[missing[on_disk]] = disk[on_disk]
-            found[missing[on_disk]] = True
-            if on_disk.any():
-                self.cache.insert(self.tag, keys[missing[on_disk]], disk[on_disk])
-        return rows, found
-
-    def put(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        self.store.insert(self.tag, keys, rows)
-        if self.cache is not None:  # refresh what the cache holds; a working set written
-            # back whole would only churn it (and evicting costs memory while it runs)
-            _, cached = self.cache.lookup(self.tag, keys)
-            if cached.any():
-                self.cache.insert(self.tag, keys[cached], rows[cached])
-
-    def keys(self) -> np.ndarray:
-        return self.store.list_keys(self.tag)
-
-    def size(self) -> int:
-        return self.store.size(self.tag)
-
-    def close(self) -> None:
-        self.store.close()
-        if self.cache is not None:
-            self.cache.close()
-
-
-#: The most memory RocksDB's memtables (each; two at most) and block cache take.  RocksDB's
-#: defaults (64 MB memtables, a 32 MB block cache) would dwarf a small budget.
-ROCKSDB_WRITE_BUFFER_BYTES = 4 << 20
-ROCKSDB_BLOCK_CACHE_BYTES = 4 << 20
-_ROCKSDB_MIN_BYTES = 64 << 10
-
-
-def rocksdb_memory(capacity_bytes: int) -> tuple[int, int]:
-    """``(write buffer, block cache)`` bytes of a Cached table's RocksDB, taken from its host
-    cache budget: two write buffers of a sixteenth and a block cache of an eighth of it (a
-    quarter in all; each at most 4 MB and at least 64 KB)."""
-    def part(fraction: int, most: int) -> int:
-        return int(min(most, max(_ROCKSDB_MIN_BYTES, capacity_bytes // fraction)))
-
-    return part(16, ROCKSDB_WRITE_BUFFER_BYTES), part(8, ROCKSDB_BLOCK_CACHE_BYTES)
-
-
-def _bounded_rocksdb(path: str, write_buffer: int = ROCKSDB_WRITE_BUFFER_BYTES,
-                     block_cache: int = ROCKSDB_BLOCK_CACHE_BYTES) -> Any:
-    """The project's RocksDB tier with RocksDB's own memory bounded: two memtables of
-    ``write_buffer`` bytes at most and a block cache of ``block_cache`` bytes, which holds the
-    index and filter blocks too."""
-    from tierserve.ps.rocksdb_tier import RocksDBConfig, RocksDBTier
-
-    class BoundedRocksDBTier(RocksDBTier):
-        def _options(self):
-            options = super()._options()
-            options.set_write_buffer_size(write_buffer)
-            options.set_max_write_buffer_number(2)
-            table = self._rd.BlockBasedOptions()
-            table.set_bloom_filter(10, False)
-            table.set_block_cache(self._rd.Cache(block_cache))
-            table.set_cache_index_and_filter_blocks(True)  # charged to that cache, not beside
-            options.set_block_based_table_factory(table)
-            return options
-
-    return BoundedRocksDBTier(RocksDBConfig(path=path))
-
-
-# -- the cache ----------------------------------------------------------------------------------
+from .etc_keysets import (  # noqa: F401 - KeysetReader, write_keyset: re-exported
+    KeysetReader,
+    _keyset_chunks,
+    keyset_dtype,
+    keyset_size,
+    read_keyset,
+    write_keyset,
+)
+from .etc_params import (  # noqa: F401 - HugeCTR's names, re-exported
+    CreateETC,
+    CreateHMemCache,
+    EmbeddingTrainingCacheParams,
+    HMemCacheConfig,
+    TrainPSType_t,
+)
+from .etc_server import (  # noqa: F401 - rocksdb_memory, ...: re-exported
+    CHUNK_ROWS,
+    ROCKSDB_BLOCK_CACHE_BYTES,
+    ROCKSDB_WRITE_BUFFER_BYTES,
+    TableServer,
+    _chunks,
+    _read_rows,
+    _RowLayout,
+    rocksdb_memory,
+)
 
 
 class EmbeddingTrainingCache:
@@ -625,130 +394,3 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def _chunks(server: TableServer, keys: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    for lo in range(0, keys.shape[0], CHUNK_ROWS):
-        chunk = keys[lo : lo + CHUNK_ROWS]
-        rows, found = server.get(chunk)
-        yield chunk[found], rows[found]
-
-
-def _read_rows(path: Path, dtype: Any, lo: int, hi: int, width: int) -> np.ndarray:
-    item = np.dtype(dtype).itemsize * width
-    with open(path, "rb") as f:
-        f.seek(lo * item)
-        data = f.read((hi - lo) * item)
-    return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(
-        hi - lo, width)
-
-
-def keyset_dtype(i64_input_key: bool) -> np.dtype:
-    """A keyset file's key type: int64 for a model with ``i64_input_key``, else uint32."""
-    return np.dtype("<i8") if i64_input_key else np.dtype("<u4")
-
-
-def keyset_size(path: Any, i64_input_key: bool) -> int:
-    """The number of keys in a HugeCTR keyset file of the model's key width, checked: the
-    size must be whole keys, and a 32-bit model refuses a file of int64 keys (its first keys'
-    high halves, read as uint32 keys, would all be 0, a key a keyset holds once)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"keyset file {path} does not exist")
-    size = path.stat().st_size
-    dtype = keyset_dtype(i64_input_key)
-    width, flag = ("int64", "True") if i64_input_key else ("uint32", "False")
-    if size % dtype.itemsize:
-        raise ConfigError(f"keyset file {path} has {size} bytes, not a whole number of {width} "
-                          f"keys (the model has i64_input_key={flag})")
-    if not i64_input_key and size >= 32:
-        head = np.fromfile(path, dtype="<u4", count=min(size // 4, 2 * CHUNK_ROWS) // 2 * 2)
-        if head[0::2].any() and not head[1::2].any():
-            raise ConfigError(
-                f"keyset file {path} holds int64 keys (every other 4-byte word is 0) but the "
-                "model has i64_input_key=False: write the keyset with 4-byte keys "
-                "(write_keyset(path, keys, i64_input_key=False))")
-    return size // dtype.itemsize
-
-
-def read_keyset(path: Any, i64_input_key: bool) -> np.ndarray:
-    """The keys of a HugeCTR keyset file of the model's key width, as int64."""
-    keyset_size(path, i64_input_key)
-    return np.fromfile(path, dtype=keyset_dtype(i64_input_key)).astype(np.int64)
-
-
-def write_keyset(path: Any, keys: Any, i64_input_key: bool) -> Path:
-    """Write ``keys`` as a HugeCTR keyset file of the model's key width (uint32 keys must lie
-    in 0 .. 2**32 - 1)."""
-    keys = np.asarray(keys)
-    if not i64_input_key and keys.size and (keys.min() < 0 or keys.max() >= 2**32):
-        bad = keys[(keys < 0) | (keys >= 2**32)][0]
-        raise ConfigError(f"keyset key {int(bad)} does not fit a uint32 key "
-                          "(i64_input_key=False)")
-    path = Path(path)
-    keys.astype(keyset_dtype(i64_input_key)).tofile(path)
-    return path
-
-
-def _keyset_chunks(path: Any, i64_input_key: bool, rows: int = CHUNK_ROWS
-                   ) -> Iterator[np.ndarray]:
-    """The keys of a keyset file, ``rows`` at a time, as int64."""
-    dtype = keyset_dtype(i64_input_key)
-    with open(path, "rb") as f:
-        while True:
-            chunk = np.fromfile(f, dtype=dtype, count=rows)
-            if not chunk.shape[0]:
-                return
-            yield chunk.astype(np.int64)
-
-
-class KeysetReader:
-    """A reader handle that trains the (file list, keyset) pairs of ``set_source`` one after
-    the other, calling ``update(keyset)`` before each file list; the end of the last is the
-    end of the epoch, and ``set_source()`` starts again from the first.
-
-    ``set_source(file_list)`` (HugeCTR's low-level loop: the script calls
-    ``EmbeddingTrainingCache.update(keyset)`` itself) reads that file list alone, with no
-    keyset of its own, until ``Model.set_source(source, keyset)`` gives pairs again."""
-
-    def __init__(self, inner: Any, cache: EmbeddingTrainingCache) -> None:
-        self.inner, self.cache = inner, cache
-        self._next = 0
-        self._manual = False
-        self._start_pair()
-
-    def _start_pair(self) -> bool:
-        pairs = self.cache._sources
-        if self._manual or self._next >= len(pairs):
-            return False
-        source, keyset = pairs[self._next]
-        self._next += 1
-        self.cache.update(keyset)
-        self.inner.set_source(source)
-        return True
-
-    def next_batch(self):
-        while True:
-            batch = self.inner.next_batch()
-            if batch is not None or not self._start_pair():
-                return batch
-
-    def is_eof(self) -> bool:
-        while self.inner.is_eof():
-            if not self._start_pair():
-                return True
-        return False
-
-    def set_source(self, file_name: Any = "") -> None:
-        if file_name not in ("", None):  # the script's own file list; it updates the keysets
-            self._manual = True
-            self.inner.set_source(file_name)
-            return
-        if self._manual:
-            self.inner.set_source(file_name)
-            return
-        self._next = 0
-        self._start_pair()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["inner"], name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 
 from tierserve.core.errors import ConfigError
-from tierserve.trainer.hugectr.etc import CreateETC, TrainPSType_t  # noqa: F401 - re-exported (HugeCTR's names)
+from tierserve.trainer.hugectr.etc_params import CreateETC, TrainPSType_t  # noqa: F401 - re-exported (HugeCTR's names)
 
 
 class CommunicationType(enum.Enum):

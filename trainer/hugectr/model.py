@@ -51,7 +51,7 @@ class Model:
         self, solver: Solver, reader_params: Any, opt_params: OptParamsPy, etc: Any = None
     ) -> None:
         if etc is not None:
-            from .etc import EmbeddingTrainingCacheParams
+            from .etc_params import EmbeddingTrainingCacheParams
 
             if not isinstance(etc, EmbeddingTrainingCacheParams):
                 raise ConfigError(f"Model(etc=...) takes what hugectr.CreateETC returns, not "
@@ -226,7 +226,7 @@ class Model:
         """New training (and evaluation) sources for epoch-mode training."""
         self._require_compiled("set_source")
         if keyset and self._etc is not None:  # the ETC trains each file list's keyset in turn
-            from .etc import KeysetReader
+            from .etc_keysets import KeysetReader
 
             sources = list(source) if isinstance(source, (list, tuple)) else [source]
             keysets = list(keyset) if isinstance(keyset, (list, tuple)) else [keyset]
