@@ -73,6 +73,7 @@ from .etc_server import (  # noqa: F401 - rocksdb_memory, ...: re-exported
     ROCKSDB_BLOCK_CACHE_BYTES,
     ROCKSDB_WRITE_BUFFER_BYTES,
     TableServer,
+    _bounded_rocksdb,
     _chunks,
     _read_rows,
     _RowLayout,

@@ -1,6 +1,6 @@
 """HugeCTR's MLPerf-only objects, so scripts can build them: ``HybridEmbeddingParam`` (with
 ``CommunicationType`` and ``HybridEmbeddingType``).  ``CreateETC`` and ``TrainPSType_t`` (the
-embedding training cache) live in :mod:`tierserve.trainer.hugectr.etc` and are re-exported here.
+embedding training cache) live in :mod:`tierserve.trainer.hugectr.etc_params` and are re-exported here.
 
 A ``HybridEmbeddingParam`` given to ``SparseEmbedding`` warns once (the table is trained as
 one table on one device, the same values).
