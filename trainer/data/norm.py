@@ -21,7 +21,12 @@ rewrite them.
 
 Keys in Norm files are global (slots do not overlap), as HugeCTR expects; the tierserve
 generator and converter write them with the slot offsets already added.
+
+This module reads files (:func:`iter_norm_file`, :func:`detect_key_bits`); the header is
+:mod:`.norm_header`, writing :mod:`.norm_write`, decoding records :mod:`.norm_decode`, whose
+names are re-exported here.
 """
+
 from __future__ import annotations
 
 import contextlib
