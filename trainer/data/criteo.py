@@ -340,63 +340,33 @@ def convert_criteo(
     ``min_frequency`` are built from the training rows.
     """
     kind = DataReaderType_t(format)
-    if kind not in (DataReaderType_t.Norm, DataReaderType_t.Parquet):
-        raise ConfigError(f"convert writes Norm or Parquet, not {kind.value}")
-    if dense_transform not in ("log", "none"):
-        raise ConfigError(f"dense_transform must be 'log' or 'none', got {dense_transform!r}")
-    if rows_per_file < 1 or (train_rows is not None and train_rows < 0):
-        raise ConfigError("rows_per_file must be >= 1 and train_rows >= 0")
+    _check_settings(kind, dense_transform, rows_per_file, train_rows)
     input_path, out = str(input_path), Path(output_dir)
     if not os.path.isfile(input_path):
         raise DataFileError(input_path, "input file does not exist")
     split_at = train_rows if train_rows is not None else float("inf")
     stop_at = split_at + eval_rows if eval_rows is not None else float("inf")
-
-    if hash_buckets is not None:
-        mapper = _Hasher(hash_buckets)
-    else:
-        mapper = _Vocabulary(min_frequency)
-        for chunk in _read_chunks(input_path, progress, "vocabulary"):
-            rows = int(max(0, min(len(chunk.label), split_at - chunk.first_row)))
-            mapper.add(chunk.cats[:rows])
-            if chunk.first_row + len(chunk.label) >= split_at:
-                break
-        mapper.freeze()
+    mapper = _key_mapper(input_path, hash_buckets, min_frequency, split_at, progress)
     sizes = mapper.slot_sizes()
     norm = kind is DataReaderType_t.Norm
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if norm else np.zeros(SLOT_NUM)
     if norm and not i64_input_key and sum(sizes) > 2**32:
         raise ConfigError("the slots hold more than 2**32 keys: use i64_input_key=True")
-    if norm:
-        train_list, eval_list = out / "file_list.txt", out / "file_list_test.txt"
-    else:
-        train_list, eval_list = out / "train" / "_file_list.txt", out / "val" / "_file_list.txt"
-    writers = [
-        _SplitWriter(kind, out / name, lst, rows_per_file, Check_t(check_type), i64_input_key)
-        for name, lst in (("train", train_list), ("val", eval_list))
-    ]
+    writers = _SplitWriters(kind, out, rows_per_file, Check_t(check_type), i64_input_key)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if norm else np.zeros(SLOT_NUM)
     for chunk in _read_chunks(input_path, progress, "convert"):
-        n = len(chunk.label)
-        dense = np.nan_to_num(chunk.dense, nan=0.0)
-        if dense_transform == "log":
-            dense = np.log1p(np.maximum(dense, 0.0))
-        keys = mapper.keys(chunk.cats) + offsets.astype(np.int64)
-        records = fixed_records(chunk.label[:, None], dense, keys, [1] * SLOT_NUM)
-        cut = int(np.clip(split_at - chunk.first_row, 0, n))
-        end = int(np.clip(stop_at - chunk.first_row, 0, n))
-        writers[0].write(records.slice(0, cut))
-        writers[1].write(records.slice(cut, end))
-        if chunk.first_row + n >= stop_at:
+        records = _chunk_records(chunk, mapper, offsets, dense_transform)
+        writers.write(records, chunk.first_row, split_at, stop_at)
+        if chunk.first_row + len(chunk.label) >= stop_at:
             break
-    train_source, eval_source = writers[0].finish(), writers[1].finish()
+    train_source, eval_source = writers.train.finish(), writers.eval.finish()
     if train_source is None:
         raise DataFileError(input_path, "no training rows (train_rows is 0 or the file is empty)")
     result = CriteoConversion(
         kind.value,
         train_source,
         eval_source,
-        writers[0].rows,
-        writers[1].rows,
+        writers.train.rows,
+        writers.eval.rows,
         sizes,
         [] if norm else sizes,
         check_type=Check_t(check_type).value,
@@ -413,6 +383,68 @@ def convert_criteo(
     )
     (out / SLOT_SIZE_FILE).write_text(json.dumps(info, indent=1) + "\n")
     return result
+
+
+def _check_settings(kind: DataReaderType_t, dense_transform: str, rows_per_file: int,
+                    train_rows: int | None) -> None:
+    if kind not in (DataReaderType_t.Norm, DataReaderType_t.Parquet):
+        raise ConfigError(f"convert writes Norm or Parquet, not {kind.value}")
+    if dense_transform not in ("log", "none"):
+        raise ConfigError(f"dense_transform must be 'log' or 'none', got {dense_transform!r}")
+    if rows_per_file < 1 or (train_rows is not None and train_rows < 0):
+        raise ConfigError("rows_per_file must be >= 1 and train_rows >= 0")
+
+
+def _key_mapper(input_path: str, hash_buckets: int | None, min_frequency: int,
+                split_at: float, progress: bool) -> _Hasher | _Vocabulary:
+    """Hashing into ``hash_buckets`` keys per slot, else the vocabularies of the training
+    rows (a first pass over them)."""
+    if hash_buckets is not None:
+        return _Hasher(hash_buckets)
+    mapper = _Vocabulary(min_frequency)
+    for chunk in _read_chunks(input_path, progress, "vocabulary"):
+        rows = int(max(0, min(len(chunk.label), split_at - chunk.first_row)))
+        mapper.add(chunk.cats[:rows])
+        if chunk.first_row + len(chunk.label) >= split_at:
+            break
+    mapper.freeze()
+    return mapper
+
+
+def _chunk_records(chunk: _Chunk, mapper: _Hasher | _Vocabulary, offsets: np.ndarray,
+                   dense_transform: str) -> Records:
+    """A chunk's rows as records: dense NaN as 0 (then ``log1p`` of the non-negative part
+    with ``dense_transform="log"``), each slot's key plus its offset."""
+    dense = np.nan_to_num(chunk.dense, nan=0.0)
+    if dense_transform == "log":
+        dense = np.log1p(np.maximum(dense, 0.0))
+    keys = mapper.keys(chunk.cats) + offsets.astype(np.int64)
+    return fixed_records(chunk.label[:, None], dense, keys, [1] * SLOT_NUM)
+
+
+class _SplitWriters:
+    """The training and evaluation splits' writers, with their file lists where HugeCTR's
+    readers look for them."""
+
+    def __init__(self, kind: DataReaderType_t, out: Path, rows_per_file: int,
+                 check_type: Check_t, i64_input_key: bool) -> None:
+        if kind is DataReaderType_t.Norm:
+            train_list, eval_list = out / "file_list.txt", out / "file_list_test.txt"
+        else:
+            train_list, eval_list = out / "train" / "_file_list.txt", out / "val" / "_file_list.txt"
+        self.train, self.eval = (
+            _SplitWriter(kind, out / name, lst, rows_per_file, check_type, i64_input_key)
+            for name, lst in (("train", train_list), ("val", eval_list))
+        )
+
+    def write(self, records: Records, first_row: int, split_at: float, stop_at: float
+              ) -> None:
+        """Rows before ``split_at`` to training, from there up to ``stop_at`` to evaluation."""
+        n = len(records)
+        cut = int(np.clip(split_at - first_row, 0, n))
+        end = int(np.clip(stop_at - first_row, 0, n))
+        self.train.write(records.slice(0, cut))
+        self.eval.write(records.slice(cut, end))
 
 
 def load_conversion(output_dir: str | os.PathLike) -> CriteoConversion:

@@ -122,23 +122,7 @@ def decode_csv(
     (inside :meth:`Dataset.map` over text lines: :class:`CSVRecordError` naming file and line).
     """
     del name
-    if len(field_delim) != 1:
-        raise InvalidInputError(
-            f"decode_csv: field_delim must be one character, got {field_delim!r}"
-        )
-    n_defaults = len(record_defaults)
-    if select_cols is not None:
-        cols = [int(c) for c in select_cols]
-        if len(cols) != n_defaults:
-            raise InvalidInputError(
-                f"decode_csv: select_cols has {len(cols)} columns, record_defaults {n_defaults}"
-            )
-        if any(c < 0 for c in cols) or any(b <= a for a, b in zip(cols, cols[1:])):
-            raise InvalidInputError(
-                f"decode_csv: select_cols must be increasing non-negative indices, got {cols}"
-            )
-    else:
-        cols = list(range(n_defaults))
+    cols = _selected_columns(len(record_defaults), field_delim, select_cols)
     specs = _specs(record_defaults, cols)
     if isinstance(records, (str, bytes)):  # one record (np.str_ is a str): no arrays
         record = records.decode() if isinstance(records, bytes) else records
@@ -146,6 +130,40 @@ def decode_csv(
     scalar = isinstance(records, np.ndarray) and records.ndim == 0
     array = _as_array(records)
     shape = array.shape
+    flat, rows = _split_records(array, field_delim, use_quote_delim, scalar)
+    columns = _columns(flat, rows, len(record_defaults), cols, select_cols, scalar)
+    out = []
+    for (dtype, default), c in zip(specs, cols):
+        values = _column_values(columns[c], dtype, default, na_value, c, scalar)
+        values = values.reshape(shape)
+        out.append(values[()] if scalar else values)
+    return out
+
+
+def _selected_columns(n_defaults: int, field_delim: str,
+                      select_cols: Sequence[int] | None) -> list[int]:
+    """The indices of the columns the record defaults are for, checked."""
+    if len(field_delim) != 1:
+        raise InvalidInputError(
+            f"decode_csv: field_delim must be one character, got {field_delim!r}"
+        )
+    if select_cols is None:
+        return list(range(n_defaults))
+    cols = [int(c) for c in select_cols]
+    if len(cols) != n_defaults:
+        raise InvalidInputError(
+            f"decode_csv: select_cols has {len(cols)} columns, record_defaults {n_defaults}"
+        )
+    if any(c < 0 for c in cols) or any(b <= a for a, b in zip(cols, cols[1:])):
+        raise InvalidInputError(
+            f"decode_csv: select_cols must be increasing non-negative indices, got {cols}"
+        )
+    return cols
+
+
+def _split_records(array: np.ndarray, field_delim: str, use_quote_delim: bool,
+                   scalar: bool) -> tuple[list[str], list[list[str]]]:
+    """The records as strings and each one's fields (Python's csv reader, strict quoting)."""
     flat = array.reshape(-1).tolist()
     if flat and not all(isinstance(r, str) for r in (flat[0], flat[-1])):
         flat = [r.decode() if isinstance(r, bytes) else str(r) for r in flat]
@@ -157,6 +175,12 @@ def decode_csv(
         raise DecodeCSVError(
             f"malformed quoting: {exc}", record=None if scalar else reader.line_num - 1
         ) from None
+    return flat, rows
+
+
+def _columns(flat: list[str], rows: list[list[str]], n_defaults: int, cols: list[int],
+             select_cols: Sequence[int] | None, scalar: bool) -> list[tuple[str, ...]]:
+    """The fields by column, after checking every record has the fields the columns need."""
     # csv gives [] for an empty line: one empty field as TensorFlow counts it
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     counts = np.maximum(lengths, 1)
@@ -175,50 +199,50 @@ def decode_csv(
     padded = rows
     if (lengths < width).any():  # empty lines of a one-column CSV
         padded = [r if len(r) >= width else r + [""] * (width - len(r)) for r in rows]
-    columns = list(zip(*padded)) if padded else [()] * width
-    out = []
-    for (dtype, default), c in zip(specs, cols):
-        raw = np.array(columns[c], dtype=str) if columns[c] else np.empty(0, dtype=str)
-        empty = raw == ""
-        if na_value:
-            empty |= raw == na_value
-        if empty.any() and default is None:
-            i = int(np.flatnonzero(empty)[0])
+    return list(zip(*padded)) if padded else [()] * width
+
+
+def _column_values(fields: tuple[str, ...], dtype: np.dtype, default: Any, na_value: str,
+                   c: int, scalar: bool) -> np.ndarray:
+    """One column's fields as ``dtype`` (1-D), empty and ``na_value`` fields the default."""
+    raw = np.array(fields, dtype=str) if fields else np.empty(0, dtype=str)
+    empty = raw == ""
+    if na_value:
+        empty |= raw == na_value
+    if empty.any() and default is None:
+        i = int(np.flatnonzero(empty)[0])
+        raise DecodeCSVError(
+            "the field is empty and the column has no default (required)",
+            record=None if scalar else i,
+            column=c,
+        )
+    if dtype.kind == "U":
+        return np.where(empty, str(default), raw) if empty.any() else raw
+    filled = np.where(empty, "0", raw) if empty.any() else raw
+    try:
+        values = filled.astype(np.float64 if dtype.kind == "f" else np.int64)
+    except (ValueError, OverflowError):
+        i = _first_bad(filled, dtype)
+        raise DecodeCSVError(
+            f"field {str(raw[i])!r} is not a valid {dtype.name} (the column's record default "
+            f"is {dtype.name})",
+            record=None if scalar else i,
+            column=c,
+        ) from None
+    if dtype.kind == "i":
+        info = np.iinfo(dtype)
+        outside = (values < info.min) | (values > info.max)
+        if outside.any():
+            i = int(np.flatnonzero(outside)[0])
             raise DecodeCSVError(
-                "the field is empty and the column has no default (required)",
+                f"field {str(raw[i])!r} is out of range for {dtype.name}",
                 record=None if scalar else i,
                 column=c,
             )
-        if dtype.kind == "U":
-            values = np.where(empty, str(default), raw) if empty.any() else raw
-        else:
-            filled = np.where(empty, "0", raw) if empty.any() else raw
-            try:
-                values = filled.astype(np.float64 if dtype.kind == "f" else np.int64)
-            except (ValueError, OverflowError):
-                i = _first_bad(filled, dtype)
-                raise DecodeCSVError(
-                    f"field {str(raw[i])!r} is not a valid {dtype.name} (the column's record default "
-                    f"is {dtype.name})",
-                    record=None if scalar else i,
-                    column=c,
-                ) from None
-            if dtype.kind == "i":
-                info = np.iinfo(dtype)
-                outside = (values < info.min) | (values > info.max)
-                if outside.any():
-                    i = int(np.flatnonzero(outside)[0])
-                    raise DecodeCSVError(
-                        f"field {str(raw[i])!r} is out of range for {dtype.name}",
-                        record=None if scalar else i,
-                        column=c,
-                    )
-            values = values.astype(dtype)
-            if empty.any():
-                values[empty] = default
-        values = values.reshape(shape)
-        out.append(values[()] if scalar else values)
-    return out
+    values = values.astype(dtype)
+    if empty.any():
+        values[empty] = default
+    return values
 
 
 _SPEC_CACHE: dict[str, list[tuple[np.dtype, Any]]] = {}
