@@ -74,7 +74,6 @@ def train_demo_model(
     The defaults (about one epoch over 65,536 generated rows) reach an eval AUC near 0.86;
     many more passes over so few rows overfit the per-key embeddings.
     """
-    import tierserve.trainer as hugectr
     from tierserve.trainer.progress import heartbeat
 
     beat = heartbeat("[demo] generating data") if say else contextlib.nullcontext()
@@ -84,6 +83,45 @@ def train_demo_model(
     say(f"generating {num_samples:,} click-log rows with a planted model in {workdir / 'data'}")
     with beat:
         dataset = generate_data(workdir, num_samples=num_samples, seed=seed)
+    model = build_demo_model(dataset.train.source, dataset.eval.source, batch_size, seed)
+    say(f"training a small DLRM for {iterations} iterations of {batch_size} rows")
+    model.fit(max_iter=iterations, display=max(iterations, 1), eval_interval=iterations + 1)
+    eval_batches = 8
+    for _ in range(eval_batches):
+        model.eval()
+    auc = dict(model.get_eval_metrics()).get("AUC", float("nan"))
+    graph, dense, sparse = _save(model, workdir / "model", iterations)
+    return DemoModel(
+        workdir=workdir,
+        data_source=dataset.train.source,
+        eval_source=dataset.eval.source,
+        graph=graph,
+        dense_file=dense,
+        sparse_files=sparse,
+        model=model,
+        eval_auc=auc,
+        eval_batches=eval_batches,
+    )
+
+
+#: The demo DLRM's dense layers: (Layer_t name, bottoms, tops, num_output).
+DENSE_LAYERS = [
+    ("InnerProduct", ["dense"], ["fc1"], 64),
+    ("ReLU", ["fc1"], ["relu1"], None),
+    ("InnerProduct", ["relu1"], ["fc2"], EMBEDDING_DIM),
+    ("ReLU", ["fc2"], ["relu2"], None),
+    ("Interaction", ["relu2", "sparse_embedding1"], ["interaction1"], None),
+    ("InnerProduct", ["interaction1"], ["fc3"], 64),
+    ("ReLU", ["fc3"], ["relu3"], None),
+    ("InnerProduct", ["relu3"], ["fc4"], 1),
+    ("BinaryCrossEntropyLoss", ["fc4", "label"], ["loss"], None),
+]
+
+
+def build_demo_model(source: str, eval_source: str, batch_size: int, seed: int):
+    """The demo DLRM over these Norm file lists, compiled (HugeCTR's DLRM sample, small)."""
+    import tierserve.trainer as hugectr
+
     solver = hugectr.CreateSolver(
         model_name=MODEL_NAME,
         max_eval_batches=4,
@@ -97,8 +135,8 @@ def train_demo_model(
     )
     reader = hugectr.DataReaderParams(
         data_reader_type=hugectr.DataReaderType_t.Norm,
-        source=[dataset.train.source],
-        eval_source=dataset.eval.source,
+        source=[source],
+        eval_source=eval_source,
         check_type=hugectr.Check_t.Sum,
     )
     optimizer = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam)
@@ -125,18 +163,7 @@ def train_demo_model(
             optimizer=optimizer,
         )
     )
-    layers = [
-        ("InnerProduct", ["dense"], ["fc1"], 64),
-        ("ReLU", ["fc1"], ["relu1"], None),
-        ("InnerProduct", ["relu1"], ["fc2"], EMBEDDING_DIM),
-        ("ReLU", ["fc2"], ["relu2"], None),
-        ("Interaction", ["relu2", "sparse_embedding1"], ["interaction1"], None),
-        ("InnerProduct", ["interaction1"], ["fc3"], 64),
-        ("ReLU", ["fc3"], ["relu3"], None),
-        ("InnerProduct", ["relu3"], ["fc4"], 1),
-        ("BinaryCrossEntropyLoss", ["fc4", "label"], ["loss"], None),
-    ]
-    for kind, bottom, top, out in layers:
+    for kind, bottom, top, out in DENSE_LAYERS:
         kwargs = {"num_output": out} if out is not None else {}
         model.add(
             hugectr.DenseLayer(
@@ -147,13 +174,12 @@ def train_demo_model(
             )
         )
     model.compile()
-    say(f"training a small DLRM for {iterations} iterations of {batch_size} rows")
-    model.fit(max_iter=iterations, display=max(iterations, 1), eval_interval=iterations + 1)
-    eval_batches = 8
-    for _ in range(eval_batches):
-        model.eval()
-    auc = dict(model.get_eval_metrics()).get("AUC", float("nan"))
-    out = workdir / "model"
+    return model
+
+
+def _save(model, out: Path, iterations: int) -> tuple[Path, Path, list[Path]]:
+    """Write the graph and the model files into a fresh ``out``: (graph, dense file,
+    sparse folders)."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -161,18 +187,7 @@ def train_demo_model(
     model.graph_to_json(str(graph))
     model.save_params_to_files(str(out / MODEL_NAME), iterations)
     dense = out / f"{MODEL_NAME}_dense_{iterations}.model"
-    sparse = [out / f"{MODEL_NAME}0_sparse_{iterations}.model"]
-    return DemoModel(
-        workdir=workdir,
-        data_source=dataset.train.source,
-        eval_source=dataset.eval.source,
-        graph=graph,
-        dense_file=dense,
-        sparse_files=sparse,
-        model=model,
-        eval_auc=auc,
-        eval_batches=eval_batches,
-    )
+    return graph, dense, [out / f"{MODEL_NAME}0_sparse_{iterations}.model"]
 
 
 def ps_json(
