@@ -16,7 +16,21 @@ from .feature_values import Ids, _feature, raw_values
 from .hashing import DEFAULT_HASH_KEY, cross_feature, fingerprint64, fingerprint_cat64
 
 
-class IdentityCategoricalColumn(CategoricalColumn):
+class _OneFeatureColumn(CategoricalColumn):
+    """A categorical column of the ids of one raw feature, ``key``."""
+
+    key: str
+
+    @property
+    def input_keys(self) -> list[str]:
+        return [self.key]
+
+    def _raw_values(self, features: dict) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """The feature's values, row offsets and batch size (:func:`.raw_values`)."""
+        return raw_values(self.name, self.key, _feature(features, self.key, self.name))
+
+
+class IdentityCategoricalColumn(_OneFeatureColumn):
     def __init__(self, key: str, num_buckets: int, default_value: int | None = None) -> None:
         self.key = self.name = str(key)
         self.num_buckets = int(num_buckets)
@@ -28,13 +42,8 @@ class IdentityCategoricalColumn(CategoricalColumn):
             raise ConfigError(f"categorical_column_with_identity {key!r}: default_value "
                               f"{default_value} is outside [0, {num_buckets})")
 
-    @property
-    def input_keys(self) -> list[str]:
-        return [self.key]
-
     def ids(self, features: dict) -> Ids:
-        values, offsets, b = raw_values(self.name, self.key,
-                                        _feature(features, self.key, self.name))
+        values, offsets, b = self._raw_values(features)
         if values.dtype.kind not in "iu":
             if values.dtype.kind == "f" and np.all(values == np.round(values)):
                 values = values.astype(np.int64)
@@ -58,7 +67,7 @@ class IdentityCategoricalColumn(CategoricalColumn):
                 "default_value": self.default_value}
 
 
-class VocabularyListCategoricalColumn(CategoricalColumn):
+class VocabularyListCategoricalColumn(_OneFeatureColumn):
     def __init__(self, key: str, vocabulary_list: Sequence[Any], dtype: Any = None,
                  default_value: int = -1, num_oov_buckets: int = 0,
                  what: str = "categorical_column_with_vocabulary_list") -> None:
@@ -80,15 +89,10 @@ class VocabularyListCategoricalColumn(CategoricalColumn):
         self.default_value = -1 if default_value is None else int(default_value)
         self.num_buckets = len(vocab) + self.num_oov_buckets
 
-    @property
-    def input_keys(self) -> list[str]:
-        return [self.key]
-
     def _lookup(self, features: dict) -> Ids:
         """Ids with TensorFlow's default_value (-1 by default) for values out of vocabulary
         when there are no OOV buckets."""
-        values, offsets, b = raw_values(self.name, self.key,
-                                        _feature(features, self.key, self.name))
+        values, offsets, b = self._raw_values(features)
         if self.vocabulary.dtype.kind in "US":
             values = values.astype(str)
         elif values.dtype.kind not in "iu":
@@ -126,7 +130,7 @@ class VocabularyListCategoricalColumn(CategoricalColumn):
                 "default_value": self.default_value, "num_oov_buckets": self.num_oov_buckets}
 
 
-class HashedCategoricalColumn(CategoricalColumn):
+class HashedCategoricalColumn(_OneFeatureColumn):
     def __init__(self, key: str, hash_bucket_size: int, dtype: Any = str) -> None:
         self.key = self.name = str(key)
         self.num_buckets = int(hash_bucket_size)
@@ -134,13 +138,8 @@ class HashedCategoricalColumn(CategoricalColumn):
             raise ConfigError(f"categorical_column_with_hash_bucket {key!r}: hash_bucket_size "
                               f"must be positive, got {hash_bucket_size}")
 
-    @property
-    def input_keys(self) -> list[str]:
-        return [self.key]
-
     def ids(self, features: dict) -> Ids:
-        values, offsets, b = raw_values(self.name, self.key,
-                                        _feature(features, self.key, self.name))
+        values, offsets, b = self._raw_values(features)
         try:
             h = fingerprint64(values) % np.uint64(self.num_buckets)
         except InvalidInputError as exc:
