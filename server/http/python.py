@@ -21,7 +21,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from ..settings import Settings, event_loop
-from .rest import InferFastPath, _error_bytes, _send
+from .body import error_bytes as _error_bytes
+from .body import send_response as _send
+from .infer import InferFastPath
 
 _JSON = b"application/json"
 
