@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .hierarchy import ServedModel
+    from .served_model import ServedModel
 
 #: The file of a version folder that holds its creation time in ms (see the module docstring).
 STAMP = "tierserve.created"

@@ -1,0 +1,121 @@
+"""The versions the hierarchical parameter server holds: :class:`TableSpec` (one served
+table: names, storage name, dim, default, row layout, TTL), :class:`ServedModel` (one loaded
+version of a model, with the count of lookups using it) and :class:`VersionView` (one
+version behind the parameter-server interface an embedding cache uses)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tierserve.core.errors import NotFoundError
+
+from .config import ModelConfig
+from .row_codec import RowCodec
+
+if TYPE_CHECKING:
+    from .hierarchy import HierarchicalParameterServer
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One served table: its names, where it is stored, its vector length and default."""
+
+    name: str
+    tag: str
+    storage: str
+    dim: int
+    default: float
+    #: How the table's rows are stored (float32 unless ``storage_dtype`` says otherwise).
+    codec: RowCodec = None
+    #: Seconds a row lives after its last write or lookup (``ttl_seconds``; None: forever).
+    ttl: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.codec is None:
+            object.__setattr__(self, "codec", RowCodec("float32", self.dim))
+
+
+class ServedModel:
+    """One loaded version of a model; lookups hold a reference while they run."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        generation: int,
+        tables: dict[str, TableSpec],
+        attached: bool = False,
+    ):
+        self.config = config
+        self.name = config.model
+        self.generation = generation
+        self.tables = tables
+        self.attached = attached  # its tables are another process's (shared tier), not loaded
+        self.dropped = False
+        self._cond = threading.Condition()
+        self._refs = 0
+        self._retired = False
+
+    def table(self, name: str) -> TableSpec:
+        spec = self.tables.get(name)
+        if spec is None:
+            raise NotFoundError(
+                f"model {self.name!r} has no table {name!r}; it has {list(self.tables)}"
+            )
+        return spec
+
+    def acquire(self) -> bool:
+        with self._cond:
+            if self._retired:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self._refs -= 1
+            if self._refs == 0:
+                self._cond.notify_all()
+
+    def retire(self, timeout: float) -> bool:
+        """Refuse new lookups and wait until running ones finish; False on timeout."""
+        with self._cond:
+            self._retired = True
+            return self._cond.wait_for(lambda: self._refs == 0, timeout)
+
+
+class VersionView:
+    """One version of a model behind the parameter-server interface an embedding cache uses.
+
+    Lookups read that version's tables whatever is committed meanwhile; inserts and
+    listeners behave as the parameter server's own (an insert reaches every live version).
+    """
+
+    def __init__(self, ps: HierarchicalParameterServer, served: ServedModel) -> None:
+        self.ps, self.served = ps, served
+
+    def _check(self, model: str) -> None:
+        if model != self.served.name:
+            raise NotFoundError(f"this view serves model {self.served.name!r}, not {model!r}")
+
+    def lookup(self, model: str, table: str, keys) -> np.ndarray:
+        self._check(model)
+        return self.ps.lookup(self.served, table, keys)
+
+    def lookup_tables(self, model: str, keys_per_table: Sequence) -> list[np.ndarray]:
+        self._check(model)
+        return self.ps.lookup_tables(self.served, keys_per_table)
+
+    def insert(self, model: str, table: str, keys, embeddings) -> None:
+        self._check(model)
+        self.ps.insert(self.served, table, keys, embeddings)
+
+    def add_update_listener(self, listener) -> None:
+        self.ps.add_update_listener(listener)
+
+    def remove_update_listener(self, listener) -> None:
+        self.ps.remove_update_listener(listener)
