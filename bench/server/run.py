@@ -52,6 +52,7 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
+from bench.redis_cluster import start_redis_cluster  # noqa: E402
 from bench.server import clients  # noqa: E402
 from bench.server.clients import (  # noqa: E402
     add_load_arguments,
@@ -204,15 +205,7 @@ def _volatile_tier(args: argparse.Namespace, tmp: Path) -> tuple[object, dict | 
     """The running Redis Cluster (``--volatile redis_cluster``; None otherwise) and the
     ``volatile_db`` of the repository (None: the hash map)."""
     if args.volatile == "redis_cluster":
-        sys.path.insert(0, str(ROOT / "tests"))
-        from services.redis import RedisCluster, ensure_redis
-
-        ensure_redis()
-        dirs = [tmp / f"redis-{i}" for i in range(3)]
-        for d in dirs:
-            d.mkdir()
-        cluster = RedisCluster(dirs, [tmp / f"redis-{i}.log" for i in range(3)])
-        cluster.start()
+        cluster = start_redis_cluster(tmp)
         return cluster, {"type": "redis_cluster", "address": cluster.addresses}
     if args.volatile == "multi_process_hash_map":
         return None, {
