@@ -46,6 +46,8 @@ import re
 import threading
 from collections.abc import Sequence
 
+import numpy as np
+
 from tierserve.core.errors import ConfigError, NotFoundError
 
 from .config import PSConfig, load_ps_config
@@ -57,7 +59,7 @@ from .hierarchy_versions import RETIRE_TIMEOUT_S, ModelVersions
 from .id_admission import UpdateAdmission
 from .refill import Refiller, start_refill
 from .rocksdb_tier import RocksDBConfig
-from .served_model import ServedModel, TableSpec, VersionView
+from .served_model import ServedModel, TableSpec
 from .tier import Tier
 from .tier_registry import create_tier
 
@@ -156,6 +158,10 @@ class HierarchicalParameterServer(ModelVersions, LookupPath, UpdatePath):
 
     # --- monitoring and lifetime ----------------------------------------------------------
 
+    def version_view(self, served: ServedModel) -> VersionView:
+        """A parameter-server interface bound to version ``served`` (for its embedding cache)."""
+        return VersionView(self, served)
+
     def tier_stats(self) -> dict[str, object]:
         """``{"volatile": TierStats, "persistent": TierStats}`` for the configured tiers."""
         return {level: tier.stats for level, tier in self.tiers.items()}
@@ -174,6 +180,39 @@ class HierarchicalParameterServer(ModelVersions, LookupPath, UpdatePath):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class VersionView:
+    """One version of a model behind the parameter-server interface an embedding cache uses.
+
+    Lookups read that version's tables whatever is committed meanwhile; inserts and
+    listeners behave as the parameter server's own (an insert reaches every live version).
+    """
+
+    def __init__(self, ps: HierarchicalParameterServer, served: ServedModel) -> None:
+        self.ps, self.served = ps, served
+
+    def _check(self, model: str) -> None:
+        if model != self.served.name:
+            raise NotFoundError(f"this view serves model {self.served.name!r}, not {model!r}")
+
+    def lookup(self, model: str, table: str, keys) -> np.ndarray:
+        self._check(model)
+        return self.ps.lookup(self.served, table, keys)
+
+    def lookup_tables(self, model: str, keys_per_table: Sequence) -> list[np.ndarray]:
+        self._check(model)
+        return self.ps.lookup_tables(self.served, keys_per_table)
+
+    def insert(self, model: str, table: str, keys, embeddings) -> None:
+        self._check(model)
+        self.ps.insert(self.served, table, keys, embeddings)
+
+    def add_update_listener(self, listener) -> None:
+        self.ps.add_update_listener(listener)
+
+    def remove_update_listener(self, listener) -> None:
+        self.ps.remove_update_listener(listener)
 
 
 def CreateParameterServer(  # noqa: N802 - HugeCTR's name

@@ -24,7 +24,7 @@ from .config import ModelConfig, PSConfig
 from .id_admission import UpdateAdmission
 from .keys import as_keys
 from .row_codec import RowCodec
-from .served_model import ServedModel, TableSpec, VersionView
+from .served_model import ServedModel, TableSpec
 from .sparse_file import read_rows
 from .table_tag import table_tag
 from .tier import Tier
@@ -164,10 +164,6 @@ class ModelVersions:
         if old is not None:
             self.drop_model(old)
         return served
-
-    def version_view(self, served: ServedModel) -> VersionView:
-        """A parameter-server interface bound to version ``served`` (for its embedding cache)."""
-        return VersionView(self, served)
 
     def _read_tables(self, config: ModelConfig) -> list[tuple[np.ndarray, np.ndarray]]:
         """Open every sparse file first, so a corrupt one fails before any tier changes;

@@ -1,24 +1,16 @@
 """The versions the hierarchical parameter server holds: :class:`TableSpec` (one served
 table: names, storage name, dim, default, row layout, TTL), :class:`ServedModel` (one loaded
-version of a model, with the count of lookups using it) and :class:`VersionView` (one
-version behind the parameter-server interface an embedding cache uses)."""
+version of a model, with the count of lookups using it)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import numpy as np
 
 from tierserve.core.errors import NotFoundError
 
 from .config import ModelConfig
 from .row_codec import RowCodec
-
-if TYPE_CHECKING:
-    from .hierarchy import HierarchicalParameterServer
 
 
 @dataclass(frozen=True)
@@ -86,36 +78,3 @@ class ServedModel:
         with self._cond:
             self._retired = True
             return self._cond.wait_for(lambda: self._refs == 0, timeout)
-
-
-class VersionView:
-    """One version of a model behind the parameter-server interface an embedding cache uses.
-
-    Lookups read that version's tables whatever is committed meanwhile; inserts and
-    listeners behave as the parameter server's own (an insert reaches every live version).
-    """
-
-    def __init__(self, ps: HierarchicalParameterServer, served: ServedModel) -> None:
-        self.ps, self.served = ps, served
-
-    def _check(self, model: str) -> None:
-        if model != self.served.name:
-            raise NotFoundError(f"this view serves model {self.served.name!r}, not {model!r}")
-
-    def lookup(self, model: str, table: str, keys) -> np.ndarray:
-        self._check(model)
-        return self.ps.lookup(self.served, table, keys)
-
-    def lookup_tables(self, model: str, keys_per_table: Sequence) -> list[np.ndarray]:
-        self._check(model)
-        return self.ps.lookup_tables(self.served, keys_per_table)
-
-    def insert(self, model: str, table: str, keys, embeddings) -> None:
-        self._check(model)
-        self.ps.insert(self.served, table, keys, embeddings)
-
-    def add_update_listener(self, listener) -> None:
-        self.ps.add_update_listener(listener)
-
-    def remove_update_listener(self, listener) -> None:
-        self.ps.remove_update_listener(listener)
