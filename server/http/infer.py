@@ -201,23 +201,23 @@ Reply = Callable[[int, bytes, bytes, "int | None"], None]
 
 
 class InferFastPath:
-    """An ASGI app in front of the FastAPI app that hands ``POST .../infer`` straight to the
-    app's :class:`InferEndpoint`; everything else, lifespan included, goes to ``app``.
+    """An ASGI app in front of the FastAPI app that :func:`~tierserve.server.app.create_app`
+    made: hands ``POST .../infer`` straight to the app's :class:`InferEndpoint`; everything
+    else, lifespan included, goes to ``app``.
 
     A request with a body first takes its room in the worker's budget (the app's
-    :class:`~tierserve.server.runtime.admission.Admission`), waiting for it with the body unread;
-    one that finds none
-    within ``admission_timeout_s`` is answered 503.  Requests without a body (health,
+    :class:`~tierserve.server.runtime.admission.Admission`), waiting for it with the body
+    unread; one that finds none within ``admission_timeout_s`` is answered 503.  Requests without a body (health,
     metadata, metrics) never wait."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self.state = app.state
         self.endpoint: InferEndpoint = app.state.infer_endpoint
-        self.admission: Admission | None = getattr(app.state, "admission", None)
+        self.admission: Admission = app.state.admission
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or self.admission is None:
+        if scope["type"] != "http":
             await self._serve(scope, receive, send)
             return
         need = _body_room(scope["headers"], self.endpoint.limit, self.admission.undeclared)
