@@ -61,6 +61,24 @@ _WRITE_LOG = 64  # writes whose slots readers can check (see _read)
 DEFAULT_WAYS = 2
 
 
+def _check_options(
+    cache_type, on_update_mode, hit_rate_threshold, dim, capacity, refresh_interval, refresh_delay
+) -> None:
+    """Refuse an :class:`EmbeddingCache` setting out of range (:class:`ConfigError` naming it)."""
+    if cache_type not in ("dynamic", "static"):
+        raise ConfigError(f"embedding_cache_type must be 'dynamic' or 'static', got {cache_type!r}")
+    if on_update_mode not in ("overwrite", "invalidate"):
+        raise ConfigError(f"on_update_mode must be 'overwrite' or 'invalidate', got {on_update_mode!r}")
+    if not 0.0 <= hit_rate_threshold <= 1.0:
+        raise ConfigError(f"hit_rate_threshold must be in [0, 1], got {hit_rate_threshold}")
+    if dim <= 0:
+        raise ConfigError(f"dim must be positive, got {dim}")
+    if capacity <= 0:
+        raise ConfigError(f"cache capacity must be positive, got {capacity}")
+    if refresh_interval < 0 or refresh_delay < 0:
+        raise ConfigError("refresh_interval and refresh_delay must not be negative")
+
+
 class EmbeddingCache:
     """The cache of table ``table`` of model ``model`` (vectors of length ``dim``).
 
@@ -100,18 +118,8 @@ class EmbeddingCache:
         listen: bool = True,
         storage_dtype: str = "float32",
     ) -> None:
-        if cache_type not in ("dynamic", "static"):
-            raise ConfigError(f"embedding_cache_type must be 'dynamic' or 'static', got {cache_type!r}")
-        if on_update_mode not in ("overwrite", "invalidate"):
-            raise ConfigError(f"on_update_mode must be 'overwrite' or 'invalidate', got {on_update_mode!r}")
-        if not 0.0 <= hit_rate_threshold <= 1.0:
-            raise ConfigError(f"hit_rate_threshold must be in [0, 1], got {hit_rate_threshold}")
-        if dim <= 0:
-            raise ConfigError(f"dim must be positive, got {dim}")
-        if capacity <= 0:
-            raise ConfigError(f"cache capacity must be positive, got {capacity}")
-        if refresh_interval < 0 or refresh_delay < 0:
-            raise ConfigError("refresh_interval and refresh_delay must not be negative")
+        _check_options(cache_type, on_update_mode, hit_rate_threshold, dim, capacity,
+                       refresh_interval, refresh_delay)  # fmt: skip
         self.model = model
         self.table = table
         self.dim = int(dim)
@@ -125,6 +133,21 @@ class EmbeddingCache:
         self.xp = array_module(use_gpu, device_id)
         self._ps = parameter_server
         self._device_id = device_id
+        self._init_counters()
+        self._kernel = None
+        cpu_kernels.warm_up()  # compile now, not in the first query (distinct_by_count: all caches)
+        self._build_table(capacity, ways, use_kernel, static_keys)
+        self.capacity = self._table.capacity
+        self._listening = False
+        if listen and isinstance(parameter_server, UpdateNotifier):
+            parameter_server.add_update_listener(self.on_update)
+            self._listening = True
+        if cache_type == "static":
+            self._fill_static()
+        self._start_workers(max_queued_inserts)
+
+    def _init_counters(self) -> None:
+        """The writers' lock and sequence, the write log and the statistics."""
         self._lock = threading.Lock()  # writers
         self._seq = 0  # odd while a writer changes the table
         self._written: deque = deque(maxlen=_WRITE_LOG)  # (odd seq, slots changed or None)
@@ -135,16 +158,20 @@ class EmbeddingCache:
         self._running = 0.0
         self._inserted = self._evicted = self._stale = self._updates = self._refreshed = 0
         self._closed = False
-        self._kernel = None
-        cpu_kernels.warm_up()  # compile now, not in the first query (distinct_by_count: all caches)
+
+    def _build_table(
+        self, capacity: int, ways: int, use_kernel: bool | None, static_keys: np.ndarray | None
+    ) -> None:
+        """The table on its device (static: ``static_keys``, rows filled later; dynamic:
+        set-associative) and, on a GPU, the CUDA lookup kernel."""
         with device_context(self.xp, self._device_id):
-            if cache_type == "static":
+            if self.cache_type == "static":
                 if static_keys is None:
                     raise ConfigError("a static embedding cache needs the table's keys (static_keys)")
                 keys = self._as_keys(static_keys, "static_keys")
                 self._table = StaticTable(
                     keys, np.zeros((keys.size, self.codec.words), np.float32), capacity, self.xp,
-                    what=f"table {table!r} of model {model!r}",
+                    what=f"table {self.table!r} of model {self.model!r}",
                 )
             else:
                 self._table = SetAssociativeTable(capacity, self.codec.words, ways, self.xp)
@@ -152,23 +179,20 @@ class EmbeddingCache:
                 from .kernels import load_lookup_kernel
 
                 self._kernel = load_lookup_kernel(required=bool(use_kernel))
-        self.capacity = self._table.capacity
-        self._listening = False
-        if listen and isinstance(parameter_server, UpdateNotifier):
-            parameter_server.add_update_listener(self.on_update)
-            self._listening = True
-        if cache_type == "static":
-            self._fill_static()
+
+    def _start_workers(self, max_queued_inserts: int) -> None:
+        """The insert worker (dynamic caches) and the refresher (``refresh_interval``)."""
+        table = self.table
         self._worker = (
             InsertWorker(self._insert_fetched, max_queued_inserts, name=f"cache-insert-{table}")
-            if cache_type == "dynamic"
+            if self.cache_type == "dynamic"
             else None
         )
         self._stop = threading.Event()
         self._refresher = None
-        if refresh_interval > 0:
+        if self.refresh_interval > 0:
             self._refresher = threading.Thread(
-                target=self._refresh_loop, args=(refresh_delay, refresh_interval),
+                target=self._refresh_loop, args=(self.refresh_delay, self.refresh_interval),
                 name=f"cache-refresh-{table}", daemon=True,
             )
             self._refresher.start()

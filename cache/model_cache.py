@@ -176,37 +176,14 @@ def CreateEmbeddingCache(  # noqa: N802 - HugeCTR's name
     every :class:`EmbeddingCache`.
     """
     config = _model_config(model_config_path, model_name)
-    if use_gpu_embedding_cache:
-        from .device import cupy_or_none
-
-        if cupy_or_none() is None:  # as the trainer does: the CPU stands in for the GPU
-            from tierserve.core.compat import warn_once
-
-            warn_once("CreateEmbeddingCache.use_gpu_embedding_cache", "no usable CUDA device "
-                      "(or no cupy): the embedding cache lives in host memory (numpy)")
-            use_gpu_embedding_cache = False
+    use_gpu_embedding_cache = _gpu_available(use_gpu_embedding_cache)
     if cache_size_percentage is not None:  # HugeCTR's argument: the model's gpucacheper
         config = config.updated("CreateEmbeddingCache", {"gpucacheper": "cache_size_percentage"},
                                 gpucacheper=cache_size_percentage)  # fmt: skip
-    pct = config.gpucacheper
-    names = list(config.embedding_table_names)
-    n = len(names)
-    for what, given in (("capacities", capacities), ("table_rows_per_table", table_rows_per_table)):
-        if given is not None and len(given) != n:
-            raise ConfigError(f"{what} has {len(given)} entries, model {model_name!r} has {n} tables")
+    sizes = _capacities(config, model_name, capacities, table_rows_per_table)
     caches: list[EmbeddingCache] = []
     try:
-        for i, table in enumerate(names):
-            rows = None
-            if capacities is not None:
-                capacity = int(capacities[i])
-            else:
-                rows = (
-                    int(table_rows_per_table[i])
-                    if table_rows_per_table is not None
-                    else table_rows(config.sparse_files[i])
-                )
-                capacity = max(1, math.ceil(pct * rows))
+        for i, table in enumerate(config.embedding_table_names):
             static_keys = None
             if config.embedding_cache_type == "static":
                 static_keys = _static_keys(config.sparse_files[i])
@@ -216,7 +193,7 @@ def CreateEmbeddingCache(  # noqa: N802 - HugeCTR's name
                     model_name,
                     table,
                     config.embedding_vecsize_per_table[i],
-                    capacity,
+                    sizes[i],
                     cache_type=config.embedding_cache_type,
                     hit_rate_threshold=config.hit_rate_threshold,
                     refresh_interval=config.refresh_interval,
@@ -234,3 +211,44 @@ def CreateEmbeddingCache(  # noqa: N802 - HugeCTR's name
             c.close()
         raise
     return ModelEmbeddingCache(model_name, caches)
+
+
+def _gpu_available(use_gpu: bool) -> bool:
+    """``use_gpu`` where cupy sees a CUDA device; else False, with a warning (once) when a
+    GPU was asked for: as the trainer does, the CPU stands in for the GPU."""
+    if not use_gpu:
+        return False
+    from .device import cupy_or_none
+
+    if cupy_or_none() is None:
+        from tierserve.core.compat import warn_once
+
+        warn_once("CreateEmbeddingCache.use_gpu_embedding_cache", "no usable CUDA device "
+                  "(or no cupy): the embedding cache lives in host memory (numpy)")
+        return False
+    return True
+
+
+def _capacities(
+    config: ModelConfig,
+    model_name: str,
+    capacities: Sequence[int] | None,
+    table_rows_per_table: Sequence[int] | None,
+) -> list[int]:
+    """Each table's cache capacity: ``capacities``, else ``gpucacheper`` of its rows
+    (``table_rows_per_table``, else counted from its sparse file), at least one."""
+    n = len(config.embedding_table_names)
+    for what, given in (("capacities", capacities), ("table_rows_per_table", table_rows_per_table)):
+        if given is not None and len(given) != n:
+            raise ConfigError(f"{what} has {len(given)} entries, model {model_name!r} has {n} tables")
+    if capacities is not None:
+        return [int(c) for c in capacities]
+    out = []
+    for i in range(n):
+        rows = (
+            int(table_rows_per_table[i])
+            if table_rows_per_table is not None
+            else table_rows(config.sparse_files[i])
+        )
+        out.append(max(1, math.ceil(config.gpucacheper * rows)))
+    return out

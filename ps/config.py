@@ -3,7 +3,7 @@
 Field names and defaults are HugeCTR HPS's (docs/formats.md).  ``volatile_db`` and
 ``persistent_db`` are each tier's own config model, selected by its ``type`` through
 :mod:`tierserve.ps.tier_registry` (the models live beside their tiers: ``hash_map.py``,
-``shm_hash_map.py``, ``redis_tier.py``, ``rocksdb_tier.py``); ``update_source`` is
+``shm_hash_map.py``, ``redis_config.py``, ``rocksdb_tier.py``); ``update_source`` is
 :class:`~tierserve.ps.kafka_source.KafkaUpdateSourceConfig` or none.  Unknown fields and
 impossible values are rejected with :class:`~tierserve.core.errors.ConfigError` naming the
 field.  Relative paths in a file loaded with :func:`load_ps_config` are resolved against the

@@ -2,7 +2,7 @@
 the volatile tiers' configs, and how a refused value is reported.
 
 Each tier's config model lives beside its tier (``hash_map.py``, ``shm_hash_map.py``,
-``redis_tier.py``, ``rocksdb_tier.py``), the Kafka update source's in ``kafka_source.py``;
+``redis_config.py``, ``rocksdb_tier.py``), the Kafka update source's in ``kafka_source.py``;
 :mod:`tierserve.ps.tier_registry` gathers them by ``type``, and :mod:`tierserve.ps.config`
 holds the top level of ``ps.json`` and the models.  Field names and defaults are HugeCTR
 HPS's; each default is declared once, in its config model.  Unknown fields and impossible

@@ -41,112 +41,48 @@ tier stores yet (:meth:`HierarchicalParameterServer.apply_update`,
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from tierserve.core.errors import (
-    BackendSkippedError,
-    BackendUnavailableError,
-    ConfigError,
-    InvalidInputError,
-    NotFoundError,
-    NotReadyError,
-    ReadOnlyError,
-)
+from tierserve.core.errors import ConfigError, NotFoundError
 
-from .config import ModelConfig, PSConfig, load_ps_config
+from .config import PSConfig, load_ps_config
 from .config_base import VolatileConfig
 from .expiry import ExpirySweeper
+from .hierarchy_lookup import LookupPath
+from .hierarchy_updates import UpdatePath
+from .hierarchy_versions import RETIRE_TIMEOUT_S, ModelVersions
 from .id_admission import UpdateAdmission
-from .keys import as_keys
+from .refill import Refiller, start_refill
 from .rocksdb_tier import RocksDBConfig
-from .row_codec import RowCodec
-from .sparse_file import read_rows
-from .table_tag import parse_table_tag, table_tag
+from .served_model import ServedModel, TableSpec
 from .tier import Tier
 from .tier_registry import create_tier
 
+#: what this module has held since before its parts moved to their own modules
+__all__ = [
+    "RETIRE_TIMEOUT_S",
+    "CreateParameterServer",
+    "HierarchicalParameterServer",
+    "ServedModel",
+    "TableSpec",
+    "VersionView",
+]
+
 log = logging.getLogger(__name__)
 
-#: How long unloading waits for lookups still running on a replaced version.
-RETIRE_TIMEOUT_S = 30.0
 
+class HierarchicalParameterServer(ModelVersions, LookupPath, UpdatePath):
+    """Every embedding table of the served models, in a volatile and a persistent tier.
 
-@dataclass(frozen=True)
-class TableSpec:
-    """One served table: its names, where it is stored, its vector length and default."""
-
-    name: str
-    tag: str
-    storage: str
-    dim: int
-    default: float
-    #: How the table's rows are stored (float32 unless ``storage_dtype`` says otherwise).
-    codec: RowCodec = None
-    #: Seconds a row lives after its last write or lookup (``ttl_seconds``; None: forever).
-    ttl: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.codec is None:
-            object.__setattr__(self, "codec", RowCodec("float32", self.dim))
-
-
-class ServedModel:
-    """One loaded version of a model; lookups hold a reference while they run."""
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        generation: int,
-        tables: dict[str, TableSpec],
-        attached: bool = False,
-    ):
-        self.config = config
-        self.name = config.model
-        self.generation = generation
-        self.tables = tables
-        self.attached = attached  # its tables are another process's (shared tier), not loaded
-        self.dropped = False
-        self._cond = threading.Condition()
-        self._refs = 0
-        self._retired = False
-
-    def table(self, name: str) -> TableSpec:
-        spec = self.tables.get(name)
-        if spec is None:
-            raise NotFoundError(
-                f"model {self.name!r} has no table {name!r}; it has {list(self.tables)}"
-            )
-        return spec
-
-    def acquire(self) -> bool:
-        with self._cond:
-            if self._retired:
-                return False
-            self._refs += 1
-            return True
-
-    def release(self) -> None:
-        with self._cond:
-            self._refs -= 1
-            if self._refs == 0:
-                self._cond.notify_all()
-
-    def retire(self, timeout: float) -> bool:
-        """Refuse new lookups and wait until running ones finish; False on timeout."""
-        with self._cond:
-            self._retired = True
-            return self._cond.wait_for(lambda: self._refs == 0, timeout)
-
-
-class HierarchicalParameterServer:
-    """Every embedding table of the served models, in a volatile and a persistent tier."""
+    Its parts: :class:`~.hierarchy_versions.ModelVersions` (stage, commit, drop),
+    :class:`~.hierarchy_lookup.LookupPath` (lookups) and
+    :class:`~.hierarchy_updates.UpdatePath` (inserts, online updates, evictions, listeners).
+    """
 
     def __init__(self, config: PSConfig, *, load: bool = True) -> None:
         self.config = config
@@ -181,6 +117,8 @@ class HierarchicalParameterServer:
         self._stage_lock = threading.Lock()  # one stage at a time: storage names stay unique
         self._generation = 0
         self._admission: dict[tuple, UpdateAdmission] = {}  # (storage, levels): its rule
+        self._refill: Refiller | None = None
+        self.expiry: ExpirySweeper | None = None
         if load:
             try:
                 for model in config.models:
@@ -188,8 +126,6 @@ class HierarchicalParameterServer:
             except BaseException:
                 self.close()
                 raise
-        from .refill import start_refill
-
         self._refill = start_refill(self)  # refills a Redis node that comes back empty
         self.expiry = ExpirySweeper(self).start()  # removes rows whose ttl_seconds passed
 
@@ -220,440 +156,11 @@ class HierarchicalParameterServer:
             raise NotFoundError(f"no model {name!r} is loaded; loaded: {list(self._models)}")
         return m
 
-    def stage_model(self, config: ModelConfig | str) -> ServedModel:
-        """Load a version's tables beside the served ones; nothing served changes.
-
-        ``config`` is a :class:`ModelConfig` or the name of a model in this server's config.
-        The staged version is then passed to :meth:`commit_model` or :meth:`drop_model`.  On
-        any error the half-loaded tables are dropped and the error raised.
-        """
-        if isinstance(config, str):
-            config = self.config.model(config)
-        with self._stage_lock:
-            return self._stage(config)
-
-    def _stage(self, config: ModelConfig) -> ServedModel:
-        with self._load_lock:
-            self._generation += 1
-            gen = self._generation
-            live = config.model in self._models or bool(self._staged.get(config.model))
-            busy = {spec.storage for v in self._versions for spec in v.tables.values()}
-        attach = self._attach and not live
-        tables = self._read_tables(config) if not attach else None
-        specs: dict[str, TableSpec] = {}
-        created: list[tuple[Tier, str]] = []
-        try:
-            for i, name in enumerate(config.embedding_table_names):
-                tag = table_tag(config.model, name)
-                dim = int(config.embedding_vecsize_per_table[i])
-                if attach:
-                    storage = self._attached_storage(tag)
-                else:
-                    storage = f"{tag}@{gen}" if live or tag in busy else tag
-                codec = RowCodec(config.storage_dtype[i], dim)
-                spec = TableSpec(name, tag, storage, dim, config.default_value_for_each_table[i],
-                                 codec, config.ttl_seconds[i])  # fmt: skip
-                if attach:
-                    for tier in self.tiers.values():
-                        _check_layout(tier, spec)
-                        tier.create_table(storage, codec.words)
-                        if not tier.read_only:
-                            tier.set_ttl(storage, spec.ttl)
-                else:
-                    keys, emb = tables[i]
-                    self._fill(spec, keys, emb, created)
-                specs[name] = spec
-        except BaseException:
-            self._drop_storage(created)
-            raise
-        served = ServedModel(config, gen, specs, attached=attach)
-        with self._load_lock:
-            self._staged.setdefault(config.model, []).append(served)
-            self._versions.append(served)
-        log.info("model %s staged (generation %d, %d tables)", config.model, gen, len(specs))
-        return served
-
-    def commit_model(self, served: ServedModel) -> ServedModel | None:
-        """Make a staged version the one name-addressed calls reach; returns the one before.
-
-        The version it replaces keeps its tables until it is dropped (:meth:`drop_model`).
-        """
-        with self._load_lock:
-            staged = self._staged.get(served.name, [])
-            if served not in staged:
-                raise NotReadyError(
-                    f"model {served.name!r} generation {served.generation} is not staged"
-                )
-            staged.remove(served)
-            if not staged:
-                self._staged.pop(served.name, None)
-            old = self._models.get(served.name)
-            self._models = {**self._models, served.name: served}
-        if not served.attached:
-            self._publish(served)
-        log.info("model %s generation %d committed", served.name, served.generation)
-        return old
-
-    def drop_model(self, served: ServedModel) -> None:
-        """Retire a version (staged, committed or replaced) and free the tables only it uses.
-
-        Waits for calls still using it.  A committed version stops being served by name.
-        Idempotent.
-        """
-        with self._load_lock:
-            staged = self._staged.get(served.name, [])
-            if served in staged:
-                staged.remove(served)
-                if not staged:
-                    self._staged.pop(served.name, None)
-            if self._models.get(served.name) is served:
-                models = dict(self._models)
-                del models[served.name]
-                self._models = models
-            if served.dropped:
-                return
-            served.dropped = True
-            others = [v for v in self._versions if not v.dropped]
-            live = {spec.storage for v in others for spec in v.tables.values()}
-        try:
-            self._retire(served, keep=live)
-        finally:
-            with self._load_lock:
-                self._versions = [v for v in self._versions if v is not served]
-
-    def load_model(self, config: ModelConfig | str) -> ServedModel:
-        """Stage, commit, and drop the version it replaces (direct use, outside a repository).
-
-        On any error the version already served stays served.
-        """
-        served = self.stage_model(config)
-        old = self.commit_model(served)
-        if old is not None:
-            self.drop_model(old)
-        return served
+    # --- monitoring and lifetime ----------------------------------------------------------
 
     def version_view(self, served: ServedModel) -> VersionView:
         """A parameter-server interface bound to version ``served`` (for its embedding cache)."""
         return VersionView(self, served)
-
-    def _read_tables(self, config: ModelConfig) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Open every sparse file first, so a corrupt one fails before any tier changes;
-        each table's rows as its ``storage_dtype`` stores them (converted here if need be)."""
-        out = []
-        for i, path in enumerate(config.sparse_files):
-            codec = RowCodec(config.storage_dtype[i], int(config.embedding_vecsize_per_table[i]))
-            keys, rows = read_rows(path, codec)
-            keys = np.asarray(keys)
-            if not self.config.supportlonglong:
-                try:
-                    keys = as_keys(keys, 32, f"{path}")
-                except InvalidInputError as exc:
-                    raise ConfigError(f"{exc} (supportlonglong is false)") from None
-            _warn_repeated_keys(keys, path)
-            out.append((keys, rows))
-        return out
-
-    def _fill(self, spec: TableSpec, keys, emb, created: list) -> None:
-        n = keys.shape[0]
-        for level, tier in self.tiers.items():
-            if level == "persistent" and tier.read_only:
-                continue
-            tier.drop_table(spec.storage)  # what an earlier run or interrupted load left
-            tier.create_table(spec.storage, spec.codec.words)
-            created.append((tier, spec.storage))
-            tier.set_ttl(spec.storage, spec.ttl)
-            tier.set_meta(f"layout/{spec.storage}", spec.codec.dtype.value)
-            if level == "volatile" and self.persistent is not None:
-                count = min(n, int(math.ceil(self._initial_cache_rate * n)))
-            else:
-                count = n
-            if count:
-                tier.load_table(spec.storage, keys[:count], emb[:count])
-
-    @staticmethod
-    def _drop_storage(created: list[tuple[Tier, str]]) -> None:
-        for tier, storage in created:
-            try:
-                tier.drop_table(storage)
-            except Exception as exc:  # noqa: BLE001 - cleanup must not mask the cause
-                log.warning("could not drop half-loaded table %s: %s", storage, exc)
-
-    def _attached_storage(self, tag: str) -> str:
-        for tier in self.tiers.values():
-            try:
-                active = tier.get_meta(f"active/{tag}")
-            except BackendUnavailableError as exc:
-                log.warning("cannot read the live storage name of %s: %s", tag, exc)
-                continue
-            if active:
-                return active
-        return tag
-
-    def _publish(self, served: ServedModel) -> None:
-        for tier in self.tiers.values():
-            if tier.read_only:
-                continue
-            for spec in served.tables.values():
-                try:
-                    tier.set_meta(f"active/{spec.tag}", spec.storage)
-                except (BackendUnavailableError, ReadOnlyError) as exc:
-                    log.warning("cannot record the live storage of %s: %s", spec.tag, exc)
-
-    def _retire(self, old: ServedModel, keep: set[str] = frozenset()) -> None:
-        if not old.retire(RETIRE_TIMEOUT_S):
-            log.warning("lookups on %s generation %d still running", old.name, old.generation)
-        for spec in old.tables.values():
-            if spec.storage in keep:
-                continue
-            with self._load_lock:
-                self._admission = {k: v for k, v in self._admission.items()
-                                   if k[0] != spec.storage}  # fmt: skip
-            for tier in self.tiers.values():
-                if tier.read_only:
-                    continue
-                try:
-                    tier.drop_table(spec.storage)
-                except BackendUnavailableError as exc:
-                    log.warning("could not drop %s from %s: %s", spec.storage, tier.kind, exc)
-
-    def unload_model(self, name: str) -> None:
-        """Stop serving ``name`` and free its tables in this process's and shared tiers."""
-        self.drop_model(self.model(name))
-
-    # --- lookups ---------------------------------------------------------------------------
-
-    def _acquire(self, model: str | ServedModel) -> ServedModel:
-        if isinstance(model, ServedModel):
-            if model.acquire():
-                return model
-            raise NotReadyError(
-                f"model {model.name!r} generation {model.generation} has been retired"
-            )
-        for _ in range(1000):
-            m = self.model(model)
-            if m.acquire():
-                return m
-        raise NotReadyError(f"model {model!r} is being replaced")  # pragma: no cover
-
-    def _keys(self, keys) -> np.ndarray:
-        """int64 keys by :mod:`tierserve.ps.keys`' rule: 32-bit keys when supportlonglong is
-        false (int32 / uint32 arrays, or int64 values in 0 .. 2**32-1)."""
-        return as_keys(keys, 64 if self.config.supportlonglong else 32)
-
-    def lookup(self, model: str | ServedModel, table: str, keys) -> np.ndarray:
-        """The embeddings ``float32 [n, dim]`` of ``keys`` in ``model``'s ``table``.
-
-        ``model`` is a name (the committed version) or a :class:`ServedModel` (that version).
-        """
-        m = self._acquire(model)
-        try:
-            return self._lookup(m.table(table), self._keys(keys))
-        finally:
-            m.release()
-
-    def lookup_tables(self, model: str | ServedModel, keys_per_table: Sequence) -> list[np.ndarray]:
-        """Look up one key array per table (in ``embedding_table_names`` order), one version."""
-        m = self._acquire(model)
-        try:
-            specs = list(m.tables.values())
-            if len(keys_per_table) != len(specs):
-                raise InvalidInputError(
-                    f"model {m.name!r} has {len(specs)} tables, got {len(keys_per_table)} key arrays"
-                )
-            return [self._lookup(s, self._keys(k)) for s, k in zip(specs, keys_per_table)]
-        finally:
-            m.release()
-
-    def _tier_lookup(self, tier: Tier, storage: str, keys: np.ndarray, width: int,
-                     codec: RowCodec | None = None):  # fmt: skip
-        """``(rows [n, width], found)`` from one tier: stored rows, or decoded by ``codec``
-        (then ``width`` is its dim); a tier that cannot be reached finds nothing."""
-        try:
-            if codec is not None and not codec.identity:
-                return tier.lookup_decoded(storage, keys, codec)
-            return tier.lookup(storage, keys)
-        except BackendUnavailableError as exc:
-            tier.stats.errors += 1
-            log.warning("%s tier unavailable for %s, falling through: %s", tier.kind, storage, exc)
-            return np.zeros((keys.size, width), np.float32), np.zeros(keys.size, dtype=bool)
-
-    def _lookup(self, spec: TableSpec, keys: np.ndarray) -> np.ndarray:
-        """float32 embeddings: the volatile tier's rows (decoded as they are read), then the
-        persistent tier's stored rows (decoded; copied up as they are stored), then defaults."""
-        n = keys.size
-        codec = spec.codec
-        if self.volatile is not None:
-            out, found = self._tier_lookup(self.volatile, spec.storage, keys, spec.dim, codec)
-            if found.all():
-                return out
-            missing = np.flatnonzero(~found)
-        else:
-            out = np.empty((n, spec.dim), dtype=np.float32)
-            missing = np.arange(n)
-        if self.persistent is not None and missing.size:
-            mkeys = keys[missing]
-            rows, found = self._tier_lookup(self.persistent, spec.storage, mkeys, codec.words)
-            if found.any():
-                out[missing[found]] = codec.decode(rows[found])
-                if self._cache_missed and self.volatile is not None:
-                    try:
-                        self.volatile.insert(spec.storage, mkeys[found], rows[found])
-                    except BackendSkippedError:
-                        pass  # the tier is known to be down: the lookup has its answer
-                    except BackendUnavailableError as exc:  # the tier counted the failure
-                        log.warning("could not cache missed embeddings of %s: %s", spec.tag, exc)
-                missing = missing[~found]
-        if missing.size:
-            out[missing] = spec.default
-        return out
-
-    # --- online updates --------------------------------------------------------------------
-
-    def update_filters(self, level: str) -> list[str]:
-        """The ``update_filters`` regular expressions of tier level ``volatile``/``persistent``."""
-        return [f.pattern for f in self._filters[level]]
-
-    def accepts_updates(self, level: str, model: str) -> bool:
-        """Whether tier ``level`` takes online updates of ``model`` (its filters match)."""
-        tier = self.tiers.get(level)
-        if tier is None or tier.read_only:
-            return False
-        return any(f.fullmatch(model) for f in self._filters[level])
-
-    def insert(
-        self, model: str | ServedModel, table: str, keys, embeddings, *, level: str | None = None
-    ) -> None:
-        """Write embeddings into the served version of ``model``'s ``table``.
-
-        ``level`` limits the write to one tier (``"volatile"`` or ``"persistent"``); by
-        default every tier whose ``update_filters`` match the model name is written.  The
-        committed version and every staged one are written.  A tier that cannot be reached
-        raises :class:`BackendUnavailableError` (retryable).
-        """
-        m = self._acquire(model)
-        staged = [s for s in self._staged.get(m.name, ()) if s.acquire()]
-        try:
-            specs = list({v.table(table).storage: v.table(table) for v in (m, *staged)}.values())
-            keys = self._keys(keys)
-            rows = _encode_for(specs, keys, embeddings, f"update of {m.name}.{table}")
-            levels = [level] if level is not None else list(self.tiers)
-            written = []
-            for lv in levels:
-                if lv not in self._filters:
-                    raise InvalidInputError(f"level must be volatile or persistent, got {lv!r}")
-                if self.accepts_updates(lv, m.name):
-                    for spec in specs:
-                        self.tiers[lv].insert(spec.storage, keys, rows[spec.codec.dtype])
-                    written.append(lv)
-        finally:
-            for v in (m, *staged):
-                v.release()
-        model = m.name
-        if written:
-            # Listeners get the new vectors only when lookup is sure to return them (every
-            # tier written); otherwise they must drop the rows and read them again.
-            # They get what a lookup returns: the stored rows, decoded.
-            full = set(written) == set(self.tiers)
-            stored = specs[0].codec.decode(rows[specs[0].codec.dtype]) if full else None
-            self._notify(model, table, keys, stored)
-
-    update = insert
-
-    def apply_update(self, tag: str, keys, embeddings, *, level: str | None = None) -> None:
-        """:meth:`insert` addressed by table tag ``hps_et.<model>.<table>`` (a Kafka topic).
-
-        With the table's ``min_update_count`` above 1, updates of ids that no tier written
-        here stores yet are held back until the id has that many
-        (:mod:`tierserve.ps.id_admission`); the tiers count admitted and held-back keys.
-        """
-        model, table = parse_table_tag(tag)
-        admitted = self._admit(model, table, keys, embeddings, level)
-        if admitted is None:
-            self.insert(model, table, keys, embeddings, level=level)
-            return
-        rule, keys, stored, admit, stats = admitted
-        if admit.any():
-            self.insert(model, table, keys[admit], np.asarray(embeddings)[admit], level=level)
-        rule.record(keys, ~admit)
-        for st in stats:
-            st.admitted += int(np.count_nonzero(admit & ~stored))
-            st.held_back += int(np.count_nonzero(~admit))
-
-    def _admit(self, model: str, table: str, keys, embeddings, level: str | None):
-        """``(rule, keys, stored, admitted, tier stats)`` for a table with an admission rule (its
-        ids stored in no tier this update writes count as new); None for one without."""
-        m = self._acquire(model)
-        try:
-            spec = m.table(table)
-            count = m.config.min_update_count[list(m.tables).index(table)]
-            if count <= 1:
-                return None
-            keys = self._keys(keys)
-            emb = np.asarray(embeddings)
-            if emb.ndim != 2 or emb.shape[0] != keys.size:
-                return None  # insert refuses it
-            levels = [level] if level is not None else list(self.tiers)
-            tiers = [self.tiers[lv] for lv in levels
-                     if lv in self.tiers and self.accepts_updates(lv, m.name)]  # fmt: skip
-            if not tiers:
-                return None
-            stored = np.zeros(keys.size, dtype=bool)
-            for tier in tiers:
-                stored |= tier.contains(spec.storage, keys)
-            with self._load_lock:
-                rule = self._admission.get((spec.storage, tuple(levels)))
-                if rule is None:
-                    rule = UpdateAdmission(count, m.config.admission_sketch_width)
-                    self._admission[(spec.storage, tuple(levels))] = rule
-        finally:
-            m.release()
-        return rule, keys, stored, rule.admit(keys, stored), [t.stats for t in tiers]
-
-    def add_update_listener(self, listener) -> None:
-        """Call ``listener(model, table, keys, embeddings)`` after each insert or evict.
-
-        It runs after the tiers were written and before ``insert``/``evict`` returns, holding
-        no lock of this server; ``embeddings`` is ``None`` when the listener must drop the
-        keys rather than take new vectors (evictions, partial writes).  Embedding caches use
-        it so that no lookup after an update returns the old vector.
-        """
-        with self._listener_lock:
-            self._listeners = [*self._listeners, listener]
-
-    def remove_update_listener(self, listener) -> None:
-        """Stop calling ``listener``."""
-        with self._listener_lock:
-            self._listeners = [fn for fn in self._listeners if fn != listener]
-
-    def _notify(self, model: str, table: str, keys: np.ndarray, embeddings) -> None:
-        for listener in self._listeners:
-            try:
-                listener(model, table, keys, embeddings)
-            except Exception:
-                log.exception("update listener %r failed for %s/%s", listener, model, table)
-
-    def notify_update(self, tag: str, keys, embeddings=None) -> None:
-        """Tell the update listeners that ``keys`` of table ``tag`` (``hps_et.<model>.<table>``)
-        changed in a shared tier that another replica wrote; no tier is written here.
-        ``embeddings`` as for :meth:`add_update_listener` (``None``: drop the keys)."""
-        model, table = parse_table_tag(tag)
-        self._notify(model, table, np.asarray(keys, np.int64).reshape(-1), embeddings)
-
-    def evict(self, model: str | ServedModel, table: str, keys) -> None:
-        """Remove ``keys`` from every writable tier (they then read as defaults)."""
-        m = self._acquire(model)
-        try:
-            spec = m.table(table)
-            keys = self._keys(keys)
-            for tier in self.tiers.values():
-                if not tier.read_only:
-                    tier.evict(spec.storage, keys)
-        finally:
-            m.release()
-        model = m.name
-        self._notify(model, table, keys, None)
-
-    # --- monitoring and lifetime ----------------------------------------------------------
 
     def tier_stats(self) -> dict[str, object]:
         """``{"volatile": TierStats, "persistent": TierStats}`` for the configured tiers."""
@@ -661,12 +168,10 @@ class HierarchicalParameterServer:
 
     def close(self) -> None:
         """Close the tiers (shared tiers keep their data)."""
-        refill = getattr(self, "_refill", None)
-        if refill is not None:
-            refill.close()
-        expiry = getattr(self, "expiry", None)
-        if expiry is not None:
-            expiry.close()
+        if self._refill is not None:
+            self._refill.close()
+        if self.expiry is not None:
+            self.expiry.close()
         for tier in self.tiers.values():
             tier.close()
 
@@ -675,48 +180,6 @@ class HierarchicalParameterServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _check_layout(tier: Tier, spec: TableSpec) -> None:
-    """Refuse to attach to a table that ``tier`` stores in another layout than ``spec``'s."""
-    try:
-        stored = tier.get_meta(f"layout/{spec.storage}")
-    except BackendUnavailableError as exc:
-        log.warning("cannot read the layout of %s: %s", spec.storage, exc)
-        return
-    if stored is not None and stored != spec.codec.dtype.value:
-        raise ConfigError(
-            f"the {tier.kind} tier stores {spec.storage} as {stored}, but ps.json gives "
-            f"storage_dtype {spec.codec.dtype.value} for it: set storage_dtype to {stored}, "
-            "or load the table from its sparse files (initialize_after_startup true)"
-        )
-
-
-def _encode_for(specs: list[TableSpec], keys: np.ndarray, embeddings, what: str) -> dict:
-    """The stored rows of ``embeddings`` for each layout among ``specs`` (by dtype); a value
-    a layout cannot hold is refused before anything is written."""
-    emb = np.asarray(embeddings)
-    if emb.ndim != 2 or emb.shape[0] != keys.size:
-        raise InvalidInputError(
-            f"embeddings for {what} must have shape [{keys.size}, {specs[0].dim}], "
-            f"got {list(emb.shape)}"
-        )
-    return {s.codec.dtype: s.codec.encode(emb, what) for s in specs}
-
-
-def _warn_repeated_keys(keys: np.ndarray, path) -> None:
-    """Log how many rows of a key file repeat a key of an earlier row.  They are loaded as
-    HugeCTR's backends load them, row after row, so a key's last row is the one served (every
-    tier inserts in file order)."""
-    if keys.size < 2:
-        return
-    ordered = np.sort(keys)
-    repeated = int(np.count_nonzero(ordered[1:] == ordered[:-1]))
-    if repeated:
-        log.warning(
-            "%s: %d rows repeat a key of an earlier row; each key's last row is served",
-            path, repeated,
-        )  # fmt: skip
 
 
 class VersionView:

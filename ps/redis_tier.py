@@ -34,180 +34,57 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 import time
-from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from tierserve.core.compat import warn_once
 from tierserve.core.errors import (
-    BackendSkippedError,
     BackendUnavailableError,
     InvalidInputError,
-    StorageFullError,
     require_extra,
 )
 
 from .breaker import BreakerSet
 from .codec import decode_values, key_fields, vector_values
-from .config_base import (
-    DatabaseType_t,
-    NonNegativeInt,
-    PositiveInt,
-    VolatileConfig,
-    default_num_partitions,
-    quiet,
-)
 from .eviction import check_ttl_policy, make_policy, resolution_size
 from .partition import as_keys, group_by_partition
 from .redis_client import network_errors, open_client
+from .redis_config import RedisClusterConfig, RedisConfig, RedisTierConfig
+from .redis_layout import (
+    _COUNT_SCRIPT,
+    _EXPIRE_SCRIPT,
+    _interleave,
+    sentinel_key,
+    stat_hash,
+    value_hash,
+)
+from .redis_routing import RETRY_BASE_S, RETRY_CAP_S, NodeRouting
 from .retry import EqualJitterBackoff, ExponentialBackoff
 from .tier import Tier
 from .topology import TopologyRefresher
 
+#: names importers of this module use (their homes: redis_config, redis_layout, redis_routing)
+__all__ = [
+    "RETRY_BASE_S",
+    "RETRY_CAP_S",
+    "RedisClusterConfig",
+    "RedisConfig",
+    "RedisTier",
+    "RedisTierConfig",
+    "sentinel_key",
+    "stat_hash",
+    "value_hash",
+]
+
 log = logging.getLogger(__name__)
 
-#: The wait before the n-th repeat of a call that failed on the network (``max_retries``):
-#: 10, 20, 40 ... ms (equal jitter: between half and all of it), at most 1 s.
-RETRY_BASE_S, RETRY_CAP_S = 0.01, 1.0
 
-#: Adds 1 to the access count of every field in ARGV (one round trip for many fields).
-_COUNT_SCRIPT = (
-    "for i = 1, #ARGV do redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end return #ARGV"
-)
+class RedisTier(NodeRouting, Tier):
+    """``redis_cluster`` / ``redis``: embeddings in a Redis Cluster or one Redis server.
 
-# Removes the rows of ARGV[2..] whose access time in the statistics hash (KEYS[2]) is before
-# ARGV[1] from both hashes and returns them: checked and deleted at once, so a row touched
-# since the sweep read its time stays.
-_EXPIRE_SCRIPT = """
-local gone = {}
-for i = 2, #ARGV do
-  local t = redis.call('HGET', KEYS[2], ARGV[i])
-  if t and tonumber(t) < tonumber(ARGV[1]) then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    redis.call('HDEL', KEYS[2], ARGV[i])
-    gone[#gone + 1] = ARGV[i]
-  end
-end
-return gone
-"""
-
-
-class RedisTierConfig(VolatileConfig):
-    """Settings of both Redis tiers.
-
-    HugeCTR's fields, plus ours for failing servers (HugeCTR has none):
-
-    - ``socket_timeout_ms`` (5000): how long one call to a node may wait for its reply.
-    - ``connect_timeout_ms`` (1000): how long opening a connection to a node may take.
-    - ``max_retries`` (0): how many times a call that failed on the network (refused, reset,
-      timed out) is repeated on the same node, after 10, 20, 40 ... ms (at most 1 s), before
-      the node counts as failed (equal jitter: each wait is between half and all of it).  A frozen node costs a call up to
-      ``(1 + max_retries) * socket_timeout_ms``.
-    - ``failure_threshold`` (3): after this many failed calls in a row a node is skipped: its
-      keys read as not found (the next tier or the default vector answers, counted in
-      ``tierserve_tier_skipped``) without being asked for.
-    - ``failure_backoff_ms`` (1000) / ``max_failure_backoff_ms`` (10000): how long a node is
-      skipped; the back-off doubles with every probe that fails again, up to the maximum.
-      After the back-off one call probes the node while the others still skip it; skipped
-      writes raise a retryable error at once, as writes to an unreachable node do.
-    - ``refill_interval_ms`` (1000): how often each served table's partitions are checked for
-      a node that came back empty (restarted without persistence); such partitions are
-      refilled in the background from the persistent tier, or from the model files, as at
-      startup.  Only with ``initialize_after_startup``; 0 turns the check off.
-    """
-
-    user_name: str = "default"
-    password: str = ""
-    num_partitions: PositiveInt = Field(default_factory=default_num_partitions)
-    enable_tls: bool = False
-    tls_ca_certificate: str = "cacertbundle.crt"
-    tls_client_certificate: str = "client_cert.pem"
-    tls_client_key: str = "client_key.key"
-    tls_server_name_identification: str = "redis.localhost"
-    socket_timeout_ms: PositiveInt = 5000
-    connect_timeout_ms: PositiveInt = 1000
-    max_retries: Annotated[int, Field(ge=0, le=100)] = 0
-    failure_threshold: PositiveInt = 3
-    failure_backoff_ms: PositiveInt = 1000
-    max_failure_backoff_ms: PositiveInt = 10000
-    refill_interval_ms: NonNegativeInt = 1000
-
-    @model_validator(mode="after")
-    def _sni(self, info: ValidationInfo) -> RedisTierConfig:
-        if quiet(info):
-            return self
-        if self.enable_tls and self.tls_server_name_identification != "redis.localhost":
-            warn_once("tls_server_name_identification", "redis-py sends each node's host name "
-                      "as the TLS server name; the setting is not used", stacklevel=2)
-        return self
-
-    @model_validator(mode="after")
-    def _backoff_range(self) -> RedisTierConfig:
-        if self.max_failure_backoff_ms < self.failure_backoff_ms:
-            raise ValueError(
-                f"max_failure_backoff_ms ({self.max_failure_backoff_ms}) must be at least "
-                f"failure_backoff_ms ({self.failure_backoff_ms})"
-            )
-        return self
-
-
-class RedisClusterConfig(RedisTierConfig):
-    """An existing Redis Cluster; ``address`` lists seed nodes ``host:port[,host:port...]``.
-
-    ``topology_refresh_ms`` (500): while calls to a node fail, are skipped or are redirected
-    (``MOVED``), the slot map is read again in the background at most this often, so a
-    replica the cluster promoted in place of a dead master is used within this time.
-    """
-
-    type: Literal[DatabaseType_t.redis_cluster] = DatabaseType_t.redis_cluster
-    address: str = "127.0.0.1:7000"
-    topology_refresh_ms: PositiveInt = 500
-
-    @field_validator("address")
-    @classmethod
-    def _addresses(cls, value: str) -> str:
-        for node in re.split(r"[;,]", value):
-            host, sep, port = node.strip().rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"{node!r} is not host:port")
-        return value
-
-
-class RedisConfig(RedisTierConfig):
-    """A standalone Redis server: ``address`` is a ``redis://`` URL or ``host:port``."""
-
-    type: Literal[DatabaseType_t.redis] = DatabaseType_t.redis
-    address: str = "127.0.0.1:6379"
-
-
-def value_hash(tag: str, partition: int) -> str:
-    """The name of partition ``partition``'s vector hash of table ``tag``."""
-    return f"hps_et{{{tag}/p{partition}}}v"
-
-
-def stat_hash(tag: str, partition: int) -> str:
-    """The name of partition ``partition``'s access-statistics hash of table ``tag``."""
-    return f"hps_et{{{tag}/p{partition}}}t"
-
-
-def sentinel_key(tag: str, partition: int) -> str:
-    """The key that marks partition ``partition`` of table ``tag`` as filled (on its node)."""
-    return f"hps_et{{{tag}/p{partition}}}s"
-
-
-def _interleave(a: list, b: list) -> list:
-    out = [None] * (2 * len(a))
-    out[::2] = a
-    out[1::2] = b
-    return out
-
-
-class RedisTier(Tier):
-    """``redis_cluster`` / ``redis``: embeddings in a Redis Cluster or one Redis server."""
+    Node routing, retries and breakers are :class:`~.redis_routing.NodeRouting`'s; the
+    table layout and Lua scripts :mod:`.redis_layout`'s."""
 
     configs = (RedisClusterConfig, RedisConfig)
     shared = True  # every replica reads the same servers
@@ -254,101 +131,6 @@ class RedisTier(Tier):
             self._topology = TopologyRefresher(
                 self._refresh_topology, config.topology_refresh_ms / 1000.0, self.kind
             )
-
-    # --- routing ---------------------------------------------------------------------------
-
-    def _routes(self, tag: str, partitions) -> dict[str, tuple[object, list[int]]]:
-        """``{node name: (client of that node, [partitions it serves])}``."""
-        routes: dict[str, tuple[object, list[int]]] = {}
-        for p in partitions:
-            if self._cluster:
-                try:
-                    node = self._client.get_node_from_key(value_hash(tag, p))
-                except self._redis.exceptions.SlotNotCoveredError as exc:
-                    self._topology.request()
-                    raise BackendUnavailableError(
-                        f"{self.kind}: no node serves partition {p} of {tag}: {exc}"
-                    ) from exc
-                name = node.name
-                if name not in routes:
-                    routes[name] = (self._client.get_redis_connection(node), [])
-            else:
-                name = "standalone"
-                if name not in routes:
-                    routes[name] = (self._client, [])
-            routes[name][1].append(p)
-        return routes
-
-    def _run(self, conn, queue) -> list:
-        """Send the commands ``queue(pipeline)`` adds to one node; returns the replies.
-
-        A network failure is retried ``max_retries`` times (a fresh pipeline each time), then
-        raised to the caller.
-        """
-        attempt = 0
-        while True:
-            pipe = conn.pipeline(transaction=False)
-            queue(pipe)
-            try:
-                return pipe.execute()
-            except self._network_errors:
-                if attempt >= self.max_retries:
-                    raise
-                attempt += 1
-                time.sleep(self._retry_backoff.compute(attempt))
-            except self._redis.exceptions.OutOfMemoryError as exc:
-                # redis-py quotes the refused command, key and vector bytes included: only
-                # the server's reply is kept.
-                reply = str(exc).rpartition("caused error: ")[2].rstrip(". ")
-                raise StorageFullError(
-                    f"{self.kind}: the Redis server is out of memory ({reply}; its "
-                    "maxmemory-policy evicts nothing); retried once memory is freed"
-                ) from None
-
-    def _allow(self, name: str) -> bool:
-        """Whether node ``name`` may be called now; a skipped cluster node may have been
-        replaced (failover): the slot map is read again (in the background)."""
-        if self.breakers[name].allow():
-            return True
-        if self._topology is not None:
-            self._topology.request()
-        return False
-
-    def _admit(self, name: str, what: str) -> None:
-        """Raise at once when node ``name`` is being skipped, rather than wait on it."""
-        breaker = self.breakers[name]
-        if not self._allow(name):
-            raise BackendSkippedError(
-                f"{self.kind} node {name} is skipped after repeated failures ({what} not "
-                f"sent); it is tried again in {breaker.retry_in():.1f} s"
-            )
-
-    def _node_failed(self, name: str, exc: Exception, what: str) -> None:
-        self.stats.errors += 1
-        self.breakers[name].failed()
-        if self._topology is not None:  # dead, or no longer the slots' master (MOVED)
-            self._topology.request()
-        log.warning("%s tier: %s on node %s failed: %s", self.kind, what, name, exc)
-
-    def masters(self) -> list[str]:
-        """The cluster nodes that serve slots, as this client's slot map says now."""
-        if not self._cluster:
-            return ["standalone"]
-        return sorted({n.name for n in self._client.get_primaries()})
-
-    def _refresh_topology(self) -> None:
-        """Read the slot map again (from any node that answers, the failed one last);
-        logs when the masters changed."""
-        before = self.masters()
-        self._client.nodes_manager.initialize()
-        after = self.masters()
-        if after != before:
-            log.warning("%s tier: the cluster's masters are now %s (were %s); calls follow",
-                        self.kind, ", ".join(after), ", ".join(before))  # fmt: skip
-
-    def _spans(self, b0: int, b1: int, mb: int | None = None):
-        mb = mb or self.max_batch_size
-        return [(c0, min(b1, c0 + mb)) for c0 in range(b0, b1, mb)]
 
     # --- tables ----------------------------------------------------------------------------
 

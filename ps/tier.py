@@ -45,6 +45,7 @@ class Tier(abc.ABC):
 
     def __init__(self) -> None:
         self.stats = TierStats(self.kind)
+        self._meta: dict[str, str] = {}  # get_meta / set_meta of a tier that keeps it in memory
 
     # --- tables ----------------------------------------------------------------------------
 
@@ -126,12 +127,10 @@ class Tier(abc.ABC):
         Shared and persistent tiers store it with the data, so another process (or this one
         after a restart) sees it; the hierarchy records which storage name is live there.
         """
-        return getattr(self, "_meta", {}).get(name)
+        return self._meta.get(name)
 
     def set_meta(self, name: str, value: str) -> None:
         """Set :meth:`get_meta`'s ``name``."""
-        if not hasattr(self, "_meta"):
-            self._meta = {}
         self._meta[name] = value
 
     def close(self) -> None:  # noqa: B027 - most tiers have nothing to release

@@ -32,6 +32,10 @@ import os
 import threading
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .served_model import ServedModel
 
 #: The file of a version folder that holds its creation time in ms (see the module docstring).
 STAMP = "tierserve.created"
@@ -40,13 +44,13 @@ _synced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ServedModel 
 _times: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ServedModel -> ms
 
 
-def version_time_ms(served) -> int:
+def version_time_ms(served: ServedModel) -> int:
     """The creation time of version ``served`` in ms since the epoch; 0 when it has none."""
     with _lock:
         cached = _times.get(served)
     if cached is not None:
         return cached
-    value = 0 if getattr(served, "attached", False) else _creation_ms(served.config.sparse_files)
+    value = 0 if served.attached else _creation_ms(served.config.sparse_files)
     with _lock:
         _times[served] = value
     return value

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import gc
 import logging
@@ -50,12 +51,12 @@ def _stats_source(plane: DataPlane):
     def collect():
         for entry in list(plane.repository.entries.values()):
             handle = entry.handle
-            stats = getattr(handle.servable, "stats", None) if handle else None
-            if callable(stats):
-                try:
-                    yield {"model": entry.name, **stats()}
-                except Exception:  # a scrape never fails because one model misbehaves
-                    log.exception("statistics of model %s failed", entry.name)
+            if handle is None:
+                continue
+            try:
+                yield {"model": entry.name, **handle.servable.stats()}
+            except Exception:  # a scrape never fails because one model misbehaves
+                log.exception("statistics of model %s failed", entry.name)
 
     return collect
 
@@ -65,18 +66,48 @@ def create_app(
 ) -> FastAPI:
     """The server app for ``settings``; ``loader`` builds servables (default: InferenceModel);
     ``pool``: this server is one worker of a pool (:mod:`.workers`)."""
-    if loader is None:
-        from .runtime.loader import RepositoryLoader
-
-        loader = RepositoryLoader()
     check_sources(settings)
     native_grpc = settings.grpc_port is not None and uses_native_grpc(settings)  # refused if absent
     native = native_grpc or uses_native_http(settings)
     budget = make_budget(settings, native)
-    runtime = _native_runtime() if native else None
-    admission = Admission(budget, settings)
+    parts = _ServerParts(
+        settings=settings,
+        plane=_data_plane(settings, _default_loader(loader), pool),
+        admission=Admission(budget, settings),
+        runtime=_native_runtime() if native else None,
+        loads=ThreadPoolExecutor(1, thread_name_prefix="tierserve-load"),
+        pool=pool,
+    )
+    app = FastAPI(
+        title="tierserve",
+        summary="KServe v2 inference for CTR models with tiered embedding storage",
+        lifespan=parts.lifespan,
+        redirect_slashes=False,  # a route is answered as written or 404, never redirected
+    )
+    _set_state(app, parts)
+    install_error_handler(app)
+    router, app.state.infer_endpoint = build_router(
+        parts.plane, settings.admin_token, settings.max_request_bytes
+    )
+    app.include_router(router)
+    openapi.install(app)
+    return app
+
+
+def _default_loader(loader: Loader | LoadFunction | None) -> Loader | LoadFunction:
+    if loader is not None:
+        return loader
+    from .runtime.loader import RepositoryLoader
+
+    return RepositoryLoader()
+
+
+def _data_plane(
+    settings: Settings, loader: Loader | LoadFunction, pool: PoolState | None
+) -> DataPlane:
+    """The data plane over a repository of ``settings``' models, its request limits and
+    metric sources set; pooled when ``pool`` is given."""
     executor = ThreadPoolExecutor(settings.threads, thread_name_prefix="tierserve-infer")
-    loads = ThreadPoolExecutor(1, thread_name_prefix="tierserve-load")
     repository = ModelRepository(
         loader, root=settings.model_repository, config_path=settings.config
     )
@@ -84,45 +115,95 @@ def create_app(
     plane_args = dict(
         dynamic_batching=settings.dynamic_batching,
         max_batch_delay_s=settings.max_batch_delay_ms / 1000.0,
+        limits=RequestLimits(
+            max_keys_per_request=settings.max_keys_per_request,
+            max_keys_per_row=settings.max_keys_per_row,
+            allow_nonfinite=settings.allow_nonfinite_inputs,
+        ),
     )
     plane = (DataPlane(repository, executor, metrics, **plane_args) if pool is None
              else PooledDataPlane(repository, executor, metrics, pool=pool, **plane_args))
-    plane.limits = RequestLimits(
-        max_keys_per_request=settings.max_keys_per_request,
-        max_keys_per_row=settings.max_keys_per_row,
-        allow_nonfinite=settings.allow_nonfinite_inputs,
-    )
     metrics.add_source(_stats_source(plane))
     metrics.add_tier_source(repository.loader.tier_stats)
     if pool is not None:
         # A version commits when every worker has staged it (see server/workers.py).
         repository.before_commit = pool.wait_for_peers
+    return plane
+
+
+def _set_state(app: FastAPI, parts: _ServerParts) -> None:
+    app.state.plane = parts.plane
+    app.state.settings = parts.settings
+    app.state.grpc_port = None
+    app.state.freeze_heap = False  # serve() sets it: its process is the server's own
+    app.state.budget = parts.admission.budget
+    app.state.admission = parts.admission
+    #: the tokio runtime both native transports serve on (None: neither is native)
+    app.state.native_runtime = parts.runtime
+
+
+@dataclasses.dataclass
+class _ServerParts:
+    """What one app's lifespan starts and stops: the data plane (its repository and
+    inference threads), the gRPC front end, the repository poller, the pool reporter and the
+    budget trimmer."""
+
+    settings: Settings
+    plane: DataPlane
+    admission: Admission
+    runtime: Any
+    loads: ThreadPoolExecutor
+    pool: PoolState | None
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(self, app: FastAPI):
         loop = asyncio.get_running_loop()
+        await self._load_models(loop)
+        grpc_server = await self._start_grpc(app)
+        if app.state.freeze_heap:  # the loaded models are never walked by the collector
+            heap.freeze()
+            self.plane.heap = heap.Refreezer(loop)
+        tasks = self._background_tasks(loop)
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await self._stop(loop, grpc_server)
+
+    async def _load_models(self, loop: asyncio.AbstractEventLoop) -> None:
+        plane, repository = self.plane, self.plane.repository
         plane.loop = loop
-        await loop.run_in_executor(loads, repository.load_all)  # each version warmed up
+        await loop.run_in_executor(self.loads, repository.load_all)  # each version warmed up
         # An inference thread has run each version's warm-up too (what a thread's first run
         # costs), and what loading left is collected, before the first request.
-        await loop.run_in_executor(executor, _warm_inference_thread, repository)
+        await loop.run_in_executor(plane.executor, _warm_inference_thread, repository)
         plane.started = True
-        grpc_server = None
-        if settings.grpc_port is not None:
-            grpc_server, port = grpc_front_end(
-                plane, settings, pool is not None, admission, runtime
-            )
-            await grpc_server.start()
-            app.state.grpc_port = port
-            app.state.grpc_server = grpc_server
-            log.info("gRPC listening on %s:%d (%s)", settings.host, port,
-                     "native transport" if uses_native_grpc(settings) else "grpc.aio")  # fmt: skip
+
+    async def _start_grpc(self, app: FastAPI):
+        settings = self.settings
+        if settings.grpc_port is None:
+            return None
+        grpc_server, port = grpc_front_end(
+            self.plane, settings, self.pool is not None, self.admission, self.runtime
+        )
+        await grpc_server.start()
+        app.state.grpc_port = port
+        app.state.grpc_server = grpc_server
+        log.info("gRPC listening on %s:%d (%s)", settings.host, port,
+                 "native transport" if uses_native_grpc(settings) else "grpc.aio")  # fmt: skip
+        return grpc_server
+
+    def _background_tasks(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task]:
+        """The repository poller (new versions in repository mode, retries of failed loads in
+        both), the pool reporter and the budget trimmer."""
+        settings, plane, pool = self.settings, self.plane, self.pool
 
         async def poll():
             while True:
                 await asyncio.sleep(settings.poll_interval_s)
                 try:
-                    await loop.run_in_executor(loads, repository.poll)
+                    await loop.run_in_executor(self.loads, plane.repository.poll)
                 except Exception:
                     log.exception("repository poll failed")
 
@@ -131,56 +212,28 @@ def create_app(
                 pool.report(plane.own_ready())
                 await asyncio.sleep(0.1)
 
-        if app.state.freeze_heap:  # the loaded models are never walked by the collector
-            heap.freeze()
-            plane.heap = heap.Refreezer(loop)
+        tasks = [loop.create_task(BurstTrim(self.admission.budget).run())]
+        if settings.poll_interval_s > 0:
+            tasks.append(loop.create_task(poll()))
+        if pool is not None:
+            tasks.append(loop.create_task(report()))
+        return tasks
 
-        # Polls new versions (repository mode) and retries failed loads (both modes).
-        poller = loop.create_task(poll()) if settings.poll_interval_s > 0 else None
-        reporter = loop.create_task(report()) if pool is not None else None
-        trim = loop.create_task(BurstTrim(budget).run())
-        try:
-            yield
-        finally:
-            trim.cancel()
-            if poller is not None:
-                poller.cancel()
-            if reporter is not None:
-                reporter.cancel()
-                pool.report(False)
-            if plane.heap is not None:
-                plane.heap.close()
-            if grpc_server is not None:
-                await grpc_server.stop(grace=settings.shutdown_grace_s)
-            if runtime is not None:
-                runtime.close()
-            await plane.close()
-            repository.close()
-            await loop.run_in_executor(loads, repository.loader.close)
-            executor.shutdown(wait=False, cancel_futures=True)
-            loads.shutdown(wait=False, cancel_futures=True)
-
-    app = FastAPI(
-        title="tierserve",
-        summary="KServe v2 inference for CTR models with tiered embedding storage",
-        lifespan=lifespan,
-        redirect_slashes=False,  # a route is answered as written or 404, never redirected
-    )
-    app.state.plane = plane
-    app.state.settings = settings
-    app.state.grpc_port = None
-    app.state.freeze_heap = False  # serve() sets it: its process is the server's own
-    app.state.budget = budget
-    app.state.admission = admission
-    #: the tokio runtime both native transports serve on (None: neither is native)
-    app.state.native_runtime = runtime
-    install_error_handler(app)
-    router, app.state.infer_endpoint = build_router(
-        plane, settings.admin_token, settings.max_request_bytes
-    )
-    app.include_router(router)
-    openapi.install(app)
-    return app
+    async def _stop(self, loop: asyncio.AbstractEventLoop, grpc_server) -> None:
+        plane, repository = self.plane, self.plane.repository
+        if self.pool is not None:
+            self.pool.report(False)
+        if plane.heap is not None:
+            plane.heap.close()
+        if grpc_server is not None:
+            await grpc_server.stop(grace=self.settings.shutdown_grace_s)
+        if self.runtime is not None:
+            self.runtime.close()
+        await plane.close()
+        repository.close()
+        await loop.run_in_executor(self.loads, repository.loader.close)
+        plane.executor.shutdown(wait=False, cancel_futures=True)
+        self.loads.shutdown(wait=False, cancel_futures=True)
 
 
 def _warm_inference_thread(repository: ModelRepository) -> None:

@@ -236,9 +236,9 @@ class InferenceModel:
     def _follow_the_cache(self) -> None:
         """With the cache on a GPU, the dense network runs on that GPU too (as HugeCTR's
         inference does): the embeddings stay on the device from lookup to prediction."""
-        xp = getattr(self.cache, "xp", np)
-        if xp is np:
+        if self.cache is None or self.cache.xp is np:
             return
+        xp = self.cache.xp
         from tierserve.cache.device import device_context  # the cache package loads numba
 
         device_id = self.cache.device_id

@@ -131,15 +131,9 @@ def _tier_configs(tier: str, tmp: Path, stack: contextlib.ExitStack) -> dict:
     if tier == "rocks_db":
         return {"volatile_db": DisabledConfig(),
                 "persistent_db": RocksDBConfig(path=str(tmp / "rocksdb"))}  # fmt: skip
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-    from services.redis import RedisCluster, ensure_redis
+    from bench.redis_cluster import start_redis_cluster
 
-    ensure_redis()
-    dirs = [tmp / f"redis-{i}" for i in range(3)]
-    for d in dirs:
-        d.mkdir()
-    cluster = RedisCluster(dirs, [tmp / f"redis-{i}.log" for i in range(3)])
-    cluster.start()
+    cluster = start_redis_cluster(tmp)
     stack.callback(cluster.stop)
     return {"volatile_db": RedisClusterConfig(address=cluster.addresses)}
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.server import clients
 from bench.server import run as R
 
 RUNTIME = """
@@ -157,7 +158,7 @@ def main() -> int:
                         times[name].append(time.perf_counter() - t0)
                 for name in calls:
                     latency[name][b] = statistics.median(times[name]) * 1e3
-            R.HTTP_JSON = True
+            clients.HTTP_JSON = True  # MLServer reads JSON tensors only
             both = R.concurrency_runs(
                 {"tierserve": (ours, t_http, t_grpc), "mlserver": (peer, m_http, m_grpc)},
                 data, args.seconds,

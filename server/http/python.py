@@ -7,7 +7,7 @@ head as it arrives (``max_header_bytes``: over it uvicorn answers 400 and closes
 requests; ``timeout_keep_alive`` closes idle connections.  :class:`HttpLimits` refuses a
 URL over ``max_header_bytes`` (414) and more than ``max_header_count`` header lines (431),
 and closes a request whose body is not in within ``body_timeout_s``.  Requests with a body
-take their room in the worker's budget (:class:`~.rest.InferFastPath`).  Not held here: the
+take their room in the worker's budget (:class:`~.infer.InferFastPath`).  Not held here: the
 header timeout, the descriptor reserve, and exact head bytes (h11 counts what it buffered);
 docs/operations.md lists them.
 """
@@ -21,7 +21,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from ..settings import Settings, event_loop
-from .rest import InferFastPath, _error_bytes, _send
+from .body import error_bytes as _error_bytes
+from .body import send_response as _send
+from .infer import InferFastPath
 
 _JSON = b"application/json"
 

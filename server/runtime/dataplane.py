@@ -102,8 +102,10 @@ class DataPlane:
         metrics: ServerMetrics | None = None,
         dynamic_batching: bool = True,
         max_batch_delay_s: float = 0.001,
+        limits: RequestLimits = NO_LIMITS,
     ) -> None:
         self.repository = repository
+        self.limits = limits
         self.executor = executor
         self.metrics = metrics or ServerMetrics()
         self.dynamic_batching = dynamic_batching
@@ -129,10 +131,10 @@ class DataPlane:
     def ready(self) -> bool:
         """Started, the loader healthy (its Kafka consumers run), and every model that is
         not unloaded serves."""
-        healthy = getattr(self.repository.loader, "healthy", None)
+        loader = self.repository.loader
         return (
             self.started
-            and (healthy is None or healthy())
+            and (loader is None or loader.healthy())
             and all(e.state == "READY" or e.unloaded for e in self.repository.entries.values())
         )
 
@@ -140,8 +142,8 @@ class DataPlane:
         """Why :meth:`ready` is false, for the body of a 503 (a hint: read after ready())."""
         if not self.started:
             return "starting: loading the models"
-        reason = getattr(self.repository.loader, "not_ready_reason", None)
-        text = reason() if reason is not None else None
+        loader = self.repository.loader
+        text = loader.not_ready_reason() if loader is not None else None
         if text:
             return text
         for name, e in self.repository.entries.items():

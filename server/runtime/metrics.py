@@ -35,166 +35,175 @@ StatsSource = Callable[[], Iterable[dict[str, Any]]]
 TierSource = Callable[[], dict[str, dict[str, Any]]]
 
 
+#: The per-tier counters: (metric name, help, key of the tier snapshot).
+_TIER_COUNTERS = (
+    ("tierserve_tier_errors", "Failed backend calls per storage tier", "errors"),
+    ("tierserve_tier_hits", "Keys found per storage tier", "hits"),
+    ("tierserve_tier_misses", "Keys not found per storage tier", "misses"),
+    (
+        "tierserve_tier_skipped",
+        "Keys a lookup did not ask a storage tier for because it kept failing (circuit "
+        "open); they fell through to the next tier or the default vector",
+        "skipped",
+    ),
+    (
+        "tierserve_tier_admitted",
+        "Keys of online updates of ids the tier did not store yet that were written "
+        "(admitted by the table's min_update_count)",
+        "admitted",
+    ),
+    (
+        "tierserve_tier_held_back",
+        "Keys of online updates of ids the tier does not store yet that were not written: "
+        "fewer than the table's min_update_count updates of them so far",
+        "held_back",
+    ),
+    (
+        "tierserve_tier_expired",
+        "Rows removed because their table's ttl_seconds passed since their last write or "
+        "lookup",
+        "expired",
+    ),
+)
+
+
 class _TierCollector(Collector):
+    """The statistics read at scrape time: the cache hit rate of each model
+    (:func:`_cache_families`), the online updates and their Kafka consumers of each tier
+    (:func:`_update_families`), and each tier's counters and latency
+    (:func:`_tier_families`)."""
+
     def __init__(self) -> None:
         self.sources: list[StatsSource] = []
         self.tier_sources: list[TierSource] = []
 
     def collect(self):
-        hit = GaugeMetricFamily(
-            "tierserve_cache_hit_rate",
-            "Embedding cache hit rate since the model version loaded",
-            labels=["model", "table"],
-        )
-        for source in list(self.sources):
-            for stats in source():
-                for table, rate in stats.get("cache_hit_rate", {}).items():
-                    hit.add_metric([stats["model"], table], rate)
-        yield hit
-        errors = CounterMetricFamily(
-            "tierserve_tier_errors", "Failed backend calls per storage tier", labels=["tier"]
-        )
-        hits = CounterMetricFamily(
-            "tierserve_tier_hits", "Keys found per storage tier", labels=["tier"]
-        )
-        misses = CounterMetricFamily(
-            "tierserve_tier_misses", "Keys not found per storage tier", labels=["tier"]
-        )
-        skipped = CounterMetricFamily(
-            "tierserve_tier_skipped",
-            "Keys a lookup did not ask a storage tier for because it kept failing (circuit "
-            "open); they fell through to the next tier or the default vector",
-            labels=["tier"],
-        )
-        admitted = CounterMetricFamily(
-            "tierserve_tier_admitted",
-            "Keys of online updates of ids the tier did not store yet that were written "
-            "(admitted by the table's min_update_count)",
-            labels=["tier"],
-        )
-        held_back = CounterMetricFamily(
-            "tierserve_tier_held_back",
-            "Keys of online updates of ids the tier does not store yet that were not written: "
-            "fewer than the table's min_update_count updates of them so far",
-            labels=["tier"],
-        )
-        expired = CounterMetricFamily(
-            "tierserve_tier_expired",
-            "Rows removed because their table's ttl_seconds passed since their last write or "
-            "lookup",
-            labels=["tier"],
-        )
-        latency = HistogramMetricFamily(
-            "tierserve_tier_latency_seconds",
-            "Latency of storage-tier operations (lookup, insert, ...)",
-            labels=["tier", "op"],
-        )
-        updates = CounterMetricFamily(
-            "tierserve_tier_updates",
-            "Online updates read from Kafka per storage tier, by outcome: messages applied, "
-            "keys applied, malformed, rejected (no such table, refused keys), retries, errors",
-            labels=["tier", "outcome"],
-        )
-        alive = GaugeMetricFamily(
-            "tierserve_update_consumers_alive",
-            "Kafka update consumers whose loop runs, per storage tier and role (apply: writes "
-            "the tier; invalidate: tells this replica's caches of another replica's writes)",
-            labels=["tier", "role"],
-        )
-        caught_up = GaugeMetricFamily(
-            "tierserve_update_consumers_caught_up",
-            "Kafka update consumers that read their topics up to the end offsets seen when "
-            "they started (the replay after a restart); the server is ready only when all are",
-            labels=["tier", "role"],
-        )
-        restarts = CounterMetricFamily(
-            "tierserve_update_consumer_restarts",
-            "Times a Kafka update consumer's loop failed and was restarted",
-            labels=["tier", "role"],
-        )
-        lag = GaugeMetricFamily(
-            "tierserve_update_consumer_lag",
-            "Update messages published but not yet read, per storage tier, consumer role and "
-            "topic partition",
-            labels=["tier", "role", "topic", "partition"],
-        )
-        waiting = GaugeMetricFamily(
-            "tierserve_update_partitions_waiting",
-            "Topic partitions whose model is not loaded yet: their updates wait (unread, "
-            "uncommitted) until it is",
-            labels=["tier"],
-        )
-        kafka_down = GaugeMetricFamily(
-            "tierserve_update_kafka_down",
-            "1 while the Kafka update consumers of a storage tier reach no broker",
-            labels=["tier"],
-        )
-        freshness = HistogramMetricFamily(
-            "tierserve_update_freshness_seconds",
-            "Online update message timestamp to applied in the tier and visible to predictions",
-            labels=["tier"],
-        )
-        for source in list(self.tier_sources):
-            for level, snap in source().items():
-                tier = f"{level}:{snap.get('tier', '')}"
-                for outcome, count in snap.get("updates", {}).items():
-                    updates.add_metric([tier, outcome], count)
-                by_role: dict[str, list[int]] = {}
-                for consumer in snap.get("consumers", ()):
-                    counts = by_role.setdefault(consumer["role"], [0, 0, 0])
-                    counts[0] += bool(consumer["alive"])
-                    counts[1] += consumer["restarts"]
-                    counts[2] += bool(consumer.get("caught_up", True))
-                for role, (n_alive, n_restarts, n_caught_up) in by_role.items():
-                    alive.add_metric([tier, role], n_alive)
-                    restarts.add_metric([tier, role], n_restarts)
-                    caught_up.add_metric([tier, role], n_caught_up)
-                self._consumer_metrics(snap, tier, lag, waiting, kafka_down, freshness)
-                errors.add_metric([tier], snap.get("errors", 0))
-                hits.add_metric([tier], snap.get("hits", 0))
-                misses.add_metric([tier], snap.get("misses", 0))
-                skipped.add_metric([tier], snap.get("skipped", 0))
-                admitted.add_metric([tier], snap.get("admitted", 0))
-                held_back.add_metric([tier], snap.get("held_back", 0))
-                expired.add_metric([tier], snap.get("expired", 0))
-                for op, h in snap.get("latency", {}).items():
-                    buckets = [
-                        ("+Inf" if bound == float("inf") else str(bound), n)
-                        for bound, n in h["buckets"]
-                    ]
-                    latency.add_metric([tier, op], buckets=buckets, sum_value=h["sum"])
-        yield updates
-        yield alive
-        yield caught_up
-        yield restarts
-        yield lag
-        yield waiting
-        yield kafka_down
-        yield freshness
-        yield errors
-        yield hits
-        yield misses
-        yield skipped
-        yield admitted
-        yield held_back
-        yield expired
-        yield latency
+        yield _cache_families(self.sources)
+        tiers = [
+            (f"{level}:{snap.get('tier', '')}", snap)
+            for source in list(self.tier_sources)
+            for level, snap in source().items()
+        ]
+        yield from _update_families(tiers)
+        yield from _tier_families(tiers)
 
-    @staticmethod
-    def _consumer_metrics(snap, tier, lag, waiting, kafka_down, freshness) -> None:
-        consumers = snap.get("consumers", ())
-        if not consumers:
-            return
-        for consumer in consumers:
-            for topic, partition, behind in consumer.get("lag", ()):
-                lag.add_metric([tier, consumer["role"], topic, str(partition)], behind)
-        applying = [c for c in consumers if c.get("freshness") is not None]
-        waiting.add_metric([tier], sum(c.get("waiting", 0) for c in applying))
-        kafka_down.add_metric([tier], float(any(c.get("kafka_down") for c in consumers)))
-        for consumer in applying:
-            h = consumer["freshness"]
-            buckets = [("+Inf" if b == float("inf") else str(b), n) for b, n in h["buckets"]]
-            freshness.add_metric([tier], buckets=buckets, sum_value=h["sum"])
+
+def _cache_families(sources: list[StatsSource]) -> GaugeMetricFamily:
+    hit = GaugeMetricFamily(
+        "tierserve_cache_hit_rate",
+        "Embedding cache hit rate since the model version loaded",
+        labels=["model", "table"],
+    )
+    for source in list(sources):
+        for stats in source():
+            for table, rate in stats.get("cache_hit_rate", {}).items():
+                hit.add_metric([stats["model"], table], rate)
+    return hit
+
+
+def _tier_families(tiers: list[tuple[str, dict[str, Any]]]):
+    """The counters of :data:`_TIER_COUNTERS` and the operation latency, per tier."""
+    counters = [
+        (CounterMetricFamily(name, text, labels=["tier"]), key)
+        for name, text, key in _TIER_COUNTERS
+    ]
+    latency = HistogramMetricFamily(
+        "tierserve_tier_latency_seconds",
+        "Latency of storage-tier operations (lookup, insert, ...)",
+        labels=["tier", "op"],
+    )
+    for tier, snap in tiers:
+        for family, key in counters:
+            family.add_metric([tier], snap.get(key, 0))
+        for op, h in snap.get("latency", {}).items():
+            latency.add_metric([tier, op], buckets=_buckets(h), sum_value=h["sum"])
+    for family, _ in counters:
+        yield family
+    yield latency
+
+
+def _update_families(tiers: list[tuple[str, dict[str, Any]]]):
+    """Online updates by outcome and the state of the Kafka consumers, per tier."""
+    updates = CounterMetricFamily(
+        "tierserve_tier_updates",
+        "Online updates read from Kafka per storage tier, by outcome: messages applied, "
+        "keys applied, malformed, rejected (no such table, refused keys), retries, errors",
+        labels=["tier", "outcome"],
+    )
+    alive = GaugeMetricFamily(
+        "tierserve_update_consumers_alive",
+        "Kafka update consumers whose loop runs, per storage tier and role (apply: writes "
+        "the tier; invalidate: tells this replica's caches of another replica's writes)",
+        labels=["tier", "role"],
+    )
+    caught_up = GaugeMetricFamily(
+        "tierserve_update_consumers_caught_up",
+        "Kafka update consumers that read their topics up to the end offsets seen when "
+        "they started (the replay after a restart); the server is ready only when all are",
+        labels=["tier", "role"],
+    )
+    restarts = CounterMetricFamily(
+        "tierserve_update_consumer_restarts",
+        "Times a Kafka update consumer's loop failed and was restarted",
+        labels=["tier", "role"],
+    )
+    lag = GaugeMetricFamily(
+        "tierserve_update_consumer_lag",
+        "Update messages published but not yet read, per storage tier, consumer role and "
+        "topic partition",
+        labels=["tier", "role", "topic", "partition"],
+    )
+    waiting = GaugeMetricFamily(
+        "tierserve_update_partitions_waiting",
+        "Topic partitions whose model is not loaded yet: their updates wait (unread, "
+        "uncommitted) until it is",
+        labels=["tier"],
+    )
+    kafka_down = GaugeMetricFamily(
+        "tierserve_update_kafka_down",
+        "1 while the Kafka update consumers of a storage tier reach no broker",
+        labels=["tier"],
+    )
+    freshness = HistogramMetricFamily(
+        "tierserve_update_freshness_seconds",
+        "Online update message timestamp to applied in the tier and visible to predictions",
+        labels=["tier"],
+    )
+    for tier, snap in tiers:
+        for outcome, count in snap.get("updates", {}).items():
+            updates.add_metric([tier, outcome], count)
+        by_role: dict[str, list[int]] = {}
+        for consumer in snap.get("consumers", ()):
+            counts = by_role.setdefault(consumer["role"], [0, 0, 0])
+            counts[0] += bool(consumer["alive"])
+            counts[1] += consumer["restarts"]
+            counts[2] += bool(consumer.get("caught_up", True))
+        for role, (n_alive, n_restarts, n_caught_up) in by_role.items():
+            alive.add_metric([tier, role], n_alive)
+            restarts.add_metric([tier, role], n_restarts)
+            caught_up.add_metric([tier, role], n_caught_up)
+        _consumer_metrics(snap, tier, lag, waiting, kafka_down, freshness)
+    yield from (updates, alive, caught_up, restarts, lag, waiting, kafka_down, freshness)
+
+
+def _consumer_metrics(snap, tier, lag, waiting, kafka_down, freshness) -> None:
+    consumers = snap.get("consumers", ())
+    if not consumers:
+        return
+    for consumer in consumers:
+        for topic, partition, behind in consumer.get("lag", ()):
+            lag.add_metric([tier, consumer["role"], topic, str(partition)], behind)
+    applying = [c for c in consumers if c.get("freshness") is not None]
+    waiting.add_metric([tier], sum(c.get("waiting", 0) for c in applying))
+    kafka_down.add_metric([tier], float(any(c.get("kafka_down") for c in consumers)))
+    for consumer in applying:
+        freshness.add_metric([tier], buckets=_buckets(consumer["freshness"]),
+                             sum_value=consumer["freshness"]["sum"])  # fmt: skip
+
+
+def _buckets(histogram: dict[str, Any]) -> list[tuple[str, int]]:
+    """A snapshot histogram's buckets as prometheus-client takes them (``+Inf`` last)."""
+    return [("+Inf" if b == float("inf") else str(b), n) for b, n in histogram["buckets"]]
 
 
 class ServerMetrics:

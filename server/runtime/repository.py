@@ -78,6 +78,11 @@ class Loader(abc.ABC):
         """False while something the models need is down (a Kafka consumer stopped)."""
         return True
 
+    def not_ready_reason(self) -> str | None:
+        """Why the loader keeps the server from being ready (the body of a 503 on
+        ``/v2/health/ready``), or None when it does not (the default)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release what the loader holds (parameter servers, consumers)."""
 
@@ -399,7 +404,7 @@ class ModelRepository:
     def _check_kind(entry: ModelEntry, version: str, servable: Servable) -> None:
         """Refuse a version of another kind than the one serving (see the module docstring)."""
         old = entry.handle.servable if entry.handle is not None else None
-        before, after = getattr(old, "kind", ""), getattr(servable, "kind", "")
+        before, after = (old.kind if old is not None else ""), servable.kind
         if before and after and before != after:
             raise KindChangeError(
                 f"version {version} would serve as {_article(after)} {after} but version "

@@ -125,6 +125,11 @@ class Servable(ABC):
         """Extra model-config fields (``parameters``) for the config endpoint."""
         return {}
 
+    def stats(self) -> dict[str, Any]:
+        """Statistics for /metrics: ``{"cache_hit_rate": {table: rate}}`` for a version with
+        an embedding cache; none by default."""
+        return {}
+
     def warm_up(self) -> None:  # noqa: B027 - optional hook
         """Run what a first request would (see :func:`warm_up`), on the calling thread; the
         server calls it once more on an inference thread before it reports ready."""
@@ -403,8 +408,8 @@ class EmbeddingLookupServable(Servable):
     ``max_keys`` is the model's own limit of keys per request (the loader passes
     ``max_batch_size`` x the sum of ``maxnum_catfeature_query_per_table_per_sample``); the
     server's ``max_keys_per_request`` overrides it.  ``i64_keys`` False: ``KEYS`` is INT32,
-    and INT64 keys that fit in 32 bits are taken too; ``None``: the ``supportlonglong`` of
-    the source's parameter server (``source.ps.config``), True when it has none.
+    and INT64 keys that fit in 32 bits are taken too (the loader passes the parameter
+    server's ``supportlonglong``).
     """
 
     max_batch_size = 0
@@ -419,14 +424,11 @@ class EmbeddingLookupServable(Servable):
         dims: Sequence[int],
         max_keys: int = 1 << 20,
         closer=None,
-        i64_keys: bool | None = None,
+        i64_keys: bool = True,
     ) -> None:
         self.name, self.version, self.source = name, version, source
         self.table_names, self.dims = list(table_names), [int(d) for d in dims]
         self.max_keys = max_keys
-        if i64_keys is None:
-            config = getattr(getattr(source, "ps", None), "config", None)
-            i64_keys = bool(getattr(config, "supportlonglong", True))
         self.i64_keys = i64_keys
         self._closer = closer
         n = len(self.dims)
