@@ -68,7 +68,8 @@ class EmbeddingCache:
     multiple of ``ways``).  ``refresh_interval`` / ``refresh_delay`` (seconds, 0 = never)
     re-pull every cached row from the parameter server periodically, starting after the
     delay.  ``use_gpu`` puts the table on CUDA device ``device_id`` with cupy (extra
-    ``gpu``); ``use_kernel`` picks the CUDA lookup kernel there (``None``: when it compiles).
+    ``gpu``); ``use_kernel`` picks the CUDA kernels there (lookup and insert; ``None``: when
+    they compile).
     A static cache needs ``static_keys``, every key of the table; their vectors are read from
     the parameter server.  ``on_update_mode`` says what an update does to a cached row:
     ``"overwrite"`` it with the new vector or ``"invalidate"`` it.  When the parameter
@@ -149,9 +150,11 @@ class EmbeddingCache:
             else:
                 self._table = SetAssociativeTable(capacity, self.codec.words, ways, self.xp)
             if self.xp is not np and use_kernel is not False:
-                from .kernels import load_lookup_kernel
+                from .kernels import load_kernels
 
-                self._kernel = load_lookup_kernel(required=bool(use_kernel))
+                self._kernel = load_kernels(required=bool(use_kernel))
+                if cache_type == "dynamic":
+                    self._table.kernels = self._kernel
         self.capacity = self._table.capacity
         self._listening = False
         if listen and isinstance(parameter_server, UpdateNotifier):

@@ -34,9 +34,9 @@ def test_kernel_matches_the_cupy_path(dim, ways):
     cp = cupy_or_none()
     if cp is None:
         pytest.skip("needs cupy and a CUDA device")
-    from tierserve.cache.kernels import load_lookup_kernel
+    from tierserve.cache.kernels import load_kernels
 
-    kernel = load_lookup_kernel(required=True)
+    kernel = load_kernels(required=True)
     table = SetAssociativeTable(4096, dim, ways, cp)
     rng = np.random.default_rng(dim * ways)
     keys = np.unique(rng.integers(-(2**40), 2**40, 3000)).astype(np.int64)
