@@ -197,11 +197,24 @@ class EmbeddingCache:
             else:
                 keys_h = self._as_keys(keys, "keys")
                 keys_d = keys_h if xp is np else xp.asarray(keys_h)
+            out, hit, hits, miss_idx = self._read(keys_d, self._next_tick())
+            return self._serve(keys_h, keys_d, out, hit, hits, miss_idx)
+
+    lookup = query
+
+    def _next_tick(self) -> int:
+        """The batch number of a new query."""
+        with self._stats:
+            self._tick += 1
+            return self._tick
+
+    def _serve(self, keys_h, keys_d, out, hit, hits: int, miss_idx):
+        """Complete a read of ``keys_d`` (``keys_h``: the same keys on the host, or ``None``):
+        fetch the misses (``~hit``; ``miss_idx`` their positions where known) into ``out``,
+        count, and insert what was fetched.  Returns ``out``."""
+        xp = self.xp
+        with device_context(self.xp, self._device_id):
             n = int(keys_d.size)
-            with self._stats:
-                self._tick += 1
-                tick = self._tick
-            out, hit, hits, miss_idx = self._read(keys_d, tick)
             misses = n - hits
             if misses:
                 if miss_idx is None:
@@ -222,8 +235,6 @@ class EmbeddingCache:
                 else:
                     self._worker.submit(unique, fetched, epoch)
             return out
-
-    lookup = query
 
     def _read(self, keys, tick: int):
         """``(embeddings, hit, hits, misses)`` of a consistent read (``misses``: positions

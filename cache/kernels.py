@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 SOURCE = "embedding_cache.cu"
 LOOKUP_KERNEL = "ts_cache_lookup"
 INSERT_KERNEL = "ts_cache_insert"
+TABLES_KERNEL = "ts_cache_lookup_tables"
 #: NVRTC options of every kernel in cuda/ (cupy adds ``-arch`` for the current device).
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++14",)
 THREADS = 256  # lookup: 8 warps per block, one group of group_size(dim) lanes per key
@@ -193,14 +194,97 @@ def insert_arguments(table, keys, vectors, slots, counts, tick: int) -> tuple:
     )
 
 
+def request_layout(counts, dims) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(key_offsets, out_offsets, floats)`` of a request over several tables: table ``t``'s
+    ``counts[t]`` keys at ``key_offsets[t]`` (int64 ``[T + 1]``), its ``[counts[t], dims[t]]``
+    rows at float ``out_offsets[t]`` (int64 ``[T]``, each a multiple of 4 so that float4 rows
+    stay 16-byte aligned), ``floats`` in all."""
+    counts = np.asarray(counts, dtype=np.int64)
+    sizes = counts * np.asarray(dims, dtype=np.int64)
+    key_offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=key_offsets[1:])
+    padded = (sizes + 3) // 4 * 4
+    out_offsets = np.zeros(counts.size, dtype=np.int64)
+    if counts.size > 1:
+        np.cumsum(padded[:-1], out=out_offsets[1:])
+    return key_offsets, out_offsets, int(padded.sum())
+
+
+def _address(array) -> int:
+    """The device (cupy) or host (numpy) address of ``array``'s first element."""
+    data = getattr(array, "data", None)
+    ptr = getattr(data, "ptr", None)
+    return int(ptr) if ptr is not None else int(array.ctypes.data)
+
+
+class TableDescriptors:
+    """Where ``ts_cache_lookup_tables`` finds each of a model's tables: their arrays'
+    addresses and shapes, as ``xp`` arrays built once (a table's arrays never move)."""
+
+    def __init__(self, tables, xp) -> None:
+        if not tables:
+            raise ValueError("ts_cache_lookup_tables needs at least one table")
+        for table in tables:
+            _require_table(TABLES_KERNEL, table)
+        self.tables = list(tables)
+        self.dims = [int(t.dim) for t in tables]
+        self.group = max(group_size(d) for d in self.dims)
+        self.table_keys_at = xp.asarray(np.array([_address(t.keys) for t in tables], np.uint64))
+        self.ticks_at = xp.asarray(np.array([_address(t.ticks) for t in tables], np.uint64))
+        self.values_at = xp.asarray(np.array([_address(t.values) for t in tables], np.uint64))
+        self.num_sets = xp.asarray(np.array([t.num_sets for t in tables], np.uint64))
+        self.ways = xp.asarray(np.array([t.ways for t in tables], np.int32))
+        self.dims_at = xp.asarray(np.array(self.dims, np.int32))
+
+
+def tables_arguments(desc: TableDescriptors, packed, out, hit, hits) -> tuple:
+    """The arguments of ``ts_cache_lookup_tables`` in its parameter order, each of its C type.
+
+    ``packed`` is int64 ``[3T + 1 + n]``: key offsets ``[T + 1]``, out offsets ``[T]``, each
+    table's tick ``[T]`` (-1: do not stamp), then every table's keys; ``out`` float32 (the
+    floats of :func:`request_layout`), ``hit`` uint8 ``[n]`` and ``hits`` uint64 ``[T]``
+    (zeroed by the caller) receive the result.
+    """
+    name = TABLES_KERNEL
+    t = len(desc.tables)
+    _require(name, "packed", packed, np.int64, 1)
+    _require(name, "out", out, np.float32, 1)
+    _require(name, "hit", hit, np.uint8, 1)
+    _require(name, "hits", hits, np.uint64, 1)
+    n = int(packed.size) - 3 * t - 1
+    if n < 0 or hit.shape != (n,) or hits.shape != (t,):
+        raise TypeError(f"{name}: packed must hold 3 * {t} + 1 offsets and ticks, hit one flag "
+                        f"per key and hits one count per table")
+    return (
+        packed[3 * t + 1 :],
+        np.int64(n),
+        np.int32(t),
+        np.int32(desc.group),
+        packed[: t + 1],
+        packed[t + 1 : 2 * t + 1],
+        packed[2 * t + 1 : 3 * t + 1],
+        desc.table_keys_at,
+        desc.ticks_at,
+        desc.values_at,
+        desc.num_sets,
+        desc.ways,
+        desc.dims_at,
+        out,
+        hit,
+        hits,
+    )
+
+
 class CacheKernels:
     """The compiled kernels: ``ts_cache_lookup`` (probe, gather and stamp ticks in one
-    launch) and ``ts_cache_insert`` (a batch's insert in one launch)."""
+    launch), ``ts_cache_lookup_tables`` (the same over a model's tables in one launch) and
+    ``ts_cache_insert`` (a batch's insert in one launch)."""
 
-    def __init__(self, cupy, lookup_fn, insert_fn) -> None:
+    def __init__(self, cupy, lookup_fn, insert_fn, tables_fn) -> None:
         self._cp = cupy
         self._lookup = lookup_fn
         self._insert = insert_fn
+        self._tables = tables_fn
 
     def lookup(self, table, keys, tick: int | None = None):
         """Same contract as ``SetAssociativeTable.lookup`` for cupy tables."""
@@ -215,6 +299,35 @@ class CacheKernels:
         self._lookup(grid, block, lookup_arguments(table, keys, out, hit, hits, tick))
         # One 8-byte copy (cupy's count_nonzero took 60 us for 26,624 flags on an H200).
         return out, hit.view(cp.bool_), int(hits.get()[0])
+
+    def lookup_tables(self, desc: TableDescriptors, keys, ticks) -> list[tuple]:
+        """Look up host int64 ``keys[t]`` in table ``desc.tables[t]`` for every table in one
+        launch, with one host->device copy (offsets, ticks and keys packed) and one
+        device->host copy (the hit counts).  Returns per table ``(out, hit, hits, keys_d)``:
+        device views of its rows ``[n_t, dim_t]`` (garbage at misses), flags, its hit count and
+        its keys on the device.  ``ticks[t]`` stamps table ``t``'s hits (``None``: none)."""
+        cp = self._cp
+        t = len(desc.tables)
+        counts = [int(k.size) for k in keys]
+        key_offsets, out_offsets, floats = request_layout(counts, desc.dims)
+        stamps = np.array([-1 if x is None else x for x in ticks], dtype=np.int64)
+        packed = cp.asarray(np.concatenate([key_offsets, out_offsets, stamps, *keys]))
+        n = int(key_offsets[-1])
+        out = cp.empty(floats, dtype=cp.float32)
+        hit = cp.empty(n, dtype=cp.uint8)
+        hits = cp.zeros(t, dtype=cp.uint64)
+        if n:
+            per_block = THREADS // desc.group
+            grid = ((n + per_block - 1) // per_block,)
+            self._tables(grid, (THREADS,), tables_arguments(desc, packed, out, hit, hits))
+        counted = hits.get() if n else np.zeros(t, np.uint64)
+        keys_d = packed[3 * t + 1 :]
+        result = []
+        for i in range(t):
+            k, c, o, dim = int(key_offsets[i]), counts[i], int(out_offsets[i]), desc.dims[i]
+            result.append((out[o : o + c * dim].reshape(c, dim), hit[k : k + c].view(cp.bool_),
+                           int(counted[i]), keys_d[k : k + c]))
+        return result
 
     def insert(self, table, keys, vectors, tick: int):
         """``(slots, inserted, evicted)``: ``SetAssociativeTable.insert`` of the unique
@@ -247,8 +360,8 @@ def load_kernels(required: bool = False) -> CacheKernels | None:
             import cupy
 
             module = cupy.RawModule(code=kernel_source(), options=COMPILE_OPTIONS)
-            kernel = CacheKernels(cupy, module.get_function(LOOKUP_KERNEL),
-                                  module.get_function(INSERT_KERNEL))
+            kernel = CacheKernels(cupy, *(module.get_function(name) for name in (
+                LOOKUP_KERNEL, INSERT_KERNEL, TABLES_KERNEL)))
         except Exception as exc:
             if required:
                 raise

@@ -33,12 +33,44 @@ __device__ __forceinline__ int ts_group_size(int dim) {
   return g;
 }
 
-// One group of ts_group_size(dim) lanes per key (a warp at dim >= 128, 4 lanes at dim 16):
-// the lanes compare ways of the key's set at once (__ballot_sync over the warp, each group
-// reads its own bits), then copy the row with coalesced float4 loads where dim % 4 == 0 and
-// both arrays are 16-byte aligned.  The group's first lane writes the hit flag and stamps
-// the slot's tick (every hit; tick < 0: none).  Hits are counted per block in shared memory
-// and added to *hits once per block (the caller zeroes it).
+// The way of `set` (ways slots) holding `key`, or -1, for one group of g lanes (lane gl of
+// the group, whose first lane is `shift` in the warp): the lanes compare g ways at once.
+// Every lane of the warp must call it with the same `loop_ways` (>= each group's ways):
+// __ballot_sync needs the whole warp, and each group reads its own bits of the vote.
+__device__ __forceinline__ int ts_probe(bool active, long long key, const long long* set,
+                                        int ways, int loop_ways, int g, int gl, int shift) {
+  const unsigned group_bits = g == 32 ? 0xffffffffu : ((1u << g) - 1u);
+  int found = -1;
+  for (int base = 0; base < loop_ways; base += g) {
+    const int w = base + gl;
+    const bool match = active && key != TS_EMPTY_KEY && w < ways && set[w] == key;
+    const unsigned mine = (__ballot_sync(0xffffffffu, match) >> shift) & group_bits;
+    if (mine && found < 0) found = base + __ffs(mine) - 1;
+  }
+  return found;
+}
+
+// Copy a row of dim floats with the g lanes of a group: float4s where dim % 4 == 0 and both
+// rows are 16-byte aligned, else floats; either way consecutive lanes read consecutive words.
+__device__ __forceinline__ void ts_copy_row(const float* src, float* dst, int dim, int g,
+                                            int gl) {
+  const bool vec4 = (dim & 3) == 0 &&
+                    ((reinterpret_cast<unsigned long long>(src) |
+                      reinterpret_cast<unsigned long long>(dst)) & 15ULL) == 0;
+  if (vec4) {
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    for (int c = gl; c < (dim >> 2); c += g) d4[c] = s4[c];
+  } else {
+    for (int c = gl; c < dim; c += g) dst[c] = src[c];
+  }
+}
+
+// One group of ts_group_size(dim) lanes per key (a warp at dim >= 128, 4 lanes at dim 16)
+// probes the key's set (ts_probe) and copies the hit row (ts_copy_row).  The group's first
+// lane writes the hit flag and stamps the slot's tick (every hit; tick < 0: none).  Hits are
+// counted per block in shared memory and added to *hits once per block (the caller zeroes
+// it).
 extern "C" __global__ void ts_cache_lookup(const long long* __restrict__ keys, long long n,
                                            const long long* __restrict__ table_keys,
                                            unsigned int* __restrict__ ticks,
@@ -54,38 +86,17 @@ extern "C" __global__ void ts_cache_lookup(const long long* __restrict__ keys, l
   const long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / g;
   const int lane = threadIdx.x & 31;
   const int gl = lane & (g - 1);  // lane within the group
-  const int shift = lane - gl;    // the group's first lane in the warp
-  const unsigned group_bits = g == 32 ? 0xffffffffu : ((1u << g) - 1u);
   const bool active = i < n;
   const long long key = active ? keys[i] : TS_EMPTY_KEY;
   const unsigned long long first = active ? ts_set_of(key, num_sets) * (unsigned long long)ways
                                           : 0ULL;  // slot of way 0
-  const long long* set = table_keys + first;
-
-  int found = -1;
-  for (int base = 0; base < ways; base += g) {  // same trip count in every lane of the warp
-    const int w = base + gl;
-    const bool match = active && key != TS_EMPTY_KEY && w < ways && set[w] == key;
-    const unsigned mine = (__ballot_sync(0xffffffffu, match) >> shift) & group_bits;
-    if (mine && found < 0) found = base + __ffs(mine) - 1;
-  }
+  const int found = ts_probe(active, key, table_keys + first, ways, ways, g, gl, lane - gl);
   if (active) {
     if (found < 0) {
       if (gl == 0) hit[i] = 0;
     } else {
       const unsigned long long slot = first + (unsigned long long)found;
-      const float* src = values + slot * (unsigned long long)dim;
-      float* dst = out + i * (long long)dim;
-      const bool vec4 = (dim & 3) == 0 &&
-                        ((reinterpret_cast<unsigned long long>(values) |
-                          reinterpret_cast<unsigned long long>(out)) & 15ULL) == 0;
-      if (vec4) {
-        const float4* s4 = reinterpret_cast<const float4*>(src);
-        float4* d4 = reinterpret_cast<float4*>(dst);
-        for (int c = gl; c < (dim >> 2); c += g) d4[c] = s4[c];
-      } else {
-        for (int c = gl; c < dim; c += g) dst[c] = src[c];
-      }
+      ts_copy_row(values + slot * (unsigned long long)dim, out + i * (long long)dim, dim, g, gl);
       if (gl == 0) {
         hit[i] = 1;
         atomicAdd(&block_hits, 1u);
@@ -95,6 +106,57 @@ extern "C" __global__ void ts_cache_lookup(const long long* __restrict__ keys, l
   }
   __syncthreads();
   if (threadIdx.x == 0 && block_hits) atomicAdd(hits, (unsigned long long)block_hits);
+}
+
+// ts_cache_lookup over the tables of a model in one launch (a request's lookups): `keys`
+// holds every table's keys, table t's at key_offsets[t] .. key_offsets[t + 1]; its rows go
+// to out + out_offsets[t] ([count, dims[t]]), its flags to hit + key_offsets[t], its hit
+// count is added to hits[t] (zeroed by the caller), its slots are stamped ticks_now[t] (< 0:
+// none).  Table t's arrays are at the device addresses table_keys_at[t], ticks_at[t],
+// values_at[t]; `group` is ts_group_size of the largest dim.
+extern "C" __global__ void ts_cache_lookup_tables(
+    const long long* __restrict__ keys, long long n, int tables, int group,
+    const long long* __restrict__ key_offsets, const long long* __restrict__ out_offsets,
+    const long long* __restrict__ ticks_now, const unsigned long long* __restrict__ table_keys_at,
+    const unsigned long long* __restrict__ ticks_at,
+    const unsigned long long* __restrict__ values_at,
+    const unsigned long long* __restrict__ num_sets, const int* __restrict__ ways,
+    const int* __restrict__ dims, float* __restrict__ out, unsigned char* __restrict__ hit,
+    unsigned long long* __restrict__ hits) {
+  const int g = group;
+  const long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / g;
+  const int lane = threadIdx.x & 31;
+  const int gl = lane & (g - 1);
+  const bool active = i < n;
+  int t = 0;
+  if (active) {
+    while (t + 1 < tables && key_offsets[t + 1] <= i) ++t;
+  }
+  const long long key = active ? keys[i] : TS_EMPTY_KEY;
+  const int my_ways = active ? ways[t] : 0;
+  int loop_ways = my_ways;  // the warp's largest: every lane runs ts_probe's loop as long
+  for (int o = 16; o > 0; o >>= 1) loop_ways = max(loop_ways, __shfl_xor_sync(0xffffffffu, loop_ways, o));
+  const long long* table_keys = reinterpret_cast<const long long*>(table_keys_at[t]);
+  const unsigned long long first =
+      active ? ts_set_of(key, num_sets[t]) * (unsigned long long)my_ways : 0ULL;
+  const int found = ts_probe(active, key, table_keys + first, my_ways, loop_ways, g, gl, lane - gl);
+  if (!active) return;  // no barrier or vote follows
+  if (found < 0) {
+    if (gl == 0) hit[i] = 0;
+    return;
+  }
+  const int dim = dims[t];
+  const unsigned long long slot = first + (unsigned long long)found;
+  const float* values = reinterpret_cast<const float*>(values_at[t]);
+  ts_copy_row(values + slot * (unsigned long long)dim,
+              out + out_offsets[t] + (i - key_offsets[t]) * (long long)dim, dim, g, gl);
+  if (gl == 0) {
+    hit[i] = 1;
+    atomicAdd(&hits[t], 1ULL);
+    if (ticks_now[t] >= 0) {
+      reinterpret_cast<unsigned int*>(ticks_at[t])[slot] = (unsigned int)(ticks_now[t] & 0xFFFFFFFFLL);
+    }
+  }
 }
 
 // The age of a slot at batch `now`: (now - tick) mod 2**32, TS_AGE_EMPTY for an empty slot.
