@@ -145,3 +145,53 @@ def test_gpu_table_insert_uses_the_kernel_and_counts_its_size():
     assert with_kernel.insert(keys, vectors, 1) == passes.insert(keys, vectors, 1)
     assert with_kernel.size == passes.size == int(cp.count_nonzero(with_kernel.keys != np.iinfo(np.int64).min))
     cp.testing.assert_array_equal(with_kernel.keys, passes.keys)  # the same rule: the same slots
+
+
+@pytest.mark.gpu
+def test_query_tables_reads_every_table_in_one_launch_as_each_cache_alone(tmp_path):
+    """``ModelEmbeddingCache.query_tables`` on the GPU (one ``ts_cache_lookup_tables``
+    launch over tables of different dims and ways, then each cache's misses) against the
+    same caches on the CPU, request by request: the same rows, hits, misses and inserts."""
+    cp = cupy_or_none()
+    if cp is None:
+        pytest.skip("needs cupy and a CUDA device")
+    from cache_helpers import DEFAULT, vectors_for
+
+    from tierserve.cache import ModelEmbeddingCache
+    from tierserve.ps.config import ModelConfig, PSConfig
+    from tierserve.ps.hash_map import HashMapConfig
+    from tierserve.ps.hierarchy import HierarchicalParameterServer
+    from tierserve.ps.sparse_file import write_sparse_model
+
+    dims, ways, names = [16, 3, 128], [2, 1, 8], ["t0", "t1", "t2"]
+    folders = []
+    for t, dim in enumerate(dims):
+        folders.append(str(tmp_path / f"m{t}_sparse_{t}.model"))
+        keys = np.arange(2000, dtype=np.int64)
+        write_sparse_model(folders[-1], keys, vectors_for(keys, t, dim))
+    config = PSConfig(volatile_db=HashMapConfig(), models=[ModelConfig(
+        model=MODEL, sparse_files=folders, embedding_vecsize_per_table=dims,
+        maxnum_catfeature_query_per_table_per_sample=[1] * 3,
+        default_value_for_each_table=[DEFAULT] * 3, embedding_table_names=names,
+    )])
+
+    def caches(ps, gpu):
+        return ModelEmbeddingCache(MODEL, [
+            EmbeddingCache(ps, MODEL, name, dim, 256, ways=w, use_gpu=gpu,
+                           use_kernel=True if gpu else None, hit_rate_threshold=1.0)
+            for name, dim, w in zip(names, dims, ways)
+        ])
+
+    rng = np.random.default_rng(5)
+    with HierarchicalParameterServer(config) as ps, caches(ps, True) as gpu, caches(ps, False) as cpu:
+        for step in range(12):
+            sizes = [[1, 1, 1], [40, 0, 7], [500, 300, 200]][step % 3]
+            request = [np.unique(rng.zipf(1.3, n) % 2500).astype(np.int64) for n in sizes]
+            got = gpu.query_tables(request)
+            want = cpu.query_tables(request)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(cp.asnumpy(g), w)
+        assert isinstance(gpu._fusable, tuple)  # the one-launch path, not one query per table
+        for g, c in zip(gpu.metrics(), cpu.metrics()):
+            assert (g.hits, g.misses, g.inserted, g.evicted) == (c.hits, c.misses, c.inserted, c.evicted)
+            assert g.hits > 0 and g.misses > 0

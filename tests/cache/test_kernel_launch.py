@@ -19,14 +19,18 @@ from tierserve.cache.kernels import (
     INSERT_KERNEL,
     INSERT_THREADS,
     LOOKUP_KERNEL,
+    TABLES_KERNEL,
     THREADS,
     WARP,
+    TableDescriptors,
     group_size,
     insert_arguments,
     insert_shape,
     kernel_source,
     launch_shape,
     lookup_arguments,
+    request_layout,
+    tables_arguments,
 )
 
 M64 = (1 << 64) - 1
@@ -40,6 +44,7 @@ C_TYPES = {
     "long long": (False, np.int64),
     "unsigned long long": (False, np.uint64),
     "int": (False, np.int32),
+    "int*": (True, np.int32),
 }
 
 
@@ -253,3 +258,50 @@ def test_a_required_kernel_raises_even_after_a_fallback(caplog, monkeypatch):
     assert "CUDA cache kernel unavailable, using the cupy path" in caplog.text
     with pytest.raises(ImportError, match="cupy"):
         kernels.load_kernels(required=True)
+
+
+def test_the_tables_arguments_match_the_kernel_parameters():
+    tables = [make_table(dim, ways)[0] for dim, ways in ((16, 2), (3, 1), (128, 8))]
+    desc = TableDescriptors(tables, np)
+    assert desc.group == group_size(128) == WARP
+    keys = [np.arange(5, dtype=np.int64), np.arange(0, dtype=np.int64), np.arange(2, dtype=np.int64)]
+    key_offsets, out_offsets, floats = request_layout([k.size for k in keys], desc.dims)
+    packed = np.concatenate([key_offsets, out_offsets, [4, -1, 6], *keys]).astype(np.int64)
+    out = np.empty(floats, np.float32)
+    hit = np.empty(7, np.uint8)
+    hits = np.zeros(3, np.uint64)
+    args = tables_arguments(desc, packed, out, hit, hits)
+    params = kernel_parameters(TABLES_KERNEL)
+    assert len(args) == len(params) == 16
+    for (c_type, name), arg in zip(params, args):
+        is_array, dtype = C_TYPES[c_type]
+        if is_array:
+            assert isinstance(arg, np.ndarray) and arg.dtype == dtype, (name, c_type)
+            assert arg.flags.c_contiguous, name
+        else:
+            assert type(arg) is dtype, (name, c_type, type(arg))
+    by_name = {name: arg for (_, name), arg in zip(params, args)}
+    np.testing.assert_array_equal(by_name["keys"], np.concatenate(keys))
+    assert by_name["n"] == 7 and by_name["tables"] == 3 and by_name["group"] == WARP
+    np.testing.assert_array_equal(by_name["key_offsets"], [0, 5, 5, 7])
+    np.testing.assert_array_equal(by_name["out_offsets"], out_offsets)
+    np.testing.assert_array_equal(by_name["ticks_now"], [4, -1, 6])
+    assert list(by_name["table_keys_at"]) == [t.keys.ctypes.data for t in tables]
+    assert list(by_name["ticks_at"]) == [t.ticks.ctypes.data for t in tables]
+    assert list(by_name["values_at"]) == [t.values.ctypes.data for t in tables]
+    np.testing.assert_array_equal(by_name["num_sets"], [t.num_sets for t in tables])
+    np.testing.assert_array_equal(by_name["ways"], [2, 1, 8])
+    np.testing.assert_array_equal(by_name["dims"], [16, 3, 128])
+    assert by_name["out"] is out and by_name["hit"] is hit and by_name["hits"] is hits
+    with pytest.raises(TypeError, match="hits one count per table"):
+        tables_arguments(desc, packed, out, hit, np.zeros(2, np.uint64))
+
+
+@pytest.mark.parametrize("counts,dims", [([1], [16]), ([3, 0, 5], [3, 16, 1]), ([7, 2, 9, 1], [5, 128, 2, 33])])
+def test_the_request_layout_packs_tables_without_overlap_and_float4_aligned(counts, dims):
+    key_offsets, out_offsets, floats = request_layout(counts, dims)
+    np.testing.assert_array_equal(np.diff(key_offsets), counts)
+    assert key_offsets[0] == 0
+    ends = out_offsets + np.asarray(counts) * np.asarray(dims)
+    assert (out_offsets % 4 == 0).all()  # float4 rows of a dim % 4 == 0 table stay aligned
+    assert (out_offsets[1:] >= ends[:-1]).all() and ends[-1] <= floats < ends[-1] + 4
