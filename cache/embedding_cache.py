@@ -218,16 +218,18 @@ class EmbeddingCache:
             misses = n - hits
             if misses:
                 if miss_idx is None:
-                    miss_idx = xp.flatnonzero(~hit)
-                miss_keys = to_host(keys_d[miss_idx]) if keys_h is None else keys_h[to_host(miss_idx)]
+                    # On a GPU the flags come to the host (n bytes) rather than a device
+                    # nonzero (several launches and a synchronisation).
+                    miss_idx = np.flatnonzero(~to_host(hit))
+                miss_keys = (to_host(keys_d) if keys_h is None else keys_h)[miss_idx]
                 # Most requested first: where a set cannot take every new key, they win.
                 unique, inverse = distinct_by_count(miss_keys)
                 epoch = self._log.epoch  # before the fetch: updates after it make it stale
                 fetched = self._fetch(unique)
                 if xp is np:
                     out[miss_idx] = fetched[inverse]
-                else:
-                    out[miss_idx] = xp.asarray(fetched)[xp.asarray(inverse)]
+                else:  # the missed rows in order, one copy each for rows and positions
+                    out[xp.asarray(miss_idx)] = xp.asarray(fetched[inverse])
             self._account(n, hits)
             if misses and self._worker is not None:
                 if self._running < self.hit_rate_threshold:
