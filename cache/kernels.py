@@ -122,6 +122,21 @@ def _require_table(kernel: str, table) -> None:
         raise TypeError(f"{kernel}: the table's arrays do not match its num_sets, ways, dim")
 
 
+def _check(kernel: str, table, keys, arrays: list[tuple]) -> int:
+    """Check ``keys``, ``table`` and each ``(name, array, dtype, shape)`` of ``arrays`` for
+    ``kernel``; return the number of keys.  Raises ``TypeError`` naming what is wrong."""
+    _require(kernel, "keys", keys, np.int64, 1)
+    _require_table(kernel, table)
+    for name, array, dtype, shape in arrays:
+        _require(kernel, name, array, dtype, len(shape))
+    if any(tuple(array.shape) != shape for _, array, _, shape in arrays):
+        (first, *rest) = arrays
+        want = ", ".join([f"{first[0]} must be {first[3]}", *(f"{a[0]} {a[3]}" for a in rest)])
+        got = ", ".join(str(tuple(a[1].shape)) for a in arrays)
+        raise TypeError(f"{kernel}: {want}, got {got}")
+    return int(keys.size)
+
+
 def lookup_arguments(table, keys, out, hit, hits, tick: int | None) -> tuple:
     """The arguments of ``ts_cache_lookup`` in its parameter order, each of its C type.
 
@@ -130,18 +145,9 @@ def lookup_arguments(table, keys, out, hit, hits, tick: int | None) -> tuple:
     and the number of hits is added to ``hits`` (uint64 ``[1]``, zeroed by the caller).
     Raises ``TypeError`` naming the array whose dtype or shape the kernel cannot read.
     """
-    name = LOOKUP_KERNEL
-    _require(name, "keys", keys, np.int64, 1)
-    _require_table(name, table)
-    _require(name, "out", out, np.float32, 2)
-    _require(name, "hit", hit, np.uint8, 1)
-    _require(name, "hits", hits, np.uint64, 1)
-    n = int(keys.size)
-    if out.shape != (n, table.dim) or hit.shape != (n,) or hits.shape != (1,):
-        raise TypeError(
-            f"{name}: out must be ({n}, {table.dim}), hit ({n},) and hits (1,), got "
-            f"{tuple(out.shape)}, {tuple(hit.shape)} and {tuple(hits.shape)}"
-        )
+    n = _check(LOOKUP_KERNEL, table, keys, [("out", out, np.float32, (int(keys.size), table.dim)),
+                                            ("hit", hit, np.uint8, (int(keys.size),)),
+                                            ("hits", hits, np.uint64, (1,))])
     return (
         keys,
         np.int64(n),
@@ -166,18 +172,9 @@ def insert_arguments(table, keys, vectors, slots, counts, tick: int) -> tuple:
     ``[2]``, zeroed by the caller) the numbers inserted and evicted.  Raises ``TypeError``
     naming the array whose dtype or shape the kernel cannot use.
     """
-    name = INSERT_KERNEL
-    _require(name, "keys", keys, np.int64, 1)
-    _require_table(name, table)
-    _require(name, "vectors", vectors, np.float32, 2)
-    _require(name, "slots", slots, np.int64, 1)
-    _require(name, "counts", counts, np.uint64, 1)
-    n = int(keys.size)
-    if vectors.shape != (n, table.dim) or slots.shape != (n,) or counts.shape != (2,):
-        raise TypeError(
-            f"{name}: vectors must be ({n}, {table.dim}), slots ({n},) and counts (2,), got "
-            f"{tuple(vectors.shape)}, {tuple(slots.shape)} and {tuple(counts.shape)}"
-        )
+    n = _check(INSERT_KERNEL, table, keys, [
+        ("vectors", vectors, np.float32, (int(keys.size), table.dim)),
+        ("slots", slots, np.int64, (int(keys.size),)), ("counts", counts, np.uint64, (2,))])
     return (
         keys,
         np.int64(n),

@@ -61,6 +61,21 @@ def kernel_parameters(name: str = LOOKUP_KERNEL) -> list[tuple[str, str]]:
     return params
 
 
+def typed_arguments(args: tuple, kernel: str, count: int) -> dict:
+    """``args`` by parameter name, after checking there are ``count`` of them, one per
+    parameter of ``kernel``, each of its parameter's C type (arrays C-contiguous)."""
+    params = kernel_parameters(kernel)
+    assert len(args) == len(params) == count
+    for (c_type, name), arg in zip(params, args):
+        is_array, dtype = C_TYPES[c_type]
+        if is_array:
+            assert isinstance(arg, np.ndarray) and arg.dtype == dtype, (name, c_type)
+            assert arg.flags.c_contiguous, name
+        else:  # cupy passes a numpy scalar as that exact C type
+            assert type(arg) is dtype, (name, c_type, type(arg))
+    return {name: arg for (_, name), arg in zip(params, args)}
+
+
 def make_table(dim: int = 8, ways: int = 4) -> tuple[SetAssociativeTable, np.ndarray]:
     table = SetAssociativeTable(1024, dim, ways)
     rng = np.random.default_rng(dim)
@@ -75,16 +90,7 @@ def test_the_arguments_match_the_kernel_parameters():
     hit = np.empty(keys.size, np.uint8)
     hits = np.zeros(1, np.uint64)
     args = lookup_arguments(table, keys, out, hit, hits, tick=7)
-    params = kernel_parameters()
-    assert len(args) == len(params) == 12
-    for (c_type, name), arg in zip(params, args):
-        is_array, dtype = C_TYPES[c_type]
-        if is_array:
-            assert isinstance(arg, np.ndarray) and arg.dtype == dtype, (name, c_type)
-            assert arg.flags.c_contiguous, name
-        else:  # cupy passes a numpy scalar as that exact C type
-            assert type(arg) is dtype, (name, c_type, type(arg))
-    by_name = {name: arg for (_, name), arg in zip(params, args)}
+    by_name = typed_arguments(args, LOOKUP_KERNEL, 12)
     assert by_name["keys"] is keys and by_name["n"] == keys.size
     assert by_name["table_keys"] is table.keys and by_name["ticks"] is table.ticks
     assert by_name["values"] is table.values and by_name["out"] is out and by_name["hit"] is hit
@@ -162,16 +168,7 @@ def test_the_insert_arguments_match_the_kernel_parameters():
     slots = np.empty(keys.size, np.int64)
     counts = np.zeros(2, np.uint64)
     args = insert_arguments(table, keys, vectors, slots, counts, tick=9)
-    params = kernel_parameters(INSERT_KERNEL)
-    assert len(args) == len(params) == 12
-    for (c_type, name), arg in zip(params, args):
-        is_array, dtype = C_TYPES[c_type]
-        if is_array:
-            assert isinstance(arg, np.ndarray) and arg.dtype == dtype, (name, c_type)
-            assert arg.flags.c_contiguous, name
-        else:
-            assert type(arg) is dtype, (name, c_type, type(arg))
-    by_name = {name: arg for (_, name), arg in zip(params, args)}
+    by_name = typed_arguments(args, INSERT_KERNEL, 12)
     assert by_name["keys"] is keys and by_name["n"] == keys.size
     assert by_name["table_keys"] is table.keys and by_name["ticks"] is table.ticks
     assert by_name["values"] is table.values and by_name["vectors"] is vectors
@@ -271,16 +268,7 @@ def test_the_tables_arguments_match_the_kernel_parameters():
     hit = np.empty(7, np.uint8)
     hits = np.zeros(3, np.uint64)
     args = tables_arguments(desc, packed, out, hit, hits)
-    params = kernel_parameters(TABLES_KERNEL)
-    assert len(args) == len(params) == 16
-    for (c_type, name), arg in zip(params, args):
-        is_array, dtype = C_TYPES[c_type]
-        if is_array:
-            assert isinstance(arg, np.ndarray) and arg.dtype == dtype, (name, c_type)
-            assert arg.flags.c_contiguous, name
-        else:
-            assert type(arg) is dtype, (name, c_type, type(arg))
-    by_name = {name: arg for (_, name), arg in zip(params, args)}
+    by_name = typed_arguments(args, TABLES_KERNEL, 16)
     np.testing.assert_array_equal(by_name["keys"], np.concatenate(keys))
     assert by_name["n"] == 7 and by_name["tables"] == 3 and by_name["group"] == WARP
     np.testing.assert_array_equal(by_name["key_offsets"], [0, 5, 5, 7])
