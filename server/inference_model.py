@@ -314,26 +314,31 @@ class InferenceModel:
         xp = self.xp
         # Each table's CSR layout is worked out on the host; the inverses (and the row offsets
         # of ragged tables, whose pooling needs them) go to the device in one copy, so a
-        # request costs no per-table copies or synchronisations on a GPU.
+        # request costs no per-table copies or synchronisations on a GPU.  Where the keys
+        # were sorted and distinct already (batch 1, one key a table) the inverse is the
+        # identity: no gather.
         layouts, parts = [], []
-        for spec, sparse, inverse in zip(self.tables, inputs, inverses):
+        for spec, sparse, inverse, unique in zip(self.tables, inputs, inverses, uniques):
             offsets = np.asarray(to_numpy(sparse.row_offsets), dtype=np.int64)
             check_csr(offsets, inverse.size, spec.slot_num)
             layouts.append(CsrLayout(offsets, inverse.size))
-            parts += [inverse.astype(np.int64, copy=False),
+            identity = inverse.size == unique.size and np.array_equal(inverse, np.arange(inverse.size))
+            parts += [None if identity else inverse.astype(np.int64, copy=False),
                       offsets if layouts[-1].kind == "ragged" else offsets[:0]]
-        packed = to_xp(xp, np.concatenate(parts) if parts else np.empty(0, np.int64))
+        sent = [p for p in parts if p is not None]
+        packed = to_xp(xp, np.concatenate(sent) if sent else np.empty(0, np.int64))
         out, at = [], 0
         for spec, vectors, layout, inverse, offsets in zip(
             self.tables, found, layouts, parts[::2], parts[1::2]
         ):
-            index = packed[at : at + inverse.size]
-            at += inverse.size
+            rows = to_xp(xp, vectors, np.float32)
+            if inverse is not None:
+                rows = rows[packed[at : at + inverse.size]]
+                at += inverse.size
             if layout.kind == "ragged":
-                layout = CsrLayout(packed[at : at + offsets.size], inverse.size)
+                layout = CsrLayout(packed[at : at + offsets.size], layout.nnz)
                 at += offsets.size
-            out.append(combine(to_xp(xp, vectors, np.float32)[index], None, spec.slot_num,
-                               spec.combiner, layout=layout))
+            out.append(combine(rows, None, spec.slot_num, spec.combiner, layout=layout))
         return out
 
     def predict_batch(self, batch: Batch) -> np.ndarray:

@@ -192,10 +192,12 @@ def test_a_served_model_holds_no_memory_of_a_batch_it_answered(tiny_repository):
         loader.close()
 
 
+@pytest.mark.parametrize("distinct", [False, True])
 @pytest.mark.parametrize("combiner", ["sum", "mean"])
-def test_embeddings_of_ragged_rows_pool_each_rows_own_keys(demo, combiner):
-    """Rows of 0, 1, 2 and 3 keys (and a fixed-width input beside them): each table's pooled
-    embeddings against the straightforward sum / mean of the looked-up vectors per row."""
+def test_embeddings_of_ragged_rows_pool_each_rows_own_keys(demo, combiner, distinct):
+    """Rows of 0, 1, 2 and 3 keys: each table's pooled embeddings against the straightforward
+    sum / mean of the looked-up vectors per row; with repeated keys, and with sorted distinct
+    ones (whose inverse is the identity and is not gathered)."""
     import dataclasses
 
     from tierserve.model.batch import SparseInput
@@ -208,6 +210,8 @@ def test_embeddings_of_ragged_rows_pool_each_rows_own_keys(demo, combiner):
         counts = np.arange(rows) % 4  # ragged: 0 .. 3 keys per row
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         keys = np.resize(sparse.keys, int(offsets[-1])).astype(sparse.keys.dtype)
+        if distinct:
+            keys = np.sort(sparse.keys)[0] + np.arange(keys.size, dtype=keys.dtype)
         ragged = SparseInput(keys, offsets, sparse.slot_num)
         batch = dataclasses.replace(batch, sparse=(ragged, *batch.sparse[1:]))
         for i in range(len(model.tables)):
