@@ -86,7 +86,8 @@ class EmbeddingCache:
     multiple of ``ways``).  ``refresh_interval`` / ``refresh_delay`` (seconds, 0 = never)
     re-pull every cached row from the parameter server periodically, starting after the
     delay.  ``use_gpu`` puts the table on CUDA device ``device_id`` with cupy (extra
-    ``gpu``); ``use_kernel`` picks the CUDA lookup kernel there (``None``: when it compiles).
+    ``gpu``); ``use_kernel`` picks the CUDA kernels there (lookup and insert; ``None``: when
+    they compile).
     A static cache needs ``static_keys``, every key of the table; their vectors are read from
     the parameter server.  ``on_update_mode`` says what an update does to a cached row:
     ``"overwrite"`` it with the new vector or ``"invalidate"`` it.  When the parameter
@@ -176,9 +177,11 @@ class EmbeddingCache:
             else:
                 self._table = SetAssociativeTable(capacity, self.codec.words, ways, self.xp)
             if self.xp is not np and use_kernel is not False:
-                from .kernels import load_lookup_kernel
+                from .kernels import load_kernels
 
-                self._kernel = load_lookup_kernel(required=bool(use_kernel))
+                self._kernel = load_kernels(required=bool(use_kernel))
+                if self.cache_type == "dynamic":
+                    self._table.kernels = self._kernel
 
     def _start_workers(self, max_queued_inserts: int) -> None:
         """The insert worker (dynamic caches) and the refresher (``refresh_interval``)."""
@@ -218,24 +221,39 @@ class EmbeddingCache:
             else:
                 keys_h = self._as_keys(keys, "keys")
                 keys_d = keys_h if xp is np else xp.asarray(keys_h)
+            out, hit, hits, miss_idx = self._read(keys_d, self._next_tick())
+            return self._serve(keys_h, keys_d, out, hit, hits, miss_idx)
+
+    lookup = query
+
+    def _next_tick(self) -> int:
+        """The batch number of a new query."""
+        with self._stats:
+            self._tick += 1
+            return self._tick
+
+    def _serve(self, keys_h, keys_d, out, hit, hits: int, miss_idx):
+        """Complete a read of ``keys_d`` (``keys_h``: the same keys on the host, or ``None``):
+        fetch the misses (``~hit``; ``miss_idx`` their positions where known) into ``out``,
+        count, and insert what was fetched.  Returns ``out``."""
+        xp = self.xp
+        with device_context(self.xp, self._device_id):
             n = int(keys_d.size)
-            with self._stats:
-                self._tick += 1
-                tick = self._tick
-            out, hit, hits, miss_idx = self._read(keys_d, tick)
             misses = n - hits
             if misses:
                 if miss_idx is None:
-                    miss_idx = xp.flatnonzero(~hit)
-                miss_keys = to_host(keys_d[miss_idx]) if keys_h is None else keys_h[to_host(miss_idx)]
+                    # On a GPU the flags come to the host (n bytes) rather than a device
+                    # nonzero (several launches and a synchronisation).
+                    miss_idx = np.flatnonzero(~to_host(hit))
+                miss_keys = (to_host(keys_d) if keys_h is None else keys_h)[miss_idx]
                 # Most requested first: where a set cannot take every new key, they win.
                 unique, inverse = distinct_by_count(miss_keys)
                 epoch = self._log.epoch  # before the fetch: updates after it make it stale
                 fetched = self._fetch(unique)
                 if xp is np:
                     out[miss_idx] = fetched[inverse]
-                else:
-                    out[miss_idx] = xp.asarray(fetched)[xp.asarray(inverse)]
+                else:  # the missed rows in order, one copy each for rows and positions
+                    out[xp.asarray(miss_idx)] = xp.asarray(fetched[inverse])
             self._account(n, hits)
             if misses and self._worker is not None:
                 if self._running < self.hit_rate_threshold:
@@ -243,8 +261,6 @@ class EmbeddingCache:
                 else:
                     self._worker.submit(unique, fetched, epoch)
             return out
-
-    lookup = query
 
     def _read(self, keys, tick: int):
         """``(embeddings, hit, hits, misses)`` of a consistent read (``misses``: positions

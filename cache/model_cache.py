@@ -18,7 +18,7 @@ from tierserve.core.errors import (
 from tierserve.ps.config import ModelConfig, PSConfig
 from tierserve.ps.sparse_file import KEY_DTYPE, KEY_FILE
 
-from .device import to_host
+from .device import device_context, to_host
 from .embedding_cache import EmbeddingCache
 from .metrics import CacheMetrics
 from .protocols import ParameterServerLike
@@ -34,6 +34,7 @@ class ModelEmbeddingCache:
         self.model = model
         self._caches = list(caches)
         self._by_name = {c.table: c for c in self._caches}
+        self._fusable = None  # (kernels, descriptors) or False, decided at the first request
 
     @property
     def tables(self) -> list[str]:
@@ -76,7 +77,49 @@ class ModelEmbeddingCache:
             raise InvalidInputError(
                 f"model {self.model!r} has {len(self._caches)} tables, got {len(keys_per_table)} key arrays"
             )
-        return [c.query(k) for c, k in zip(self._caches, keys_per_table)]
+        fused = self._fused(keys_per_table)
+        if fused is None:
+            return [c.query(k) for c, k in zip(self._caches, keys_per_table)]
+        return self._query_fused(*fused, keys_per_table)
+
+    def _fused(self, keys_per_table: Sequence):
+        """``(kernels, descriptors)`` when one ``ts_cache_lookup_tables`` launch can read
+        every table: dynamic float32 caches on one device sharing the CUDA kernels, and host
+        keys; else ``None`` (each cache queries on its own)."""
+        if self._fusable is None:
+            caches = self._caches
+            kernels = caches[0]._kernel if caches else None
+            fusable = kernels is not None and all(
+                c.cache_type == "dynamic" and c._kernel is kernels and c.codec.identity
+                and c.device_id == caches[0].device_id for c in caches
+            )
+            self._fusable = False
+            if fusable:
+                from .kernels import TableDescriptors
+
+                with device_context(self.xp, self.device_id):
+                    self._fusable = (kernels, TableDescriptors([c._table for c in caches], self.xp))
+        if self._fusable is False or not all(type(k) is np.ndarray for k in keys_per_table):
+            return None
+        return self._fusable
+
+    def _query_fused(self, kernels, descriptors, keys_per_table: Sequence) -> list:
+        """:meth:`query_tables` with every table's hits read in one launch (one copy of the
+        keys to the device, one of the hit counts back); each cache then completes its own
+        misses.  A table whose writer overlapped the read is read again on its own."""
+        caches = self._caches
+        with device_context(self.xp, self.device_id):
+            keys_h = [c._as_keys(k, "keys") for c, k in zip(caches, keys_per_table)]
+            ticks = [c._next_tick() for c in caches]
+            seqs = [c._seq for c in caches]
+            read = kernels.lookup_tables(descriptors, keys_h, ticks)
+            out = []
+            for c, keys, seq, tick, (rows, hit, hits, keys_d) in zip(caches, keys_h, seqs, ticks, read):
+                miss_idx = None
+                if seq & 1 or c._seq != seq:
+                    rows, hit, hits, miss_idx = c._read(keys_d, tick)
+                out.append(c._serve(keys, keys_d, rows, hit, hits, miss_idx))
+            return out
 
     @property
     def i64_input_key(self) -> bool:

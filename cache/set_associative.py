@@ -22,7 +22,9 @@ batches late.  The CUDA kernel stamps every hit.
 
 On numpy the work is done by the numba kernels of :mod:`tierserve.cache.cpu_kernels`
 (software-pipelined loops, one pass per step); on cupy by the array passes written against
-``xp`` below (``*_xp`` methods), which the tests also run on numpy as the kernels' reference.
+``xp`` below (``*_xp`` methods), which the tests also run on numpy as the kernels' reference,
+or, where the cache sets :attr:`kernels`, by the CUDA kernels (lookup in the cache, insert
+here; same results as the numpy kernels, key by key).
 
 This class does no locking; :class:`~tierserve.cache.embedding_cache.EmbeddingCache`
 serialises writers and validates readers with a sequence number.
@@ -82,6 +84,9 @@ class SetAssociativeTable:
         self.values = _zeros(xp, (self.capacity, self.dim), np.float32)
         self._flat = self.keys.reshape(-1)
         self.size = 0
+        #: on cupy, :class:`~tierserve.cache.kernels.CacheKernels` to insert with (one launch
+        #: instead of the ``xp`` passes); ``None``: the ``xp`` passes
+        self.kernels = None
         self._cpu = None
         if xp is np:
             from . import cpu_kernels
@@ -196,7 +201,11 @@ class SetAssociativeTable:
         stamped ``tick``; as :meth:`place` otherwise.  Returns ``(inserted, evicted)``."""
         if self._cpu is None:
             with changing(None):
-                return self.insert_xp(keys, values, tick)
+                if self.kernels is None:
+                    return self.insert_xp(keys, values, tick)
+                _, inserted, evicted = self.kernels.insert(self, keys, values, tick)
+            self.size += inserted - evicted
+            return inserted, evicted
         slots = np.empty(keys.size, dtype=np.int64)
         evicted = int(self._cpu.plan_insert(keys, self.keys, self.ticks, int(tick), slots))
         with changing(slots[slots >= 0]):

@@ -179,11 +179,11 @@ def _kernels(cupy) -> list[Check]:
     s = "CUDA kernels"
     checks = []
     if cupy is not None:
-        from tierserve.cache.kernels import LOOKUP_KERNEL, load_lookup_kernel
+        from tierserve.cache.kernels import INSERT_KERNEL, LOOKUP_KERNEL, load_kernels
 
         try:
-            load_lookup_kernel(required=True)
-            checks.append(Check(s, "cupy", "ok", f"{LOOKUP_KERNEL} compiled for device 0"))
+            load_kernels(required=True)
+            checks.append(Check(s, "cupy", "ok", f"{LOOKUP_KERNEL}, {INSERT_KERNEL} compiled for device 0"))
         except Exception as exc:
             checks.append(Check(s, "cupy", "fail", f"{LOOKUP_KERNEL}: {exc}"))
     from tierserve.cache import nvrtc

@@ -26,7 +26,7 @@ import numpy as np
 
 from tierserve.core.errors import ConfigError, InvalidInputError
 from tierserve.model.batch import Batch
-from tierserve.model.combine import combine
+from tierserve.model.combine import CsrLayout, check_csr, combine
 from tierserve.model.device import to_numpy, to_xp
 from tierserve.model.graph_json import Graph, load_graph_json
 from tierserve.model.inference_graph import EmbeddingSpec, InferenceGraph
@@ -312,15 +312,34 @@ class InferenceModel:
         self.lookup_seconds += time.perf_counter() - started
         self.lookups += 1
         xp = self.xp
-        return [
-            combine(
-                to_xp(xp, vectors, np.float32)[to_xp(xp, inverse)],
-                to_xp(xp, sparse.row_offsets),
-                spec.slot_num,
-                spec.combiner,
-            )
-            for spec, sparse, vectors, inverse in zip(self.tables, inputs, found, inverses)
-        ]
+        # Each table's CSR layout is worked out on the host; the inverses (and the row offsets
+        # of ragged tables, whose pooling needs them) go to the device in one copy, so a
+        # request costs no per-table copies or synchronisations on a GPU.  Where the keys
+        # were sorted and distinct already (batch 1, one key a table) the inverse is the
+        # identity: no gather.
+        layouts, parts = [], []
+        for spec, sparse, inverse, unique in zip(self.tables, inputs, inverses, uniques):
+            offsets = np.asarray(to_numpy(sparse.row_offsets), dtype=np.int64)
+            check_csr(offsets, inverse.size, spec.slot_num)
+            layouts.append(CsrLayout(offsets, inverse.size))
+            identity = inverse.size == unique.size and np.array_equal(inverse, np.arange(inverse.size))
+            parts += [None if identity else inverse.astype(np.int64, copy=False),
+                      offsets if layouts[-1].kind == "ragged" else offsets[:0]]
+        sent = [p for p in parts if p is not None]
+        packed = to_xp(xp, np.concatenate(sent) if sent else np.empty(0, np.int64))
+        out, at = [], 0
+        for spec, vectors, layout, inverse, offsets in zip(
+            self.tables, found, layouts, parts[::2], parts[1::2]
+        ):
+            rows = to_xp(xp, vectors, np.float32)
+            if inverse is not None:
+                rows = rows[packed[at : at + inverse.size]]
+                at += inverse.size
+            if layout.kind == "ragged":
+                layout = CsrLayout(packed[at : at + offsets.size], layout.nnz)
+                at += offsets.size
+            out.append(combine(rows, None, spec.slot_num, spec.combiner, layout=layout))
+        return out
 
     def predict_batch(self, batch: Batch) -> np.ndarray:
         """Probabilities ``[batch_size, label_dim]`` for one batch."""

@@ -56,11 +56,11 @@ BROKEN = {
         r"embedding_cache\.cu does not compile for sm_90:\n.*embedding_cache\.cu\(\d+\): error: expected a \";\"",
     ),
     "type error": (
-        "const long long key = keys[warp];", "const long long key = keys;",
+        "const long long key = keys[i];", "const long long key = keys;",
         r"does not compile for sm_90:\n.*error: a value of type \"const long long \*\"",
     ),
     "undefined name": (
-        "found = base + __ffs(mask) - 1;", "found = bas + __ffs(mask) - 1;",
+        "found = base + __ffs(mine) - 1;", "found = bas + __ffs(mine) - 1;",
         r"does not compile for sm_90:\n.*error: identifier \"bas\" is undefined",
     ),
     "warning": (

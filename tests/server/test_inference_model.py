@@ -190,3 +190,41 @@ def test_a_served_model_holds_no_memory_of_a_batch_it_answered(tiny_repository):
         servable.discard()
         servable.close()
         loader.close()
+
+
+@pytest.mark.parametrize("distinct", [False, True])
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_embeddings_of_ragged_rows_pool_each_rows_own_keys(demo, combiner, distinct):
+    """Rows of 0, 1, 2 and 3 keys: each table's pooled embeddings against the straightforward
+    sum / mean of the looked-up vectors per row; with repeated keys, and with sorted distinct
+    ones (whose inverse is the identity and is not gathered)."""
+    import dataclasses
+
+    from tierserve.model.batch import SparseInput
+
+    model = InferenceModel(str(demo.graph), _params(demo))
+    try:
+        batch = next(iter(wrapped_batches(model.graph, demo.data_source, "Norm", "Sum", None, 8, 1)))
+        sparse = batch.sparse[0]
+        rows = len(sparse.row_offsets) - 1
+        counts = np.arange(rows) % 4  # ragged: 0 .. 3 keys per row
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        keys = np.resize(sparse.keys, int(offsets[-1])).astype(sparse.keys.dtype)
+        if distinct:
+            keys = np.sort(sparse.keys)[0] + np.arange(keys.size, dtype=keys.dtype)
+        ragged = SparseInput(keys, offsets, sparse.slot_num)
+        batch = dataclasses.replace(batch, sparse=(ragged, *batch.sparse[1:]))
+        for i in range(len(model.tables)):
+            model.tables[i] = dataclasses.replace(model.tables[i], combiner=combiner)
+        got = model.embeddings(batch)
+        table = model._table_input.index(0)
+        vectors = model.lookup(table, keys)
+        want = np.zeros((rows, vectors.shape[1]), np.float32)
+        for r in range(rows):
+            row = vectors[offsets[r] : offsets[r + 1]]
+            if row.size:
+                want[r] = row.sum(axis=0) if combiner == "sum" else row.mean(axis=0)
+        np.testing.assert_allclose(
+            np.asarray(got[table]).reshape(rows, -1), want, rtol=1e-6, atol=1e-6)
+    finally:
+        model.close()
