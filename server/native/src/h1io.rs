@@ -236,7 +236,7 @@ mod tests {
         let hyper = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
         assert_eq!(own_refusal(hyper), Some((0, 431)));
         let after_answer = [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".as_slice(), hyper].concat();
-        assert_eq!(own_refusal(&after_answer), Some((39, 431)));
+        assert_eq!(own_refusal(&after_answer), Some((40, 431)));
         // the app's own 400 (it has a body), a 404 without one, a body that ends like a head
         assert_eq!(own_refusal(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}"), None);
         assert_eq!(own_refusal(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"), None);

@@ -512,8 +512,9 @@ fn builder(limits: &Limits) -> http1::Builder {
         .max_header_size(limits.max_header_bytes)
         .max_headers(limits.max_header_count)
         // a head up to the limit fits in the read buffer (hyper's default is 400 KiB)
-        .max_buf_size((limits.max_header_bytes + 1).max(400 << 10))
-        .pipeline_flush(true);
+        .max_buf_size((limits.max_header_bytes + 1).max(400 << 10));
+    // not `pipeline_flush`: it holds answers back while the read buffer is not empty, which
+    // a head hyper refused never leaves (its refusal would wait for the client to go)
     builder
 }
 
