@@ -287,6 +287,8 @@ struct Head {
     target: Bytes,
     headers: Vec<(Bytes, Bytes)>,
     expect: bool,
+    /// An HTTP/1.0 request without `Connection: keep-alive`: its answer says it closes.
+    http10_close: bool,
 }
 
 impl Head {
@@ -302,7 +304,11 @@ impl Head {
             .collect();
         let expect = parts.version == hyper::Version::HTTP_11
             && parts.headers.get_all(hyper::header::EXPECT).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        Head { method: parts.method.as_str().to_string(), target, headers, expect }
+        let http10_close = parts.version == hyper::Version::HTTP_10
+            && !parts.headers.get_all(hyper::header::CONNECTION).iter().any(|v| {
+                v.as_bytes().split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"keep-alive"))
+            });
+        Head { method: parts.method.as_str().to_string(), target, headers, expect, http10_close }
     }
 
     fn text(&self, name: &[u8]) -> Option<String> {
@@ -365,7 +371,7 @@ async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request
         if reply.status != 0 {
             // answered at once; its body skipped (a client waiting to be asked for it is not
             // asked: the connection closes after the answer)
-            let keep = !head.expect && skip(&mut body, Instant::now() + limits.body_timeout).await;
+            let keep = !head.expect && !head.http10_close && skip(&mut body, Instant::now() + limits.body_timeout).await;
             return Ok(respond(reply, !keep, guards, None));
         }
     }
@@ -393,14 +399,15 @@ async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request
             return Ok(respond(reply, true, guards, None)); // its body unread
         }
     }
+    // an infer request whose body never comes is counted as a 499: its body timed out, or
+    // its client left (hyper then drops this future while it waits for the body)
+    let mut unread = Unread { server: &server, model: infer.as_ref().map(|(model, _)| model.clone()), arrived };
     let read = read_body(&mut body, declared, limits.max_request_bytes, Instant::now() + limits.body_timeout).await;
     let Some((data, exceeded)) = read else {
-        if let Some((model, _)) = infer {
-            server.gone.lock().unwrap().push((model, arrived)); // counted as a 499
-            crate::wake(server.eventfd);
-        }
         return Err(Dropped("the request body did not arrive within body_timeout_s"));
     };
+    unread.model = None;
+    let close = head.http10_close;
     let item = match infer {
         Some((model, version)) if exceeded => {
             Item::Body { id: new_id(), model, version, headers: head.fields(), body: None, problem: Some("exceeded"), arrived }
@@ -409,7 +416,24 @@ async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request
         None => head.raw(&server, data),
     };
     let reply = ask(&server, item).await.ok_or(Dropped("closing"))?;
-    Ok(respond(reply, false, guards, held)) // room given back once hyper is done with it
+    Ok(respond(reply, close, guards, held)) // room given back once hyper is done with it
+}
+
+/// Counts an infer request whose body was not read (`model` still set when dropped) with
+/// the requests whose clients left.
+struct Unread<'a> {
+    server: &'a HttpServer,
+    model: Option<String>,
+    arrived: Instant,
+}
+
+impl Drop for Unread<'_> {
+    fn drop(&mut self) {
+        if let Some(model) = self.model.take() {
+            self.server.gone.lock().unwrap().push((model, self.arrived));
+            crate::wake(self.server.eventfd);
+        }
+    }
 }
 
 /// A request's body, read until `deadline` (None: it did not come, or the client left): at
