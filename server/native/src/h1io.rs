@@ -92,7 +92,10 @@ impl Http1Io {
         let (bytes, count) = (self.max_header_bytes, self.max_header_count);
         match status {
             414 => Refusal(414, over("request URL", "max_header_bytes", bytes)),
-            431 if self.scan.url > bytes => Refusal(414, over("request URL", "max_header_bytes", bytes)),
+            // refused while its URL still arrived (or with a URL over the limit alone)
+            431 if self.scan.place == Place::Url || self.scan.url > bytes => {
+                Refusal(414, over("request URL", "max_header_bytes", bytes))
+            }
             431 if self.scan.lines > count => Refusal(431, over("header lines", "max_header_count", count)),
             431 => Refusal(431, over("request line and headers", "max_header_bytes", bytes)),
             _ => Refusal(400, "invalid HTTP request: a malformed request line, header or body framing".into()),

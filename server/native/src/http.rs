@@ -775,6 +775,8 @@ mod tests {
         let (address, _serving) = serve(limits()); // 200 bytes of head, 4 header lines
         let (status, body) = refused(address, &[b"GET /".as_slice(), &[b'a'; 300]].concat());
         assert_eq!(status, "HTTP/1.1 414 URI Too Long");
+        let (status, _) = refused(address, &[b"GET /".as_slice(), &[b'a'; 198]].concat()); // 203 bytes: the URL 199
+        assert_eq!(status, "HTTP/1.1 414 URI Too Long");
         assert_eq!(body, r#"{"error":"the request URL exceed max_header_bytes (200)"}"#);
         let (status, body) = refused(address, &[b"GET / HTTP/1.1\r\nX: ".as_slice(), &[b'a'; 300]].concat());
         assert_eq!(status, "HTTP/1.1 431 Request Header Fields Too Large");
