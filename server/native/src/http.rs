@@ -323,6 +323,18 @@ impl Head {
         }
     }
 
+    /// An infer request refused, or asked about, before (or instead of) its body: `problem`
+    /// says why (see server/http/native.py).
+    fn unread(&self, id: u64, model: &str, version: &str, problem: &'static str, arrived: Instant) -> Item {
+        let (model, version) = (model.to_string(), version.to_string());
+        Item::Body { id, model, version, headers: self.fields(), body: None, problem: Some(problem), arrived }
+    }
+
+    /// The request for the ASGI app without its body (the app refuses it).
+    fn clone_raw(&self, id: u64) -> Item {
+        Item::Raw { id, method: self.method.clone(), target: self.target.clone(), headers: self.headers.clone(), body: Bytes::new() }
+    }
+
     fn raw(self, server: &HttpServer, body: Bytes) -> Item {
         Item::Raw { id: server.next_id.fetch_add(1, Ordering::Relaxed), method: self.method, target: self.target, headers: self.headers, body }
     }
@@ -347,23 +359,9 @@ async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request
     let refused = match &infer {
         Some((model, version)) if over_limit || !server.serves(model, version) => {
             let problem = if over_limit { "too large" } else { "check" };
-            Some(Item::Body {
-                id: new_id(),
-                model: model.clone(),
-                version: version.clone(),
-                headers: head.fields(),
-                body: None,
-                problem: Some(problem),
-                arrived,
-            })
+            Some(head.unread(new_id(), model, version, problem, arrived))
         }
-        None if over_limit => Some(Item::Raw {
-            id: new_id(),
-            method: head.method.clone(),
-            target: head.target.clone(),
-            headers: head.headers.clone(),
-            body: Bytes::new(),
-        }),
+        None if over_limit => Some(head.clone_raw(new_id())),
         _ => None,
     };
     if let Some(item) = refused {
@@ -383,16 +381,7 @@ async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request
         if held.is_none() {
             let reply = match &infer {
                 Some((model, version)) => {
-                    let item = Item::Body {
-                        id: new_id(),
-                        model: model.clone(),
-                        version: version.clone(),
-                        headers: head.fields(),
-                        body: None,
-                        problem: Some("busy"),
-                        arrived,
-                    };
-                    ask(&server, item).await.ok_or(Dropped("closing"))?
+                    ask(&server, head.unread(new_id(), model, version, "busy", arrived)).await.ok_or(Dropped("closing"))?
                 }
                 None => error_reply(&busy(&server)),
             };
@@ -409,9 +398,7 @@ async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request
     unread.model = None;
     let close = head.http10_close;
     let item = match infer {
-        Some((model, version)) if exceeded => {
-            Item::Body { id: new_id(), model, version, headers: head.fields(), body: None, problem: Some("exceeded"), arrived }
-        }
+        Some((model, version)) if exceeded => head.unread(new_id(), &model, &version, "exceeded", arrived),
         Some((model, version)) => infer_item(new_id(), model, version, head.fields(), data, arrived, limits.max_request_bytes),
         None => head.raw(&server, data),
     };
