@@ -1,8 +1,8 @@
 """The HTTP front end over tierserve's native transport (``server/native``).
 
-HTTP/1.1 runs in Rust threads: connections, request heads and bodies within the limits,
-and ``POST /v2/models/{m}[/versions/{v}]/infer`` parsed and decoded (JSON or Triton's
-binary tensor extension) into typed buffers.  Requests reach this module on the event loop
+HTTP/1.1 runs in Rust threads (hyper's HTTP/1.1 server): connections, request heads and
+bodies within the limits, and ``POST /v2/models/{m}[/versions/{v}]/infer`` parsed and
+decoded (JSON or Triton's binary tensor extension) into typed buffers.  Requests reach this module on the event loop
 in batches (the transport wakes the loop through an eventfd), the decoded infer requests of
 one signature merged into one (:meth:`NativeHttpServer._group`): the data plane checks,
 batches and runs them as one request, and the transport cuts and encodes each client's

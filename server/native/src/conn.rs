@@ -1,5 +1,8 @@
 //! Connections: accepting them (within the connection cap and the descriptor reserve),
-//! serving each over HTTP/2, and closing those that hold the server without using it.
+//! serving each over HTTP/2, and closing those that hold the server without using it.  What
+//! the watchdog knows of a connection (`ConnState`: bytes read, calls in progress and
+//! ended), the stream that counts what is read (`Watched`), binding and accepting
+//! (`accept_until`) serve the HTTP/1.1 transport (module `http`) as well.
 //!
 //! A connection that has not sent the 24 bytes of the HTTP/2 preface within the header
 //! timeout is dropped; one without a call in progress for the idle timeout is asked to go
@@ -49,25 +52,54 @@ pub struct Limits {
     pub max_descriptor: RawFd,
 }
 
-/// What the connection watchdog knows of one connection.
+/// What the connection watchdog knows of one connection (either transport's).
 pub struct ConnState {
     pub bytes: Arc<budget::Connection>,
     opened: Instant,
+    /// Bytes read from the connection.
     read: AtomicUsize,
     active: AtomicUsize,
+    /// Calls ended, and `read` when the last one ended.
+    ended: AtomicUsize,
+    read_at_end: AtomicUsize,
     /// Milliseconds after `opened` when the last call ended (or 0).
     last_call_ms: AtomicU64,
 }
 
 impl ConnState {
-    fn new(max_bytes: usize) -> Self {
+    pub fn new(max_bytes: usize) -> Self {
         ConnState {
             bytes: Arc::new(budget::Connection::new(max_bytes)),
             opened: Instant::now(),
             read: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
+            ended: AtomicUsize::new(0),
+            read_at_end: AtomicUsize::new(0),
             last_call_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Calls ended.
+    pub fn ended(&self) -> usize {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Calls in progress.
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// Whether the connection has served a call and sent nothing since the last one ended,
+    /// for `idle` or longer (HTTP/1.1's keep-alive timeout).
+    pub fn idle_between_calls(&self, idle: Duration) -> bool {
+        self.ended.load(Ordering::SeqCst) > 0
+            && self.read.load(Ordering::SeqCst) == self.read_at_end.load(Ordering::SeqCst)
+            && self.idle_for().is_some_and(|for_| for_ >= idle)
+    }
+
+    /// Whether anything was read since the last call ended (or the connection opened).
+    pub fn read_since_call(&self) -> bool {
+        self.read.load(Ordering::SeqCst) != self.read_at_end.load(Ordering::SeqCst)
     }
 
     /// Counts a call in progress on this connection until dropped.
@@ -91,14 +123,26 @@ impl Drop for ActiveCall {
     fn drop(&mut self) {
         let state = &self.0;
         state.last_call_ms.store(state.opened.elapsed().as_millis() as u64, Ordering::SeqCst);
+        state.read_at_end.store(state.read.load(Ordering::SeqCst), Ordering::SeqCst);
+        state.ended.fetch_add(1, Ordering::SeqCst);
         state.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// A TCP stream that counts the bytes read from it (up to the preface: all the watchdog asks).
-struct Watched {
-    stream: TcpStream,
+/// A TCP stream that counts the bytes read from it, for the watchdog.
+pub struct Watched {
+    pub stream: TcpStream,
     state: Arc<ConnState>,
+}
+
+impl Watched {
+    pub fn new(stream: TcpStream, state: Arc<ConnState>) -> Self {
+        Watched { stream, state }
+    }
+
+    pub fn state(&self) -> &Arc<ConnState> {
+        &self.state
+    }
 }
 
 impl AsyncRead for Watched {
@@ -106,8 +150,8 @@ impl AsyncRead for Watched {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
         let read = buf.filled().len() - before;
-        if read > 0 && self.state.read.load(Ordering::Relaxed) < PREFACE_LEN {
-            self.state.read.fetch_add(read, Ordering::Relaxed);
+        if read > 0 {
+            self.state.read.fetch_add(read, Ordering::SeqCst);
         }
         polled
     }
@@ -140,7 +184,7 @@ impl AsyncWrite for Watched {
 }
 
 /// Resolves once shutdown was asked for.
-async fn closing(mut shutdown: watch::Receiver<bool>) {
+pub async fn closing(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|closing| *closing).await;
 }
 
@@ -231,23 +275,28 @@ pub async fn accept_loop(
     shutdown: watch::Receiver<bool>,
     kill: watch::Receiver<bool>,
 ) {
-    let stop = closing(shutdown.clone());
+    accept_until(listener, shutdown.clone(), |stream| admit(&server, stream, &shutdown, &kill)).await;
+}
+
+/// Accept connections on `listener` into `admit` until shutdown; then those the kernel
+/// accepted already (their clients may have sent calls on them) before the listener closes.
+pub async fn accept_until(listener: TcpListener, shutdown: watch::Receiver<bool>, mut admit: impl FnMut(TcpStream)) {
+    let stop = closing(shutdown);
     tokio::pin!(stop);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => admit(&server, stream, &shutdown, &kill),
+                Ok((stream, _)) => admit(stream),
                 // out of descriptors and the like: a moment, then accept again
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             },
             _ = &mut stop => break,
         }
     }
-    // what the kernel accepted already is served (and told to go) before the listener closes
     let fd = listener.as_raw_fd();
     while accept_queue(fd) > 0 {
         match tokio::time::timeout(Duration::from_millis(100), listener.accept()).await {
-            Ok(Ok((stream, _))) => admit(&server, stream, &shutdown, &kill),
+            Ok(Ok((stream, _))) => admit(stream),
             _ => break,
         }
     }

@@ -1,33 +1,47 @@
-//! The HTTP/1.1 front end: connections, request heads and bodies within the limits, infer
-//! requests decoded here, every request queued for Python and its answer written back.
+//! The HTTP/1.1 front end: hyper's HTTP/1.1 server (`hyper::server::conn::http1`) on each
+//! connection, requests within the limits, infer requests decoded here, every request
+//! queued for Python and its answer written back.
 //!
-//! One task per connection reads requests one after another (keep-alive; pipelined requests
-//! wait in the buffer for their turn), each within its limits: the head (request line and
-//! headers) within `max_header_bytes` and `max_header_count` as it arrives (414 for the URL,
-//! 431 else, before more is read), within the header timeout of its first byte (or of the
-//! connection opening); the body (Content-Length or chunked) within the body timeout, after
-//! its room in the budget was found (waiting for it with nothing read; `Expect:
-//! 100-continue` is answered then); a connection idle between requests is closed after the
-//! keep-alive timeout.  `POST /v2/models/{m}[/versions/{v}]/infer` is inflated and decoded
-//! here (`kserve`); anything that is not a well-formed request of that kind, and every other
-//! route, is handed to Python as it came.  While a request waits for its answer the socket
-//! is watched: a client that hangs up has its request dropped (`pending` turns false).
+//! hyper reads requests one after another (keep-alive; pipelined requests wait in its
+//! buffer for their turn), frames bodies (Content-Length or chunked; smuggling refused),
+//! answers `Expect: 100-continue` when the body is first read, and refuses a head over
+//! `max_header_bytes` or `max_header_count` (431; 414 for the URL) or not due within the
+//! header timeout (`header_read_timeout`).  Its own refusals get our JSON error bodies
+//! (`h1io`).  This module's service holds each request to the rest: room in the budget
+//! before its body is read (waiting for it with nothing read, so no 100 Continue is sent
+//! meanwhile), the body within the body timeout and `max_request_bytes`; the connection
+//! watchdog closes a connection idle between requests after the keep-alive timeout.
+//! `POST /v2/models/{m}[/versions/{v}]/infer` is inflated and decoded here (`kserve`);
+//! anything that is not a well-formed request of that kind, and every other route, is
+//! handed to Python as it came.  A client that hangs up while its request waits has it
+//! dropped (hyper drops the request's future: `pending` turns false).
 
 use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
 use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::budget::{self, Held};
-use crate::head::{error_reply, framing, infer_path, parse_head, response_head, Framing, Head, Refusal};
+use crate::conn::{closing, ActiveCall, ConnState, Watched};
+use crate::h1io::Http1Io;
+use crate::head::{error_reply, infer_path, response_head, Refusal};
 use crate::kserve::{self, Decoded};
 
 /// The bounds every HTTP connection and request is held to (server/settings.py's).
@@ -141,159 +155,100 @@ impl Drop for Waiting<'_> {
     }
 }
 
-struct Counted<'a>(&'a AtomicUsize);
+/// Counts a request in flight until its answer is written (held by its response body).
+struct InFlight(Arc<HttpServer>);
 
-impl<'a> Counted<'a> {
-    fn new(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::SeqCst);
-        Counted(counter)
+impl InFlight {
+    fn new(server: &Arc<HttpServer>) -> Self {
+        server.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(server.clone())
     }
 }
 
-impl Drop for Counted<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-// --- one connection -------------------------------------------------------------------------
 
-/// Why a connection stops.
-enum Stop {
-    /// Closed, timed out, or gone: nothing more is written.
-    Closed,
+// --- one request ----------------------------------------------------------------------------
+
+/// A response's body: Python's answer, and what the request holds until hyper is done with
+/// it (its room in the budget, its count in flight and on the connection).
+pub struct ReplyBody {
+    data: Option<Bytes>,
+    _held: Option<Held>,
+    _in_flight: Option<InFlight>,
+    _call: Option<ActiveCall>,
 }
 
-struct Conn<'a> {
-    server: &'a HttpServer,
-    stream: TcpStream,
-    buf: BytesMut,
-    draining: bool,
+impl http_body::Body for ReplyBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.data.take().filter(|d| !d.is_empty()).map(|d| Ok(Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.as_ref().is_none_or(Bytes::is_empty)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
 }
 
-impl Conn<'_> {
-    /// Read more into the buffer until `deadline` (Err: closed, failed or timed out).
-    async fn read_more(&mut self, deadline: Instant) -> Result<(), Stop> {
-        self.buf.reserve(16 << 10);
-        match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
-            Ok(Ok(n)) if n > 0 => Ok(()),
-            _ => Err(Stop::Closed),
+/// Why a connection is dropped without an answer (hyper closes it).
+#[derive(Debug)]
+struct Dropped(&'static str);
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Dropped {}
+
+/// What a request holds while it is served.
+struct Guards {
+    in_flight: InFlight,
+    call: ActiveCall,
+}
+
+/// The response to Python's `reply` (`close`: the connection closes after it).
+fn respond(reply: Reply, close: bool, guards: Guards, held: Option<Held>) -> Response<ReplyBody> {
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = Response::new(ReplyBody {
+        data: None,
+        _held: held,
+        _in_flight: Some(guards.in_flight),
+        _call: Some(guards.call),
+    });
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    for (name, value) in reply.headers {
+        if matches!(name.as_ref(), b"content-length" | b"transfer-encoding" | b"connection" | b"date") {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(&name), HeaderValue::from_maybe_shared(value)) {
+            headers.append(name, value);
         }
     }
-
-    async fn write(&mut self, head: &[u8], body: &[u8]) -> Result<(), Stop> {
-        let deadline = Instant::now() + self.server.limits.body_timeout;
-        let write = async {
-            if body.len() < (64 << 10) {
-                let mut all = Vec::with_capacity(head.len() + body.len());
-                all.extend_from_slice(head);
-                all.extend_from_slice(body);
-                self.stream.write_all(&all).await
-            } else {
-                self.stream.write_all(head).await?;
-                self.stream.write_all(body).await
-            }
-        };
-        match tokio::time::timeout_at(deadline, write).await {
-            Ok(Ok(())) => Ok(()),
-            _ => Err(Stop::Closed),
-        }
+    // set here, so that a HEAD request's answer says the length of what GET would send
+    headers.insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(reply.body.len()));
+    if close {
+        headers.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
     }
-
-    async fn answer(&mut self, reply: &Reply, head_only: bool, close: bool) -> Result<(), Stop> {
-        let head = response_head(reply.status, &reply.headers, reply.body.len(), close);
-        self.write(&head, if head_only { b"" } else { &reply.body }).await
-    }
-
-    /// Wait for the next request's head: its first byte by `deadline`, then all of it
-    /// within the header timeout of that byte (`rearm` false: still by `deadline`, which is
-    /// the header timeout of the connection's opening for its first request).
-    async fn next_head(&mut self, mut deadline: Instant, mut rearm: bool, shutdown: &mut watch::Receiver<bool>) -> Result<Head, Stop> {
-        let limits = self.server.limits;
-        if !self.buf.is_empty() && rearm {
-            deadline = Instant::now() + limits.header_timeout; // pipelined: it has begun
-            rearm = false;
-        }
-        loop {
-            match parse_head(&self.buf, &limits) {
-                Ok(Some(head)) => return Ok(head),
-                Ok(None) => {}
-                Err(refusal) => {
-                    let _ = self.answer(&error_reply(&refusal), false, true).await;
-                    return Err(Stop::Closed);
-                }
-            }
-            if self.draining && self.buf.is_empty() && unread(self.stream.as_raw_fd()) == 0 {
-                return Err(Stop::Closed); // between requests, nothing on its way: closed at once
-            }
-            tokio::select! {
-                read = self.read_more(deadline) => {
-                    read?;
-                    if rearm {
-                        deadline = Instant::now() + limits.header_timeout;
-                        rearm = false;
-                    }
-                }
-                _ = signalled(shutdown), if !self.draining => self.draining = true,
-            }
-        }
-    }
+    response.body_mut().data = Some(reply.body);
+    response
 }
 
-/// Resolves once `signal` is true.
-async fn signalled(signal: &mut watch::Receiver<bool>) {
-    let _ = signal.wait_for(|on| *on).await;
-}
-
-/// Bytes waiting in the kernel to be read from socket `fd` (0 when unknown).
-fn unread(fd: RawFd) -> usize {
-    let mut count: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int.
-    let ok = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut count) };
-    if ok == 0 {
-        count.max(0) as usize
-    } else {
-        0
-    }
-}
-
-/// Serve one connection until it closes (see the module documentation).
-pub async fn serve_connection(server: Arc<HttpServer>, stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
-    let _open = Open(server.clone());
-    let _ = stream.set_nodelay(true);
-    let limits = server.limits;
-    let mut conn = Conn { server: &server, stream, buf: BytesMut::with_capacity(8 << 10), draining: *shutdown.borrow() };
-    let mut deadline = Instant::now() + limits.header_timeout;
-    let mut rearm = false; // the first request's head is due within the header timeout of opening
-    loop {
-        let Ok(head) = conn.next_head(deadline, rearm, &mut shutdown).await else { return };
-        let _ = conn.buf.split_to(head.length);
-        let keep = match request(&mut conn, head, &mut shutdown).await {
-            Ok(keep) => keep,
-            Err(Stop::Closed) => return,
-        };
-        if !keep {
-            let _ = conn.stream.shutdown().await;
-            return;
-        }
-        deadline = Instant::now() + limits.keep_alive_timeout;
-        rearm = true;
-    }
-}
-
-/// Counts an open connection until dropped.
-struct Open(Arc<HttpServer>);
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Queue `item` for Python and wait for its answer (None: the client left, and its request
-/// is dropped, or the transport closes).
-async fn ask(conn: &mut Conn<'_>, item: Item, shutdown: &mut watch::Receiver<bool>) -> Option<Reply> {
-    let server = conn.server;
+/// Queue `item` for Python and wait for its answer (None: the transport closes).  When the
+/// client leaves, hyper drops this future, and with it the request (`pending` turns false).
+async fn ask(server: &HttpServer, item: Item) -> Option<Reply> {
     let id = item.id();
     let (sender, receiver) = oneshot::channel();
     server.waiting.lock().unwrap().insert(id, sender);
@@ -306,7 +261,7 @@ async fn ask(conn: &mut Conn<'_>, item: Item, shutdown: &mut watch::Receiver<boo
     if first {
         crate::wake(server.eventfd);
     }
-    await_reply(conn, receiver, shutdown).await
+    receiver.await.ok()
 }
 
 /// The refusal of a request that found no room within the admission timeout (the words of
@@ -326,148 +281,194 @@ fn busy(server: &HttpServer) -> Refusal {
     )
 }
 
-/// Serve one request whose head was read; Ok(false): close the connection after it.
-async fn request(conn: &mut Conn<'_>, head: Head, shutdown: &mut watch::Receiver<bool>) -> Result<bool, Stop> {
-    let server = conn.server;
-    let _in_flight = Counted::new(&server.in_flight);
+/// The fields of a request's head this module reads.
+struct Head {
+    method: String,
+    target: Bytes,
+    headers: Vec<(Bytes, Bytes)>,
+    expect: bool,
+    /// An HTTP/1.0 request without `Connection: keep-alive`: its answer says it closes.
+    http10_close: bool,
+}
+
+impl Head {
+    fn of(parts: &hyper::http::request::Parts) -> Head {
+        let target = match parts.uri.path_and_query() {
+            Some(path) => Bytes::copy_from_slice(path.as_str().as_bytes()),
+            None => Bytes::from_static(b"/"),
+        };
+        let headers = parts
+            .headers
+            .iter()
+            .map(|(n, v)| (Bytes::copy_from_slice(n.as_str().as_bytes()), Bytes::copy_from_slice(v.as_bytes())))
+            .collect();
+        let expect = parts.version == hyper::Version::HTTP_11
+            && parts.headers.get_all(hyper::header::EXPECT).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let http10_close = parts.version == hyper::Version::HTTP_10
+            && !parts.headers.get_all(hyper::header::CONNECTION).iter().any(|v| {
+                v.as_bytes().split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"keep-alive"))
+            });
+        Head { method: parts.method.as_str().to_string(), target, headers, expect, http10_close }
+    }
+
+    fn text(&self, name: &[u8]) -> Option<String> {
+        self.headers.iter().find(|(n, _)| n.as_ref() == name).map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+
+    fn fields(&self) -> InferHeaders {
+        InferHeaders {
+            length: self.text(b"content-length"),
+            encoding: self.text(b"content-encoding"),
+            header_length: self.text(b"inference-header-content-length"),
+        }
+    }
+
+    /// An infer request refused, or asked about, before (or instead of) its body: `problem`
+    /// says why (see server/http/native.py).
+    fn unread(&self, id: u64, model: &str, version: &str, problem: &'static str, arrived: Instant) -> Item {
+        let (model, version) = (model.to_string(), version.to_string());
+        Item::Body { id, model, version, headers: self.fields(), body: None, problem: Some(problem), arrived }
+    }
+
+    /// The request for the ASGI app without its body (the app refuses it).
+    fn clone_raw(&self, id: u64) -> Item {
+        Item::Raw { id, method: self.method.clone(), target: self.target.clone(), headers: self.headers.clone(), body: Bytes::new() }
+    }
+
+    fn raw(self, server: &HttpServer, body: Bytes) -> Item {
+        Item::Raw { id: server.next_id.fetch_add(1, Ordering::Relaxed), method: self.method, target: self.target, headers: self.headers, body }
+    }
+}
+
+/// Serve one request (see the module documentation); Err: the connection is dropped
+/// without an answer (its body did not come within the body timeout, or the transport
+/// closes).
+async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request<Incoming>) -> Result<Response<ReplyBody>, Dropped> {
+    let guards = Guards { in_flight: InFlight::new(&server), call: state.call() };
     let arrived = Instant::now();
     let limits = server.limits;
-    let framing = match framing(&head) {
-        Ok(framing) => framing,
-        Err(refusal) => {
-            conn.answer(&error_reply(&refusal), false, true).await?;
-            return Ok(false);
-        }
-    };
-    let expect = !head.http10 && head.has_token(b"expect", "100-continue");
-    let keep = head.keep_alive();
+    let (parts, mut body) = request.into_parts();
+    let head = Head::of(&parts);
+    // hyper framed the body: a Content-Length is its exact size, a chunked body has none
+    let declared = body.size_hint().exact().map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let infer = infer_path(&head.method, &head.target);
-    let has_body = framing != Framing::Length(0);
-    let over_limit = matches!(framing, Framing::Length(n) if n > limits.max_request_bytes);
-    let fields = |head: &Head| InferHeaders {
-        length: head.text(b"content-length"),
-        encoding: head.text(b"content-encoding"),
-        header_length: head.text(b"inference-header-content-length"),
-    };
+    let over_limit = declared.is_some_and(|n| n > limits.max_request_bytes);
+    let new_id = || server.next_id.fetch_add(1, Ordering::Relaxed);
     // refused before its body is read: a model not served (Python has the last word), a
     // declared body over the limit
     let refused = match &infer {
         Some((model, version)) if over_limit || !server.serves(model, version) => {
             let problem = if over_limit { "too large" } else { "check" };
-            Some(Item::Body {
-                id: server.next_id.fetch_add(1, Ordering::Relaxed),
-                model: model.clone(),
-                version: version.clone(),
-                headers: fields(&head),
-                body: None,
-                problem: Some(problem),
-                arrived,
-            })
+            Some(head.unread(new_id(), model, version, problem, arrived))
         }
-        None if over_limit => Some(raw_item(server, &head, Bytes::new())),
+        None if over_limit => Some(head.clone_raw(new_id())),
         _ => None,
     };
     if let Some(item) = refused {
-        let Some(reply) = ask(conn, item, shutdown).await else { return Err(Stop::Closed) };
+        let reply = ask(&server, item).await.ok_or(Dropped("closing"))?;
         if reply.status != 0 {
-            // answered at once; its body is skipped (unless the client waits to be asked for it)
-            let keep = keep && !expect && !conn.draining;
-            conn.answer(&reply, head.method == "HEAD", !keep).await?;
-            return if keep { skip(conn, &framing).await.map(|()| true) } else { Ok(false) };
+            // answered at once; its body skipped (a client waiting to be asked for it is not
+            // asked: the connection closes after the answer)
+            let keep = !head.expect && !head.http10_close && skip(&mut body, Instant::now() + limits.body_timeout).await;
+            return Ok(respond(reply, !keep, guards, None));
         }
     }
     // room in the budget before the body is read: its declared length, or the most allowed
     let mut held = None;
-    if has_body {
-        let need = match framing {
-            Framing::Length(n) => n,
-            Framing::Chunked => limits.max_request_bytes,
-        };
+    if declared != Some(0) {
+        let need = declared.unwrap_or(limits.max_request_bytes);
         held = Held::request(&server.budget, need, arrived + limits.admission_timeout).await;
         if held.is_none() {
             let reply = match &infer {
                 Some((model, version)) => {
-                    let id = server.next_id.fetch_add(1, Ordering::Relaxed);
-                    let item = Item::Body {
-                        id,
-                        model: model.clone(),
-                        version: version.clone(),
-                        headers: fields(&head),
-                        body: None,
-                        problem: Some("busy"),
-                        arrived,
-                    };
-                    ask(conn, item, shutdown).await.ok_or(Stop::Closed)?
+                    ask(&server, head.unread(new_id(), model, version, "busy", arrived)).await.ok_or(Dropped("closing"))?
                 }
-                None => error_reply(&busy(server)),
+                None => error_reply(&busy(&server)),
             };
-            conn.answer(&reply, head.method == "HEAD", true).await?;
-            return Ok(false); // its body unread
-        }
-        if expect && conn.buf.len() < if let Framing::Length(n) = framing { n } else { usize::MAX } {
-            conn.write(b"HTTP/1.1 100 Continue\r\n\r\n", b"").await?;
+            return Ok(respond(reply, true, guards, None)); // its body unread
         }
     }
-    let deadline = Instant::now() + limits.body_timeout;
-    let read = match framing {
-        Framing::Length(n) => read_length(conn, n, deadline).await.map(|b| (b, false)),
-        Framing::Chunked => read_chunked(conn, limits.max_request_bytes, deadline).await,
+    // an infer request whose body never comes is counted as a 499: its body timed out, or
+    // its client left (hyper then drops this future while it waits for the body)
+    let mut unread = Unread { server: &server, model: infer.as_ref().map(|(model, _)| model.clone()), arrived };
+    let read = read_body(&mut body, declared, limits.max_request_bytes, Instant::now() + limits.body_timeout).await;
+    let Some((data, exceeded)) = read else {
+        return Err(Dropped("the request body did not arrive within body_timeout_s"));
     };
-    let (body, exceeded) = match read {
-        Ok(read) => read,
-        Err(stop) => {
-            if let Some((model, _)) = infer {
-                server.gone.lock().unwrap().push((model, arrived)); // counted as a 499
-                crate::wake(server.eventfd);
-            }
-            return Err(stop);
-        }
-    };
+    unread.model = None;
+    let close = head.http10_close;
     let item = match infer {
-        Some((model, version)) => {
-            let id = server.next_id.fetch_add(1, Ordering::Relaxed);
-            if exceeded {
-                let headers = fields(&head);
-                Item::Body { id, model, version, headers, body: None, problem: Some("exceeded"), arrived }
-            } else {
-                infer_item(id, model, version, fields(&head), body, arrived, limits.max_request_bytes)
-            }
-        }
-        None => raw_item(server, &head, body),
+        Some((model, version)) if exceeded => head.unread(new_id(), &model, &version, "exceeded", arrived),
+        Some((model, version)) => infer_item(new_id(), model, version, head.fields(), data, arrived, limits.max_request_bytes),
+        None => head.raw(&server, data),
     };
-    let Some(reply) = ask(conn, item, shutdown).await else { return Err(Stop::Closed) };
-    let keep = keep && !conn.draining;
-    conn.answer(&reply, head.method == "HEAD", !keep).await?;
-    drop(held); // room given back once the answer is written
-    Ok(keep)
+    let reply = ask(&server, item).await.ok_or(Dropped("closing"))?;
+    Ok(respond(reply, close, guards, held)) // room given back once hyper is done with it
 }
 
-fn raw_item(server: &HttpServer, head: &Head, body: Bytes) -> Item {
-    Item::Raw {
-        id: server.next_id.fetch_add(1, Ordering::Relaxed),
-        method: head.method.clone(),
-        target: head.target.clone(),
-        headers: head.headers.clone(),
-        body,
+/// Counts an infer request whose body was not read (`model` still set when dropped) with
+/// the requests whose clients left.
+struct Unread<'a> {
+    server: &'a HttpServer,
+    model: Option<String>,
+    arrived: Instant,
+}
+
+impl Drop for Unread<'_> {
+    fn drop(&mut self) {
+        if let Some(model) = self.model.take() {
+            self.server.gone.lock().unwrap().push((model, self.arrived));
+            crate::wake(self.server.eventfd);
+        }
     }
 }
 
-/// Read past the body of a request answered without it.
-async fn skip(conn: &mut Conn<'_>, framing: &Framing) -> Result<(), Stop> {
-    let deadline = Instant::now() + conn.server.limits.body_timeout;
-    match *framing {
-        Framing::Length(mut left) => {
-            while left > 0 {
-                if conn.buf.is_empty() {
-                    conn.read_more(deadline).await?;
-                }
-                let n = left.min(conn.buf.len());
-                let _ = conn.buf.split_to(n);
-                left -= n;
-            }
-            Ok(())
+/// A request's body, read until `deadline` (None: it did not come, or the client left): at
+/// most `limit` bytes (past it the rest is read and dropped, and `true` says so).
+async fn read_body(body: &mut Incoming, declared: Option<usize>, limit: usize, deadline: Instant) -> Option<(Bytes, bool)> {
+    let mut first: Option<Bytes> = None;
+    let mut buffer = BytesMut::new();
+    let mut size = 0usize;
+    let mut exceeded = false;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => frame,
+            Ok(None) => break,
+            _ => return None,
+        };
+        let Ok(data) = frame.into_data() else { continue }; // trailers: dropped
+        size = size.saturating_add(data.len());
+        if exceeded {
+            continue;
         }
-        Framing::Chunked => read_chunked(conn, 0, deadline).await.map(|_| ()),
+        if size > limit {
+            exceeded = true;
+            (first, buffer) = (None, BytesMut::new());
+            continue;
+        }
+        // one frame (the usual case for a body that arrived with its head): kept as it is
+        match first.take() {
+            None if buffer.is_empty() => first = Some(data),
+            Some(earlier) => {
+                buffer.reserve(declared.unwrap_or(0).max(earlier.len() + data.len()));
+                buffer.extend_from_slice(&earlier);
+                buffer.extend_from_slice(&data);
+            }
+            None => buffer.extend_from_slice(&data),
+        }
+    }
+    Some((first.unwrap_or_else(|| buffer.freeze()), exceeded))
+}
+
+/// Read past the body of a request answered without it, until `deadline`: whether it all
+/// came (the connection can go on).
+async fn skip(body: &mut Incoming, deadline: Instant) -> bool {
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(_))) => {}
+            Ok(None) => return true,
+            _ => return false,
+        }
     }
 }
 
@@ -508,90 +509,89 @@ fn inflate(encoding: &str, body: &[u8], limit: usize) -> Option<Bytes> {
 }
 
 /// Wait for Python's answer, reading what the client sends meanwhile (a pipelined request,
-/// up to a bound): None when the client closed its side (its request is dropped) or the
-/// transport closes.
-async fn await_reply(conn: &mut Conn<'_>, receiver: oneshot::Receiver<Reply>, shutdown: &mut watch::Receiver<bool>) -> Option<Reply> {
-    tokio::pin!(receiver);
-    let cap = conn.server.limits.max_header_bytes + (64 << 10);
+
+// --- one connection -------------------------------------------------------------------------
+
+/// hyper's HTTP/1.1 server, set to `limits`.
+fn builder(limits: &Limits) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .half_close(false)
+        .header_read_timeout(limits.header_timeout)
+        .max_header_size(limits.max_header_bytes)
+        .max_headers(limits.max_header_count)
+        // a head up to the limit fits in the read buffer (hyper's default is 400 KiB)
+        .max_buf_size((limits.max_header_bytes + 1).max(400 << 10));
+    // not `pipeline_flush`: it holds answers back while the read buffer is not empty, which
+    // a head hyper refused never leaves (its refusal would wait for the client to go)
+    builder
+}
+
+/// Serve one connection until it closes: hyper serves its requests; the watchdog closes it
+/// when idle between requests for the keep-alive timeout, and on shutdown lets the request
+/// in progress (or one already on its way) be answered, with `Connection: close`.
+pub async fn serve_connection(server: Arc<HttpServer>, stream: TcpStream, shutdown: watch::Receiver<bool>) {
+    let _open = Open(server.clone());
+    let _ = stream.set_nodelay(true);
+    let fd = stream.as_raw_fd();
+    let limits = server.limits;
+    let state = Arc::new(ConnState::new(server.max_connection_bytes));
+    let io = Http1Io::new(Watched::new(stream, state.clone()), limits.max_header_bytes, limits.max_header_count);
+    let service = {
+        let (server, state) = (server.clone(), state.clone());
+        hyper::service::service_fn(move |request| handle(server.clone(), state.clone(), request))
+    };
+    let connection = builder(&limits).serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let period = limits.keep_alive_timeout.div_f64(4.0).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    let stop = closing(shutdown);
+    tokio::pin!(stop);
+    let mut draining = false;
     loop {
         tokio::select! {
-            reply = &mut receiver => return reply.ok(),
-            read = async { conn.buf.reserve(16 << 10); conn.stream.read_buf(&mut conn.buf).await }, if conn.buf.len() < cap => {
-                match read {
-                    Ok(n) if n > 0 => {}
-                    _ => return None,
-                }
+            _ = connection.as_mut() => return,
+            _ = &mut stop, if !draining => {
+                draining = true;
+                tick = tokio::time::interval(Duration::from_millis(5));
             }
-            _ = signalled(shutdown), if !conn.draining => conn.draining = true,
-        }
-    }
-}
-
-async fn read_length(conn: &mut Conn<'_>, length: usize, deadline: Instant) -> Result<Bytes, Stop> {
-    if conn.buf.len() < length {
-        conn.buf.reserve(length - conn.buf.len());
-    }
-    while conn.buf.len() < length {
-        match tokio::time::timeout_at(deadline, conn.stream.read_buf(&mut conn.buf)).await {
-            Ok(Ok(n)) if n > 0 => {}
-            _ => return Err(Stop::Closed),
-        }
-    }
-    Ok(conn.buf.split_to(length).freeze())
-}
-
-/// A chunked body, at most `limit` bytes (past it the rest is read and dropped, and `true`
-/// says so), trailers read and dropped.
-async fn read_chunked(conn: &mut Conn<'_>, limit: usize, deadline: Instant) -> Result<(Bytes, bool), Stop> {
-    let mut body = BytesMut::new();
-    let mut exceeded = false;
-    let max_line = conn.server.limits.max_header_bytes;
-    loop {
-        let (skip, size) = loop {
-            match httparse::parse_chunk_size(&conn.buf) {
-                Ok(httparse::Status::Complete((skip, size))) => break (skip, size),
-                Ok(httparse::Status::Partial) if conn.buf.len() <= max_line => conn.read_more(deadline).await?,
-                _ => return Err(Stop::Closed),
-            }
-        };
-        let _ = conn.buf.split_to(skip);
-        if size == 0 {
-            // trailers, then the empty line
-            loop {
-                let mut fields = [httparse::EMPTY_HEADER; 16];
-                match httparse::parse_headers(&conn.buf, &mut fields) {
-                    Ok(httparse::Status::Complete((used, _))) => {
-                        let _ = conn.buf.split_to(used);
-                        return Ok((body.freeze(), exceeded));
+            _ = tick.tick() => {
+                if !draining {
+                    if state.idle_between_calls(limits.keep_alive_timeout) {
+                        return; // dropped, which closes it
                     }
-                    Ok(httparse::Status::Partial) if conn.buf.len() <= max_line => conn.read_more(deadline).await?,
-                    _ => return Err(Stop::Closed),
+                } else if state.active() > 0 {
+                    break; // answered, then closed
+                } else if !state.read_since_call() && unread(fd) == 0 {
+                    return; // between requests, nothing on its way: closed at once
                 }
             }
         }
-        let Ok(mut left) = usize::try_from(size) else { return Err(Stop::Closed) };
-        if !exceeded && body.len().saturating_add(left) > limit {
-            exceeded = true;
-            body = BytesMut::new();
-        }
-        while left > 0 {
-            if conn.buf.is_empty() {
-                conn.read_more(deadline).await?;
-            }
-            let n = left.min(conn.buf.len());
-            let data = conn.buf.split_to(n);
-            if !exceeded {
-                body.extend_from_slice(&data);
-            }
-            left -= n;
-        }
-        while conn.buf.len() < 2 {
-            conn.read_more(deadline).await?;
-        }
-        if &conn.buf[..2] != b"\r\n" {
-            return Err(Stop::Closed);
-        }
-        let _ = conn.buf.split_to(2);
+    }
+    connection.as_mut().graceful_shutdown();
+    let _ = connection.await;
+}
+
+/// Bytes waiting in the kernel to be read from socket `fd` (0 when unknown).
+fn unread(fd: RawFd) -> usize {
+    let mut count: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let ok = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut count) };
+    if ok == 0 {
+        count.max(0) as usize
+    } else {
+        0
+    }
+}
+
+/// Counts an open connection until dropped.
+struct Open(Arc<HttpServer>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -616,31 +616,14 @@ fn admit(server: &Arc<HttpServer>, stream: TcpStream, shutdown: &watch::Receiver
     crate::spawn_killable(kill, serve_connection(server.clone(), stream, shutdown.clone()));
 }
 
-/// Accept connections until shutdown; then take those waiting in the accept queue (their
-/// clients may have sent requests on them) before the listener closes.
+/// Accept connections until shutdown (see `conn::accept_until`).
 pub async fn accept_loop(
     server: Arc<HttpServer>,
     listener: TcpListener,
     shutdown: watch::Receiver<bool>,
     kill: watch::Receiver<bool>,
 ) {
-    let mut stop = shutdown.clone();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => admit(&server, stream, &shutdown, &kill),
-                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            },
-            _ = signalled(&mut stop) => break,
-        }
-    }
-    let fd = listener.as_raw_fd();
-    while crate::conn::accept_queue(fd) > 0 {
-        match tokio::time::timeout(Duration::from_millis(100), listener.accept()).await {
-            Ok(Ok((stream, _))) => admit(&server, stream, &shutdown, &kill),
-            _ => break,
-        }
-    }
+    crate::conn::accept_until(listener, shutdown.clone(), |stream| admit(&server, stream, &shutdown, &kill)).await;
 }
 
 #[cfg(test)]
@@ -728,7 +711,7 @@ mod tests {
         let answers = read_all(&mut client, Duration::from_secs(5));
         let bodies: Vec<&str> = answers.split("HTTP/1.1 200 OK").skip(1).map(|a| a.rsplit("\r\n\r\n").next().unwrap()).collect();
         assert_eq!(bodies, ["rows Some(2)", "abcde", ""], "{answers}");
-        assert!(answers.ends_with("connection: close\r\n\r\n"), "{answers}");
+        assert!(answers.rsplit("HTTP/1.1").next().unwrap().contains("connection: close\r\n"), "{answers}");
         let mut continued = std::net::TcpStream::connect(address).unwrap();
         continued.write_all(b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n").unwrap();
         let mut first = [0u8; 25];
@@ -761,5 +744,56 @@ mod tests {
         // over the limit: handed on without its body (the app refuses it), which is skipped
         assert_eq!(answers.matches("HTTP/1.1 200 OK").count(), 2, "{answers}");
         assert!(answers.ends_with("\r\n\r\nok"), "{answers}");
+    }
+
+
+    /// The status line and body of the answer to `request` on a fresh connection, and
+    /// whether the server closed the connection after it.
+    fn refused(address: std::net::SocketAddr, request: &[u8]) -> (String, String) {
+        let mut client = std::net::TcpStream::connect(address).unwrap();
+        let _ = client.write_all(request); // the server may close before it has read it all
+        let answer = read_all(&mut client, Duration::from_secs(3));
+        let status = answer.split("\r\n").next().unwrap_or("").to_string();
+        (status, answer.rsplit("\r\n\r\n").next().unwrap_or("").to_string())
+    }
+
+    #[test]
+    fn heads_over_the_limits_get_our_refusals_and_the_connection_closes() {
+        let (address, _serving) = serve(limits()); // 200 bytes of head, 4 header lines
+        let (status, body) = refused(address, &[b"GET /".as_slice(), &[b'a'; 300]].concat());
+        assert_eq!(status, "HTTP/1.1 414 URI Too Long");
+        let (status, _) = refused(address, &[b"GET /".as_slice(), &[b'a'; 198]].concat()); // 203 bytes: the URL 199
+        assert_eq!(status, "HTTP/1.1 414 URI Too Long");
+        assert_eq!(body, r#"{"error":"the request URL exceed max_header_bytes (200)"}"#);
+        let (status, body) = refused(address, &[b"GET / HTTP/1.1\r\nX: ".as_slice(), &[b'a'; 300]].concat());
+        assert_eq!(status, "HTTP/1.1 431 Request Header Fields Too Large");
+        assert_eq!(body, r#"{"error":"the request line and headers exceed max_header_bytes (200)"}"#);
+        let (status, body) = refused(address, b"GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\n\r\n");
+        assert_eq!(status, "HTTP/1.1 431 Request Header Fields Too Large");
+        assert_eq!(body, r#"{"error":"the header lines exceed max_header_count (4)"}"#);
+        for bad in [&b"GET / HTTP/1.1\r\nno colon\r\n\r\n"[..], b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"] {
+            let (status, body) = refused(address, bad);
+            assert_eq!(status, "HTTP/1.1 400 Bad Request");
+            assert!(body.starts_with(r#"{"error":"invalid HTTP request"#), "{body}");
+        }
+        // a head within the limits, after an answered one on the same connection
+        let mut client = std::net::TcpStream::connect(address).unwrap();
+        client.write_all(b"GET /a HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\n\r\n").unwrap();
+        client.write_all(&[b"GET / HTTP/1.1\r\nX: ".as_slice(), &[b'a'; 300]].concat()).unwrap();
+        let answers = read_all(&mut client, Duration::from_secs(3));
+        assert!(answers.starts_with("HTTP/1.1 200 OK") && answers.contains("HTTP/1.1 431"), "{answers}");
+    }
+
+    #[test]
+    fn a_body_waits_for_room_in_the_budget_and_is_refused_unread_past_the_admission_timeout() {
+        let (address, serving) = serve(limits());
+        assert!(serving.0.budget.try_take(10, 0)); // every call of the budget taken
+        let (status, body) = refused(address, b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n");
+        assert_eq!(status, "HTTP/1.1 503 Service Unavailable"); // no 100 Continue before it
+        assert!(body.contains("admission_timeout_s"), "{body}");
+        serving.0.budget.give(10, 0);
+        let (status, body) = refused(address, b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi");
+        assert_eq!((status.as_str(), body.as_str()), ("HTTP/1.1 200 OK", "hi"));
+        assert_eq!((serving.0.budget.calls.used(), serving.0.budget.bytes.used()), (0, 0)); // given back
     }
 }

@@ -1,8 +1,8 @@
 //! tierserve's native front end: gRPC and HTTP/1.1 in Rust, answered in Python.
 //!
-//! Both transports run on one small tokio runtime (`Runtime`).  gRPC (`GrpcTransport`) is
-//! hyper's HTTP/2 with tonic's gRPC protocol; HTTP (`HttpTransport`, module `http`) parses
-//! HTTP/1.1 itself and decodes KServe v2 infer requests (`kserve`).  The requests are
+//! Both transports run on one small tokio runtime (`Runtime`), both on hyper: gRPC
+//! (`GrpcTransport`) is hyper's HTTP/2 with tonic's gRPC protocol; HTTP (`HttpTransport`,
+//! module `http`) is hyper's HTTP/1.1, and decodes KServe v2 infer requests (`kserve`).  The requests are
 //! answered in Python, on the server's event loop (`server/grpc/native.py`,
 //! `server/http/native.py`).  No thread of this module ever takes the GIL: a request is
 //! queued and an eventfd is written when the queue was empty; the event loop, woken by the
@@ -22,6 +22,7 @@ mod batch;
 mod budget;
 mod conn;
 mod grpc;
+mod h1io;
 mod head;
 mod http;
 mod http_py;
