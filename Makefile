@@ -27,12 +27,12 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/.core
 		$(PIP) -e . --group dev
 	@touch $@
 
-# The native gRPC transport (server/native, Rust): built where cargo is installed; without
+# The native transport (server/native, Rust: gRPC and HTTP/1.1): built where cargo is installed; without
 # it gRPC is served by grpc.aio (grpc_transport auto). The demo does not wait for it.
 $(VENV)/.native: server/native/Cargo.toml server/native/Cargo.lock $(wildcard server/native/src/*.rs) | $(VENV)/.installed
 	@export PATH="$$PATH:$$HOME/.cargo/bin"; \
 	if command -v cargo >/dev/null 2>&1; then \
-		$(STEP) "building the native gRPC transport (Rust; a few minutes the first time)" \
+		$(STEP) "building the native transport (Rust; a few minutes the first time)" \
 			--only "Compiling|Finished|Successfully|error" -- \
 			$(PIP) -v ./server/native && touch $@; \
 	else \
