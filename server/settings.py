@@ -175,7 +175,7 @@ class Settings(BaseModel):
     http_transport: Literal["auto", "native", "python"] = Field(
         "auto",
         description="what carries HTTP: native, HTTP/1.1 in Rust threads (the tierserve-native "
-        "package) with infer requests parsed and decoded there and every request handed to "
+        "package, on hyper) with infer requests parsed and decoded there and every request handed to "
         "the event loop in batches; python, uvicorn; auto: native when installed",
     )
     dynamic_batching: bool = Field(
