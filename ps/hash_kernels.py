@@ -322,7 +322,7 @@ def _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out,
                 if layout == LAYOUT_FLOAT32:
                     _copy_row(flat_out, i * dim, flat, s * dim, dim)
                 else:
-                    emit_row(rows, rows16, rows8, s, 0, out, out32, i, layout)
+                    emit_row(rows, rows16, rows8, s, 0, out, out32, i, layout, dim)
                 found[uj] = True
                 hits += 1
                 if track == TRACK_RECENCY:
@@ -378,7 +378,7 @@ def lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out, 
     C-contiguous.  Releases the GIL.
     """
     dim = out.shape[1]
-    line_dim = dim if dim in LINE_DIMS and layout == LAYOUT_FLOAT32 else 0
+    line_dim = dim if dim in LINE_DIMS else 0
     kernel = _lookup_kernel(bool(indexed), int(track), line_dim, layout=int(layout))
     return kernel(keys, pos, index, rows, cap, seed, stats, tick, out, found)
 

@@ -98,9 +98,10 @@ def byte16(typingctx, out, i, c, src8, s, q, scale, bias):
 
 
 @nb.njit(inline="always")
-def emit_row(src, src16, src8, s, first, out, out32, i, layout):
+def emit_row(src, src16, src8, s, first, out, out32, i, layout, dim):
     """Decode the row stored in ``src[s]`` (float32 words) from word ``first`` on into
-    ``out[i]`` (float32, ``dim = out.shape[1]`` values).  ``src16`` / ``src8`` are ``src``
+    ``out[i]`` (float32, ``dim`` values: ``out.shape[1]``, passed as a compile-time constant
+    where the caller has one, so that the loops unroll).  ``src16`` / ``src8`` are ``src``
     viewed as uint16 / uint8 and ``out32`` is ``out`` viewed as uint32 (made once per call
     by :func:`views`: a view per row costs more than a short row's decoding).
 
@@ -110,7 +111,6 @@ def emit_row(src, src16, src8, s, first, out, out32, i, layout):
     words ``first`` and ``first + 1`` are the row's scale and bias, the ``dim`` bytes after
     them its ``q``; a value is ``q * scale + bias``.
     """
-    dim = out.shape[1]
     whole = dim - dim % _LANES
     if layout == LAYOUT_FLOAT32:
         for c in range(dim):
@@ -146,4 +146,4 @@ def decode_rows(words, layout, out):
     """Every row of ``words`` (float32 ``[n, words]``, C-contiguous) decoded into ``out``."""
     src16, src8, out32 = views(words, out)
     for i in range(words.shape[0]):
-        emit_row(words, src16, src8, i, 0, out, out32, i, layout)
+        emit_row(words, src16, src8, i, 0, out, out32, i, layout, out.shape[1])
