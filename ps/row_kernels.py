@@ -136,6 +136,16 @@ def emit_row(src, src16, src8, s, first, out, out32, i, layout, dim):
 
 
 @nb.njit(inline="always")
+def stored_words(layout, dim):
+    """Words of a stored row of ``dim`` values (``RowCodec.words``)."""
+    if layout == LAYOUT_FLOAT32:
+        return dim
+    if layout == LAYOUT_FLOAT16:
+        return (2 * dim + 3) // 4
+    return (dim + 8 + 3) // 4
+
+
+@nb.njit(inline="always")
 def views(src, out):
     """``(src16, src8, out32)`` for :func:`emit_row` (both arrays 2-D, C-contiguous)."""
     return src.view(np.uint16), src.view(np.uint8), out.view(np.uint32)
