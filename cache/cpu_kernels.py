@@ -119,7 +119,7 @@ def _gather(values, ticks, slots, hit, out, tick, layout):
         j = i - PREFETCH
         if j >= 0 and hit[j]:
             slot = slots[j]
-            emit_row(values, values16, values8, slot, 0, out, out32, j, layout)
+            emit_row(values, values16, values8, slot, 0, out, out32, j, layout, out.shape[1])
             if stamp and (j & mask) == phase:
                 ticks[slot] = now
 

@@ -58,7 +58,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
 from .partition import FMIX_C1, FMIX_C2, SPLITMIX_M1, SPLITMIX_M2
-from .row_kernels import LAYOUT_FLOAT32, emit_row, views
+from .row_kernels import LAYOUT_FLOAT32, emit_row, stored_words, views
 
 #: The index's marks of an empty and of a deleted slot (keys no table may hold).
 EMPTY_KEY = np.int64(-(2**63))
@@ -276,7 +276,8 @@ def _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out,
     calls, and the registers they clobber), one compare per stage's bounds, unsigned indices
     where they cannot be negative (no wraparound code)."""
     dim = line_dim if line_dim else out.shape[1]
-    width = dim if layout == LAYOUT_FLOAT32 else rows.shape[1]  # stored words a row
+    # stored words a row: a constant too in a kernel compiled for the dim
+    width = stored_words(layout, dim) if line_dim else rows.shape[1]
     rows16, rows8, out32 = views(rows, out)
     at = address_of(index)
     flat = rows.reshape(-1)
@@ -322,7 +323,7 @@ def _lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out,
                 if layout == LAYOUT_FLOAT32:
                     _copy_row(flat_out, i * dim, flat, s * dim, dim)
                 else:
-                    emit_row(rows, rows16, rows8, s, 0, out, out32, i, layout)
+                    emit_row(rows, rows16, rows8, s, 0, out, out32, i, layout, dim)
                 found[uj] = True
                 hits += 1
                 if track == TRACK_RECENCY:
@@ -378,7 +379,7 @@ def lookup(keys, pos, indexed, index, rows, cap, seed, stats, track, tick, out, 
     C-contiguous.  Releases the GIL.
     """
     dim = out.shape[1]
-    line_dim = dim if dim in LINE_DIMS and layout == LAYOUT_FLOAT32 else 0
+    line_dim = dim if dim in LINE_DIMS else 0
     kernel = _lookup_kernel(bool(indexed), int(track), line_dim, layout=int(layout))
     return kernel(keys, pos, index, rows, cap, seed, stats, tick, out, found)
 

@@ -4,9 +4,10 @@ and their ``ps.json`` configs.
 Layout (docs/formats.md, Files and messages 7): each table is split into ``num_partitions`` partitions by
 :func:`~tierserve.ps.partition.partition_of`; partition ``N`` of table ``<tag>`` is the hash
 ``hps_et{<tag>/pN}v`` (field: the key's 8 little-endian bytes; value: the vector's float32
-bytes) and, when the overflow policy needs it, ``hps_et{<tag>/pN}t`` (field: the same key
-bytes; value: last write/access time in microseconds for ``evict_oldest``, access count for
-``evict_least_used``).  The ``{...}`` hash tag keeps both hashes of a partition on one slot.
+bytes) and, only when something reads it (an ``overflow_margin`` with ``evict_oldest`` or
+``evict_least_used``, or a table's ``ttl_seconds``), ``hps_et{<tag>/pN}t`` (field: the same key
+bytes; value: last write/access time in microseconds for ``evict_oldest`` and a TTL, access
+count for ``evict_least_used``).  The ``{...}`` hash tag keeps both hashes of a partition on one slot.
 
 Calls group keys by partition, chunk them at ``max_batch_size`` fields per command, and send
 one pipeline per node, waiting at most ``socket_timeout_ms`` for it and repeating it up to
@@ -47,6 +48,7 @@ from tierserve.core.errors import (
 
 from .breaker import BreakerSet
 from .codec import decode_values, key_fields, vector_values
+from .config_base import UNBOUNDED
 from .eviction import check_ttl_policy, make_policy, resolution_size
 from .partition import as_keys, group_by_partition
 from .redis_client import network_errors, open_client
@@ -255,7 +257,7 @@ class RedisTier(NodeRouting, Tier):
             self.stats.hits += hits
             self.stats.misses += n - hits
             refresh = refresh and (
-                (self.refresh_after_fetch and self.policy.track) or tag in self._ttl
+                (self.refresh_after_fetch and self._statistic(tag)) or tag in self._ttl
             )
             if refresh and hits:
                 self._touch(tag, keys[pos])
@@ -283,12 +285,22 @@ class RedisTier(NodeRouting, Tier):
             else:
                 self.breakers[name].succeeded()
 
+    def _statistic(self, tag: str) -> str | None:
+        """What table ``tag``'s ``t`` hashes keep: access times with a TTL, else the overflow
+        policy's statistic when an ``overflow_margin`` makes it evict, else nothing (as
+        HugeCTR's ``evict_random``; HugeCTR's ``evict_oldest`` writes times without a margin
+        too, which nothing reads)."""
+        if tag in self._ttl:
+            return "recency"
+        return self.policy.track if self.overflow_margin < UNBOUNDED else None
+
     def _queue_stat(self, pipe, tag: str, p: int, fields: list, now: int) -> int:
         """Queue the statistics update of ``fields``; returns how many commands it queued."""
-        if self.policy.track == "recency" or tag in self._ttl:
+        statistic = self._statistic(tag)
+        if statistic == "recency":
             pipe.execute_command("HSET", stat_hash(tag, p), *_interleave(fields, [now] * len(fields)))
             return 1
-        if self.policy.track == "frequency":
+        if statistic == "frequency":
             pipe.eval(_COUNT_SCRIPT, 1, stat_hash(tag, p), *fields)
             return 1
         return 0
@@ -347,6 +359,8 @@ class RedisTier(NodeRouting, Tier):
             victims = conn.hrandfield(vname, excess) or []
         else:
             stats = conn.hgetall(tname)
+            if len(stats) < size:  # rows written while no statistic was kept: the oldest
+                stats = {**dict.fromkeys(conn.hkeys(vname), b"0"), **stats}
             names = list(stats)
             counts = np.fromiter(map(int, stats.values()), dtype=np.int64, count=len(names))
             chosen = self.policy.select(counts, len(names), min(excess, len(names)), self._rng)

@@ -18,6 +18,10 @@ the same storage name never write into each other's copy.  Each process records 
 the header while it uses a table; dropping or closing removes it, and the last one (processes
 that died are pruned) removes the files when ``auto_remove`` is set.
 
+A table with ``ttl_seconds`` keeps its rows' access times on one clock for the host, and one
+process sweeps it for every process (:mod:`tierserve.ps.shm_expiry`).  Processes sharing a
+table must give it the same TTL (another is refused, naming ``ttl_seconds``).
+
 A table that does not fit is refused before anything is written: a :class:`ConfigError`
 naming the bytes it needs and either ``/dev/shm``'s free space (a container's is 64 MiB by
 default: docker's ``shm_size``) or the tier's ``shared_memory_size``.
@@ -30,6 +34,7 @@ import fcntl
 import hashlib
 import mmap
 import os
+import time
 from glob import escape as glob_escape
 from pathlib import Path
 from typing import Annotated, Literal
@@ -41,16 +46,17 @@ from pydantic import Field, model_validator
 from tierserve.core.errors import ConfigError, InvalidInputError
 
 from . import hash_kernels as _k
+from . import shm_expiry as _x
 from .config_base import (
     UNBOUNDED,
     DatabaseType_t,
     InProcessConfig,
     PositiveInt,
 )
+from .eviction import check_ttl_policy
 from .hash_map import HashMapTier
-from .hash_table import _MAX_FILL, HashTable, _slots, _State
+from .hash_table import _MAX_FILL, _TICK_REBASE, CLOCK_TICKS_PER_S, HashTable, _slots, _State
 from .partition import GOLDEN
-from .tier import Tier
 
 #: Where the tier's folders live.
 SHM_ROOT = Path("/dev/shm")
@@ -81,10 +87,12 @@ class MultiProcessHashMapConfig(InProcessConfig):
             )
         return self
 
-# Header: int64 fields, then the pids of the processes using the table.
+# Header: int64 fields (9 to 12: shm_expiry's), then the pids of the processes using the
+# table, then each one's read position in the expiry log.
 _EPOCH, _NEXT, _CAP, _SEED, _LIVE, _USED, _DIM, _TRACK, _COMPLETE = range(9)
 _PIDS, _MAX_PIDS = 16, 240
-_HEADER_BYTES = 8 * (_PIDS + _MAX_PIDS)
+_READ = _PIDS + _MAX_PIDS
+_HEADER_BYTES = 8 * (_READ + _MAX_PIDS)
 
 
 def _layout(cap: int, dim: int, track: bool) -> tuple[int, int, int]:
@@ -144,11 +152,15 @@ def _pid_alive(pid: int) -> bool:
 
 class SharedHashTable(HashTable):
     """A :class:`HashTable` in shared memory (see the module docstring): ``folder/name.hdr``
-    holds the header, ``folder/name.<epoch>`` the slots of each published generation."""
+    holds the header, ``folder/name.<epoch>`` the slots of each published generation and,
+    with a TTL (``ttl`` seconds), ``folder/name.xlog`` the expiry log."""
 
     def __init__(self, folder: Path, name: str, dim: int, track: str | None = None,
-                 check_space=None) -> None:  # fmt: skip
+                 check_space=None, ttl: float | None = None) -> None:  # fmt: skip
         self.folder, self.name = folder, name
+        self.removed = 0  # rows the last expire() removed (in any process: see shm_expiry)
+        if ttl is not None:
+            track = "recency"
         self._check_space = check_space
         path = folder / f"{name}.hdr"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -172,7 +184,15 @@ class SharedHashTable(HashTable):
             fresh = self._fresh = not h[_DIM]
             if fresh:
                 h[_DIM], h[_TRACK], h[_NEXT] = dim, track is not None, 1
-            super().__init__(dim, track)  # a fresh table publishes its first (empty) state
+                h[_x.TTL_MS], h[_x.CLOCK] = _x.ttl_ms(ttl), time.monotonic_ns()
+            elif int(h[_x.TTL_MS]) != _x.ttl_ms(ttl):
+                theirs = int(h[_x.TTL_MS]) / 1000 or None
+                raise ConfigError(
+                    f"multi_process_hash_map: ttl_seconds {ttl} differs from the {theirs} of "
+                    f"the processes sharing table {name}; give every process the same"
+                )
+            # a fresh table publishes its first (empty) state
+            super().__init__(dim, track, clock=ttl is not None)
             self._fresh = True
             if fresh:
                 self._publish()
@@ -185,18 +205,28 @@ class SharedHashTable(HashTable):
     # --- header ------------------------------------------------------------------------------
 
     def _attach(self) -> None:
-        pids = self.header[_PIDS:]
-        live = [int(p) for p in pids if p and _pid_alive(int(p))]
-        if os.getpid() not in live:
-            live.append(os.getpid())
+        live = self._live_users()
+        if os.getpid() not in dict(live):  # a new user has read nothing it must forget
+            live.append((os.getpid(), int(self.header[_x.LOG_END])))
         if len(live) > _MAX_PIDS:
             raise InvalidInputError(f"shared table {self.name}: more than {_MAX_PIDS} processes")
-        pids[:] = 0
-        pids[: len(live)] = live
+        self._set_users(live)
+
+    def _live_users(self) -> list[tuple[int, int]]:
+        """``(pid, read position in the expiry log)`` of the live users, oldest first."""
+        h = self.header
+        return [(int(h[_PIDS + i]), int(h[_READ + i])) for i in range(_MAX_PIDS)
+                if h[_PIDS + i] and _pid_alive(int(h[_PIDS + i]))]  # fmt: skip
+
+    def _set_users(self, users: list[tuple[int, int]]) -> None:
+        h = self.header
+        h[_PIDS:] = 0
+        for i, (pid, pos) in enumerate(users):
+            h[_PIDS + i], h[_READ + i] = pid, pos
 
     def users(self) -> list[int]:
-        """The live processes using the table."""
-        return [int(p) for p in self.header[_PIDS:] if p and _pid_alive(int(p))]
+        """The live processes using the table, the one that has used it longest first."""
+        return [pid for pid, _ in self._live_users()]
 
     @contextlib.contextmanager
     def _writing(self):
@@ -296,6 +326,52 @@ class SharedHashTable(HashTable):
         with self._writing():
             super().clear()
 
+    # --- expiry (see shm_expiry) ----------------------------------------------------------------
+
+    def expire(self, seconds: float) -> np.ndarray:
+        """The keys this process has to forget: the rows expired since its last call, by
+        whichever process swept.  Sweeps (removes the rows unused for ``seconds``, counted
+        in :attr:`removed`) when this process is the table's oldest live user."""
+        with self._writing():
+            users = self._live_users()
+            me = os.getpid()
+            self.removed = 0
+            if users and users[0][0] == me:
+                gone = super().expire(seconds)
+                self.removed = int(gone.size)
+                _x.append(self._log_path(), self.header, min(pos for _, pos in users), gone)
+            pos = dict(users).get(me, int(self.header[_x.LOG_END]))
+            keys = _x.read(self._log_path(), self.header, pos)
+            self._set_users([(pid, int(self.header[_x.LOG_END]) if pid == me else p)
+                             for pid, p in users])  # fmt: skip
+            return keys
+
+    def _log_path(self) -> Path:
+        return self.folder / f"{self.name}.xlog"
+
+    def _now(self) -> int:
+        # The host's clock from the start recorded in the header: the same in every process.
+        ns = time.monotonic_ns() - int(self.header[_x.CLOCK])
+        return ns * CLOCK_TICKS_PER_S // 10**9 + 2
+
+    def _advance(self) -> int:
+        if not self.clocked:
+            return super()._advance()
+        self._tick = self._now()  # every process stamps times, not its own count
+        return self._tick
+
+    def _rebase(self) -> None:
+        if not self.clocked:
+            return super()._rebase()
+        half = _TICK_REBASE // 2
+        with self._writing():  # the stamps and the clock's start move together, for all
+            if self._now() < _TICK_REBASE:
+                return  # another process rebased
+            s = self._state.stats
+            np.subtract(s, half, out=s)
+            np.maximum(s, 0, out=s)
+            self.header[_x.CLOCK] += half * 10**9 // CLOCK_TICKS_PER_S
+
     def mark_loaded(self, fingerprint: int) -> None:
         """Record that the table holds the rows of ``fingerprint`` (see :meth:`loaded`)."""
         self.header[_COMPLETE] = fingerprint
@@ -310,10 +386,8 @@ class SharedHashTable(HashTable):
         """Stop using the table; the last process to do so removes its files (``remove``)."""
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            pids = self.header[_PIDS:]
-            live = [p for p in self.users() if p != os.getpid()]
-            pids[:] = 0
-            pids[: len(live)] = live
+            live = [(p, pos) for p, pos in self._live_users() if p != os.getpid()]
+            self._set_users(live)
             if remove and not live:
                 for path in self.folder.glob(f"{glob_escape(self.name)}.*"):
                     with contextlib.suppress(FileNotFoundError):
@@ -326,7 +400,7 @@ class SharedHashTable(HashTable):
 
 #: The slot layout of the files (see hash_kernels), part of every fingerprint: a process
 #: built with another layout never attaches to this one's copy of a table, nor the reverse.
-SLOT_LAYOUT = b"int64 index in 8-slot buckets, rows of dim float32"
+SLOT_LAYOUT = b"int64 index in 8-slot buckets, rows of dim float32; header with expiry log"
 
 
 def fingerprint(keys: np.ndarray, embeddings: np.ndarray) -> int:
@@ -354,10 +428,6 @@ class SharedHashMapTier(HashMapTier):
     # every process of the host reads and writes the same tables: one process per host
     # applies each Kafka update (consumer group hps.<level>.<host>), the others' caches hear
     shared = "host"
-
-    # Its tables' access ticks are counted by each process: no TTL (refused, naming it).
-    set_ttl = Tier.set_ttl
-    expire = Tier.expire
 
     def __init__(self, config: MultiProcessHashMapConfig) -> None:
         super().__init__(config)
@@ -391,10 +461,38 @@ class SharedHashMapTier(HashMapTier):
 
     def _open(self, tag: str, dim: int, prefix: str) -> list[HashTable]:
         track = self.policy.track if self.overflow_margin < UNBOUNDED else None
+        ttl = self._ttl.get(tag)
         return [
-            SharedHashTable(self.folder, f"{prefix}.p{i}", dim, track, self._check_space)
+            SharedHashTable(self.folder, f"{prefix}.p{i}", dim, track, self._check_space, ttl)
             for i in range(self.num_partitions)
         ]
+
+    def set_ttl(self, tag: str, seconds: float | None) -> None:
+        """:meth:`Tier.set_ttl` (before the table's rows load): its tables keep access times
+        on the host's clock; one process sweeps for all (:mod:`tierserve.ps.shm_expiry`)."""
+        if seconds is None:
+            return
+        check_ttl_policy(self.policy, self.kind)
+        parts = self._parts(tag)
+        with self._lock:
+            if any(len(p) for p in parts):
+                raise ConfigError(f"ttl_seconds must be set on {tag} before its rows load")
+            self._ttl[tag] = float(seconds)
+            if not parts[0].clocked:  # reopen this process's own (empty) copy, clocked
+                for p in parts:
+                    p.detach(True)
+                self._tables[tag] = self._open(tag, parts[0].dim, self._names[tag])
+
+    def expire(self, tag: str, keep=None) -> np.ndarray:
+        """:meth:`Tier.expire`: the keys every process must forget (its caches are told);
+        ``stats.expired`` counts the rows this process removed."""
+        seconds = self._ttl.get(tag)
+        parts = self._tables.get(tag)
+        if seconds is None or parts is None:
+            return np.empty(0, dtype=np.int64)
+        gone = np.concatenate([p.expire(seconds) for p in parts])
+        self.stats.expired += sum(p.removed for p in parts)
+        return gone
 
     def create_table(self, tag: str, dim: int) -> None:
         with self._lock:
@@ -443,6 +541,7 @@ class SharedHashMapTier(HashMapTier):
         with self._lock:
             parts = self._tables.pop(tag, None)
             prefix = self._names.pop(tag, None)
+            self._ttl.pop(tag, None)
         for p in parts or ():
             p.detach(self.auto_remove)
         if (

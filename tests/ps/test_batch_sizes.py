@@ -24,8 +24,8 @@ def _calls(client, command: str) -> int:
 def test_reads_and_writes_are_chunked_by_their_own_size(redis_server):
     import redis
 
-    config = RedisConfig(address=redis_server.address, num_partitions=1,
-                         max_get_batch_size=50, max_set_batch_size=10)
+    config = RedisConfig(address=redis_server.address, num_partitions=1,  # a margin: times kept
+                         max_get_batch_size=50, max_set_batch_size=10, overflow_margin=10**6)
     assert (config.max_get_batch_size, config.max_set_batch_size) == (50, 10)
     tier = create_tier(config)
     client = redis.Redis(host=redis_server.host, port=redis_server.port)
