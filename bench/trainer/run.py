@@ -10,7 +10,9 @@ weights (lr 0.01, eps 1e-7, accumulators from 0), batch 2048.  The peer is PyTor
 ``nn.EmbeddingBag(mode="sum", sparse=True)`` per table, the same MLPs, ``torch.optim.Adagrad``
 (which takes sparse gradients).  Both train on the same in-memory batches (read once with
 tierserve's reader from generated Norm files), so the figure is training-step throughput.
-numpy's OpenBLAS and torch get the same thread count (``--threads``); subject and peer
+numpy's BLAS and torch get the same thread count (``--threads``); at one thread tierserve's
+dense layers multiply with MKL's sequential GEMM where the ``mkl`` extra is installed
+(``TIERSERVE_BLAS=numpy`` keeps numpy's OpenBLAS; the output names the library); subject and peer
 alternate step by step (so both see the same machine load), ``--rounds`` passes over the
 batches, and the figure is the median samples/s of the passes.
 
@@ -38,6 +40,7 @@ os.environ.setdefault("TIERSERVE_FORCE_CPU", "1")
 os.environ.setdefault("TIERSERVE_NO_PROGRESS", "1")
 
 import tierserve.trainer as hugectr  # noqa: E402
+from tierserve.model.blas import uses_mkl  # noqa: E402
 from tierserve.trainer.blas_threads import get_blas_threads, set_blas_threads  # noqa: E402
 from tierserve.trainer.metrics import auc_score  # noqa: E402
 
@@ -254,7 +257,9 @@ def throughput(args) -> dict:
             "rounds": {"tierserve": ours_rates, "torch": peer_rates},
         }
         r = results[threads]
-        print(f"threads={threads}: tierserve {r['tierserve_samples_per_s']:,.0f} samples/s, "
+        r["blas"] = "MKL" if uses_mkl() else "numpy"
+        print(f"threads={threads} ({r['blas']}): "
+              f"tierserve {r['tierserve_samples_per_s']:,.0f} samples/s, "
               f"torch {r['torch_samples_per_s']:,.0f} samples/s, ratio {r['ratio']:.2f}",
               flush=True)
     results["keys_in_tables"] = int(ours.tables[0].num_rows)
