@@ -101,3 +101,62 @@ def test_auto_follows_numpy_blas_thread_count(select):
         assert blas.uses_mkl() == blas.mkl_available()
     finally:
         set_blas_threads(before)
+
+
+def _train_small_dlrm(steps: int) -> tuple[list[float], list[np.ndarray]]:
+    """A small DLRM (bench.trainer.run's layers, narrower), same seed and batches: losses
+    and final dense weights."""
+    import tierserve.trainer as hugectr
+    from tierserve.model.batch import Batch, SparseInput
+
+    slots, dim, batch = 4, 8, 64
+    solver = hugectr.CreateSolver(batchsize=batch, lr=0.01, i64_input_key=True, seed=3)
+    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm,
+                                      source=["unused.txt"])
+    opt = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.AdaGrad,
+                                  update_type=hugectr.Update_t.Local, epsilon=1e-7)
+    model = hugectr.Model(solver, reader, opt)
+    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=5, dense_name="dense",
+                            data_reader_sparse_param_array=[
+                                hugectr.DataReaderSparseParam("s", 1, True, slots)]))
+    model.add(hugectr.SparseEmbedding(
+        embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+        workspace_size_per_gpu_in_mb=1, embedding_vec_size=dim, combiner="sum",
+        sparse_embedding_name="emb", bottom_name="s"))
+    fc = hugectr.Layer_t.FusedInnerProduct
+    model.add(hugectr.DenseLayer(layer_type=fc, bottom_names=["dense"], top_names=["b0"],
+                                 num_output=32))
+    model.add(hugectr.DenseLayer(layer_type=fc, bottom_names=["b0"], top_names=["b1"],
+                                 num_output=dim))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Interaction,
+                                 bottom_names=["b1", "emb"], top_names=["inter"]))
+    model.add(hugectr.DenseLayer(layer_type=fc, bottom_names=["inter"], top_names=["t0"],
+                                 num_output=16))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct, bottom_names=["t0"],
+                                 top_names=["t1"], num_output=1))
+    model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss,
+                                 bottom_names=["t1", "label"], top_names=["loss"]))
+    model.compile()
+    rng = np.random.default_rng(11)
+    losses = []
+    for _ in range(steps):
+        keys = rng.integers(0, 200, size=batch * slots).astype(np.int64)
+        losses.append(model.train_on_batch(Batch(
+            label=(rng.random((batch, 1)) < 0.3).astype(np.float32),
+            dense=rng.normal(size=(batch, 5)).astype(np.float32),
+            sparse=(SparseInput(keys, np.arange(batch * slots + 1), slots),))))
+    return losses, [np.array(p) for p in model.dense_parameters()]
+
+
+@needs_mkl
+def test_training_under_mkl_follows_numpy_blas(select):
+    """The model's column-major weights and their gradients take MKL's path the same way as
+    numpy's: a few training steps end in the same weights up to float32 rounding."""
+    runs = {}
+    for choice in ("numpy", "mkl"):
+        select(choice)
+        runs[choice] = _train_small_dlrm(steps=6)
+    np.testing.assert_allclose(runs["mkl"][0], runs["numpy"][0], rtol=1e-4)
+    for got, want in zip(runs["mkl"][1], runs["numpy"][1]):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+    assert not np.allclose(runs["numpy"][1][0], _train_small_dlrm(steps=1)[1][0])
