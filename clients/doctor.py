@@ -37,6 +37,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "datasource": ("fsspec",),
     "pandas": ("pandas",),
     "mpi": ("mpi4py", "mpich") if sys.platform == "linux" else ("mpi4py",),
+    "mkl": ("mkl",),
 }
 _CORE = {"rocksdb"}
 _CUPY_WHEELS = ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy")

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from tierserve.model.blas import blas_threads_changed
+
 _PREFIXES = ("scipy_openblas_", "openblas_")
 _SUFFIXES = ("64_", "")
 
@@ -54,6 +56,7 @@ def set_blas_threads(n: int) -> bool:
         return False
     lib, prefix, suffix = found
     getattr(lib, f"{prefix}set_num_threads{suffix}")(ctypes.c_int(int(n)))
+    blas_threads_changed()
     return True
 
 

@@ -10,9 +10,12 @@ weights (lr 0.01, eps 1e-7, accumulators from 0), batch 2048.  The peer is PyTor
 ``nn.EmbeddingBag(mode="sum", sparse=True)`` per table, the same MLPs, ``torch.optim.Adagrad``
 (which takes sparse gradients).  Both train on the same in-memory batches (read once with
 tierserve's reader from generated Norm files), so the figure is training-step throughput.
-numpy's OpenBLAS and torch get the same thread count (``--threads``); subject and peer
+numpy's BLAS and torch get the same thread count (``--threads``); at one thread tierserve's
+dense layers multiply with MKL's sequential GEMM where the ``mkl`` extra is installed
+(``TIERSERVE_BLAS=numpy`` keeps numpy's OpenBLAS; the output names the library); subject and peer
 alternate step by step (so both see the same machine load), ``--rounds`` passes over the
-batches, and the figure is the median samples/s of the passes.
+batches, and the figure is the median samples/s of the passes; the median CPU time of the
+process a step (all threads) is printed beside.
 
 AUC check (when the Criteo sample is present): both train the same DLRM (dim 16, tables
 sized by the converter's vocabularies) from the *same* initial weights (torch's are copied
@@ -38,6 +41,7 @@ os.environ.setdefault("TIERSERVE_FORCE_CPU", "1")
 os.environ.setdefault("TIERSERVE_NO_PROGRESS", "1")
 
 import tierserve.trainer as hugectr  # noqa: E402
+from tierserve.model.blas import uses_mkl  # noqa: E402
 from tierserve.trainer.blas_threads import get_blas_threads, set_blas_threads  # noqa: E402
 from tierserve.trainer.metrics import auc_score  # noqa: E402
 
@@ -230,7 +234,7 @@ def throughput(args) -> dict:
     for threads in args.threads:
         set_blas_threads(threads)
         torch.set_num_threads(threads)
-        ours_rates, peer_rates = [], []
+        ours_rates, peer_rates, ours_cpu, peer_cpu = [], [], [], []
         for b, pb in zip(batches[:2], peer_batches[:2]):  # warm up
             ours.train_on_batch(b)
             peer_step(pb)
@@ -238,13 +242,15 @@ def throughput(args) -> dict:
             # Steps alternate between subject and peer so both see the same machine load.
             ours_s = peer_s = 0.0
             for b, pb in zip(batches, peer_batches):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 ours.train_on_batch(b)
-                t2 = time.perf_counter()
+                t2, c2 = time.perf_counter(), time.process_time()
                 peer_step(pb)
-                t3 = time.perf_counter()
+                t3, c3 = time.perf_counter(), time.process_time()
                 ours_s += t2 - t
                 peer_s += t3 - t2
+                ours_cpu.append(c2 - c)
+                peer_cpu.append(c3 - c2)
             ours_rates.append(len(batches) * args.batch / ours_s)
             peer_rates.append(len(batches) * args.batch / peer_s)
         results[threads] = {
@@ -252,11 +258,17 @@ def throughput(args) -> dict:
             "torch_samples_per_s": statistics.median(peer_rates),
             "ratio": statistics.median(ours_rates) / statistics.median(peer_rates),
             "rounds": {"tierserve": ours_rates, "torch": peer_rates},
+            # CPU time of the process a step (all its threads), less exposed to other load
+            "cpu_ms_per_step": {"tierserve": 1e3 * statistics.median(ours_cpu),
+                                "torch": 1e3 * statistics.median(peer_cpu)},
         }
         r = results[threads]
-        print(f"threads={threads}: tierserve {r['tierserve_samples_per_s']:,.0f} samples/s, "
-              f"torch {r['torch_samples_per_s']:,.0f} samples/s, ratio {r['ratio']:.2f}",
-              flush=True)
+        r["blas"] = "MKL" if uses_mkl() else "numpy"
+        print(f"threads={threads} ({r['blas']}): "
+              f"tierserve {r['tierserve_samples_per_s']:,.0f} samples/s, "
+              f"torch {r['torch_samples_per_s']:,.0f} samples/s, ratio {r['ratio']:.2f}; "
+              f"CPU ms/step (median) {r['cpu_ms_per_step']['tierserve']:.1f} vs "
+              f"{r['cpu_ms_per_step']['torch']:.1f}", flush=True)
     results["keys_in_tables"] = int(ours.tables[0].num_rows)
     return results
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..blas import matmul
 from ..cpu_kernels import bias_act, relu_grad_bias, use_kernels
 from .base import Layer, Shape, register
 from .initializers import initialize, initializer_name
@@ -62,7 +63,7 @@ class InnerProduct(Layer):
         x = inputs[0]
         w, b = params
         x2 = x.reshape(-1, x.shape[-1])
-        y = x2 @ w
+        y = matmul(x2, w)
         relu = self.activation == "Relu"
         if use_kernels(xp, y, b):  # bias and ReLU in one pass
             bias_act(y, b, relu)
@@ -86,11 +87,14 @@ class InnerProduct(Layer):
                 g = xp.where(y > 0, g, 0).astype(g.dtype, copy=False)
             db = g.sum(axis=0)
         # dW in W's layout (column-major W: computed as (g^T x)^T, no transposed copy)
-        dw = (g.T @ x2).T if w.flags.f_contiguous and not w.flags.c_contiguous else x2.T @ g
+        if w.flags.f_contiguous and not w.flags.c_contiguous:
+            dw = matmul(g.T, x2).T
+        else:
+            dw = matmul(x2.T, g)
         dx = None
         if self.needs_input_grad(0):
             # one output: an outer product, which BLAS runs as a slow rank-1 matrix product
-            dx = (g * w[:, 0] if self.num_output == 1 else g @ w.T).reshape(in_shape)
+            dx = (g * w[:, 0] if self.num_output == 1 else matmul(g, w.T)).reshape(in_shape)
         grads = [dx] + [None] * (len(self.bottom) - 1)
         return grads, [dw, db]
 
