@@ -324,7 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",")]
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print("bench.trainer.run: the peer is PyTorch, which is not installed; install it into "
+              "this environment first (`pip install torch`, the CPU wheel is enough)",
+              file=sys.stderr)
+        return 2
 
     print(f"numpy {np.__version__} (BLAS threads {get_blas_threads()}), torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs", flush=True)
