@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,7 +33,7 @@ import numpy as np
 from tierserve.core.errors import InvalidInputError
 
 from .kafka_catchup import CatchUp
-from .kafka_groups import REPLICA_ENV, group_id, replica_id, subscription
+from .kafka_groups import REPLICA_ENV, group_id, replica_id
 from .kafka_log import KafkaLog
 from .kafka_source import (
     KafkaUpdateSourceConfig,
@@ -41,6 +41,8 @@ from .kafka_source import (
     confluent_kafka,
     metadata_settings,
 )
+from .kafka_status import FRESHNESS_BUCKETS, ConsumerStats, ConsumerStatus
+from .kafka_subscription import ServedTopics
 from .kafka_topics import TopicAdmin
 from .retry import Backoff, EqualJitterBackoff
 from .stats import LatencyHistogram
@@ -55,29 +57,12 @@ MAX_FAILURES_PER_MESSAGE = 3
 #: Bytes of a skipped message's value shown (in hex) in the log.
 _LOG_BYTES = 32
 _MAX_CONSUME = 100_000  # messages per consume() call (librdkafka takes at most 1,000,000)
-#: Bounds (seconds) of the update freshness histogram: message timestamp to applied.
-FRESHNESS_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-)  # fmt: skip
 #: The longest a fetch waits for data (``fetch.wait.max.ms``): every other request to that
 #: broker waits behind it, and a new topic's first update waits for several in a row.
 FETCH_WAIT_MAX_MS = 50
 HOUSEKEEPING_S = 1.0  # how often lag is measured and a broker outage probed
 # what the consumer does with a message
 APPLY, WAIT, STALE, UNSERVED = "apply", "wait", "stale", "unserved"
-
-
-@dataclass
-class ConsumerStats:
-    """What a consumer did so far."""
-
-    messages: int = 0  # applied
-    keys: int = 0  # applied
-    malformed: int = 0  # bad value: skipped
-    rejected: int = 0  # unknown table, wrong dim: skipped
-    stale: int = 0  # older than the served version's files (update_replay): skipped
-    retries: int = 0  # tier unreachable: retried after the backoff
-    errors: int = 0  # Kafka errors reported by the client, unexpected failures (skipped)
 
 
 class Update(NamedTuple):
@@ -108,37 +93,16 @@ def message_id(message) -> tuple[str, int, int]:
     return (message.topic(), message.partition(), message.offset())
 
 
-@dataclass(frozen=True)
-class ConsumerStatus:
-    """Whether a consumer reads updates, for health checks and metrics."""
-
-    level: str
-    role: str  # "apply" (writes the tier) or "invalidate" (tells this process's caches)
-    group: str
-    alive: bool  # its loop runs (false while it waits to restart, and once it stopped)
-    restarts: int  # times its loop failed and was restarted
-    last_error: str | None  # the last failure of its loop, if any
-    #: ``(topic, partition, messages behind the partition's end)`` per assigned partition
-    lag: tuple[tuple[str, int, int], ...] = ()
-    #: message timestamp to applied and visible, in seconds (``LatencyHistogram.cumulative``
-    #: as ``{"count", "sum", "buckets"}``); None for a consumer that applies nothing
-    freshness: dict | None = None
-    #: partitions whose model is not loaded yet: paused, read once it is
-    waiting: int = 0
-    kafka_down: bool = False  # no broker answers (an outage: see tierserve.ps.kafka_log)
-    #: it read what its topics held when it started (tierserve.ps.kafka_catchup): the server
-    #: is not ready until then; ``not_ready`` says why not
-    caught_up: bool = True
-    not_ready: str | None = None
-
-
 class ConsumerLoop:
     """One Kafka consumer of the updates of tier ``level`` of ``ps``, run in a daemon thread
     (see the module docstring).
 
     ``start()`` runs it, ``close()`` stops it and commits what was done.  ``replica`` names
     this server in a group of its own (default :func:`~tierserve.ps.kafka_groups.replica_id`);
-    ``backoff`` spaces the restarts of a failing loop.  Subclasses say what a run of messages
+    ``backoff`` spaces the restarts of a failing loop; ``expects()`` names the models this
+    server serves (default: those of ``ps.config``): it reads the topics of those its
+    level's filters match, and subscribes again when they change
+    (:mod:`tierserve.ps.kafka_subscription`).  Subclasses say what a run of messages
     does (:meth:`_apply`), which messages to take now (:meth:`_admit`) and what to do between
     batches (:meth:`_housekeeping`).
     """
@@ -153,6 +117,7 @@ class ConsumerLoop:
         replica: str | None = None,
         *,
         backoff: Backoff | None = None,
+        expects: Callable[[], Iterable[str]] | None = None,
         **options,
     ) -> None:
         if level not in ps.tiers:
@@ -172,7 +137,9 @@ class ConsumerLoop:
         self._stable_replica = replica is not None or REPLICA_ENV in os.environ
         self.replica = replica or replica_id()
         self.group = self._group(ps.tiers[level])
-        self.pattern = subscription(ps.update_filters(level))
+        self.served = ServedTopics(
+            ps.update_filters(level), expects or (lambda: [m.model for m in ps.config.models])
+        )
         self._unserved: set[str] = set()  # topics of models not served here, logged once
         self.backoff = backoff or EqualJitterBackoff(
             cap=MAX_RESTART_BACKOFF_S, base=max(self.failure_backoff_s, 0.05)
@@ -222,6 +189,12 @@ class ConsumerLoop:
         self._topics: TopicAdmin | None = None  # made on first use
         self._topics_checked = 0.0
         self._recreated: set[str] = set()  # topics to read from their start once assigned
+
+    @property
+    def pattern(self) -> str | None:
+        """The regex of the topics it subscribes to; None while no served model's filter
+        matches (it reads nothing)."""
+        return self.served.pattern
 
     def _group(self, tier) -> str:
         return group_id(self.level, tier.shared, self.replica)
@@ -346,9 +319,31 @@ class ConsumerLoop:
         self._held.clear()
         self._synced_to.clear()
         self.catchup.handled.clear()
-        self._consumer.subscribe(
-            [self.pattern], on_assign=self._on_assign, on_revoke=self._on_revoke
-        )
+        self._listen()
+
+    def _listen(self) -> None:
+        """Subscribe to :attr:`pattern` (replacing any earlier subscription), or to nothing."""
+        if self.pattern is None:
+            self._consumer.unsubscribe()
+        else:
+            self._consumer.subscribe(
+                [self.pattern], on_assign=self._on_assign, on_revoke=self._on_revoke
+            )
+
+    def _follow_served(self) -> None:
+        """Subscribe again when the served models its filters match changed (a model
+        loaded from a ``ps.json`` that names more): the partitions are revoked (what is
+        done committed) and the new subscription's assigned."""
+        changed = self.served.refresh()
+        if changed is None:
+            return
+        added, removed = changed
+        log.info("kafka updates (%s, %s): served models changed (added %s, removed %s); "
+                 "subscribing to %s", self.level, self.role, sorted(added), sorted(removed),
+                 self.pattern)  # fmt: skip
+        self._listen()
+        if added:
+            self._models_added(added)
 
     def _on_assign(self, consumer, partitions) -> None:
         recreated = [tp for tp in partitions if tp.topic in self._recreated]
@@ -609,9 +604,13 @@ class ConsumerLoop:
         """Handle ``run`` (consecutive updates of one topic and dim) and mark them done."""
         raise NotImplementedError
 
+    def _models_added(self, models: frozenset[str]) -> None:
+        """What to do once the topics of ``models`` were added to the subscription."""
+
     def _housekeeping(self) -> None:
-        """Between batches, at most every :data:`HOUSEKEEPING_S`: measure the lag and follow
-        topics that were created again."""
+        """Between batches: follow the served models; at most every :data:`HOUSEKEEPING_S`,
+        measure the lag and follow topics that were created again."""
+        self._follow_served()
         now = time.monotonic()
         if now - self._housekept >= HOUSEKEEPING_S:
             self._housekept = now
