@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from tierserve.core.errors import InvalidInputError
 from .kafka_catchup import CatchUp
 from .kafka_groups import REPLICA_ENV, group_id, replica_id
 from .kafka_log import KafkaLog
+from .kafka_receive import Update, decode, hex_head, merged, message_id, receive
 from .kafka_source import (
     KafkaUpdateSourceConfig,
     bootstrap_servers,
@@ -46,7 +47,6 @@ from .kafka_subscription import ServedTopics
 from .kafka_topics import TopicAdmin
 from .retry import Backoff, EqualJitterBackoff
 from .stats import LatencyHistogram
-from .update_message import announced_records, decode_update
 
 log = logging.getLogger(__name__)
 
@@ -54,43 +54,12 @@ log = logging.getLogger(__name__)
 MAX_RESTART_BACKOFF_S = 10.0
 #: Failures of the loop on one message after which that message is skipped.
 MAX_FAILURES_PER_MESSAGE = 3
-#: Bytes of a skipped message's value shown (in hex) in the log.
-_LOG_BYTES = 32
-_MAX_CONSUME = 100_000  # messages per consume() call (librdkafka takes at most 1,000,000)
 #: The longest a fetch waits for data (``fetch.wait.max.ms``): every other request to that
 #: broker waits behind it, and a new topic's first update waits for several in a row.
 FETCH_WAIT_MAX_MS = 50
 HOUSEKEEPING_S = 1.0  # how often lag is measured and a broker outage probed
 # what the consumer does with a message
 APPLY, WAIT, STALE, UNSERVED = "apply", "wait", "stale", "unserved"
-
-
-class Update(NamedTuple):
-    """One decoded update message."""
-
-    message: Any
-    topic: str
-    dim: int
-    keys: np.ndarray
-    embeddings: np.ndarray
-
-
-def hex_head(value) -> str:
-    """The first bytes of a message value in hex, for logs (binary is never logged raw)."""
-    if value is None:
-        return "no value"
-    head = bytes(value[:_LOG_BYTES]).hex()
-    return f"{len(value)} bytes: {head}{'...' if len(value) > _LOG_BYTES else ''}"
-
-
-def message_rows(message) -> int:
-    """The embedding rows a message announces (1 for an error): what the receive buffer
-    counts."""
-    return announced_records(message.value() if message.error() is None else None)
-
-
-def message_id(message) -> tuple[str, int, int]:
-    return (message.topic(), message.partition(), message.offset())
 
 
 class ConsumerLoop:
@@ -427,27 +396,8 @@ class ConsumerLoop:
         return True
 
     def _receive(self, timeout: float) -> list:
-        """The messages that arrive within ``timeout`` seconds, or fewer: as soon as they hold
-        ``receive_buffer_size`` embedding rows (HugeCTR's ``max_receive_buffer_size`` counts
-        rows, not messages), they are handed on without waiting out the timeout."""
-        limit = self.receive_buffer_rows
-        deadline = time.monotonic() + timeout
-        messages: list = []
-        rows = 0
-        while rows < limit:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            first = self._consumer.poll(left)  # waits for one message at most
-            if first is None:
-                break
-            # Then what the client already holds, without waiting (each message holds at
-            # least one row, so at most limit - rows more are needed).
-            wanted = min(max(limit - rows - 1, 1), _MAX_CONSUME)
-            batch = [first, *self._consumer.consume(wanted, 0)]
-            messages.extend(batch)
-            rows += sum(message_rows(m) for m in batch)
-        return messages
+        """:func:`~tierserve.ps.kafka_receive.receive` from this loop's client."""
+        return receive(self._consumer, timeout, self.receive_buffer_rows)
 
     def _take(self, message) -> Update | None:
         """:meth:`_decode`, unless the loop already failed on ``message`` too often."""
@@ -463,37 +413,9 @@ class ConsumerLoop:
         return self._decode(message)
 
     def _decode(self, message) -> Update | None:
-        """The update a message carries, or None (counted) for an error or a malformed value."""
-        error = message.error()
-        if error is not None:
-            codes = confluent_kafka().KafkaError
-            if error.code() == codes.UNKNOWN_TOPIC_OR_PART:
-                # No topic matches the subscription yet (no update was ever published): the
-                # metadata refresh finds the first one when it appears.
-                log.debug("kafka updates (%s): %s", self.level, error)
-            elif error.code() != codes._PARTITION_EOF:
-                self.stats.errors += 1
-                self.kafka_log.error(error)
-            return None
-        value = message.value()
-        try:
-            keys, embeddings = decode_update(value)
-        except Exception as exc:  # any value the decoder refuses, whatever it raises
-            self.stats.malformed += 1
-            log.warning("kafka updates (%s): skipped a malformed message on %s partition %s at "
-                        "offset %s (%s): %s", self.level, message.topic(), message.partition(),
-                        message.offset(), hex_head(value), exc)  # fmt: skip
-            return None
-        return Update(message, message.topic(), embeddings.shape[1], keys, embeddings)
+        return decode(message, self.stats, self.kafka_log, self.level)
 
-    @staticmethod
-    def _merged(run: list[Update]) -> tuple[np.ndarray, np.ndarray]:
-        if len(run) == 1:
-            return run[0].keys, run[0].embeddings
-        return (
-            np.concatenate([u.keys for u in run]),
-            np.concatenate([u.embeddings for u in run]),
-        )
+    _merged = staticmethod(merged)
 
     def _done(self, run: list[Update], keys: np.ndarray) -> None:
         self.stats.messages += len(run)
