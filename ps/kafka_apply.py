@@ -9,11 +9,11 @@ to its level (``volatile`` or ``persistent``):
   retried after the loop's jittered backoff, ``failure_backoff_ms`` first, growing to
   :data:`~tierserve.ps.kafka_consumer.MAX_RESTART_BACKOFF_S` (the message is not skipped,
   and its offset not committed);
-- a partition of a model this server expects (``expects(model)``, default: the models of
-  ``ps.config``; the repository loader passes the models of its ``ps.json``) but has not
-  loaded yet is paused and read once it is; an update of any other model is skipped and
-  counted as rejected (a version of it loaded later re-reads what was published since its
-  files were written); a committed
+- it reads only the topics of the models this server serves (``expects()``, default: the
+  models of ``ps.config``; the repository loader passes the models of its ``ps.json``) that
+  its level's filters match (:mod:`tierserve.ps.kafka_subscription`); a partition of such a
+  model not loaded yet is paused and read once it is; an update of another model (left
+  over from before a re-subscription) is skipped and counted as rejected; a committed
   version is re-read from the first update at or after its creation time
   (:mod:`tierserve.ps.update_replay`), and older updates are skipped as stale;
 - at its start it reads the end offsets of its topics and reports itself caught up
