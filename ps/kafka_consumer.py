@@ -69,8 +69,8 @@ class ConsumerLoop:
     ``start()`` runs it, ``close()`` stops it and commits what was done.  ``replica`` names
     this server in a group of its own (default :func:`~tierserve.ps.kafka_groups.replica_id`);
     ``backoff`` spaces the restarts of a failing loop; ``expects()`` names the models this
-    server serves (default: those of ``ps.config``): it reads the topics of those its
-    level's filters match, and subscribes again when they change
+    server serves (default: those of ``ps.config``; the models committed in ``ps`` count
+    too): it reads the topics of those its level's filters match, and subscribes again when they change
     (:mod:`tierserve.ps.kafka_subscription`).  Subclasses say what a run of messages
     does (:meth:`_apply`), which messages to take now (:meth:`_admit`) and what to do between
     batches (:meth:`_housekeeping`).
@@ -106,9 +106,9 @@ class ConsumerLoop:
         self._stable_replica = replica is not None or REPLICA_ENV in os.environ
         self.replica = replica or replica_id()
         self.group = self._group(ps.tiers[level])
-        self.served = ServedTopics(
-            ps.update_filters(level), expects or (lambda: [m.model for m in ps.config.models])
-        )
+        listed = expects or (lambda: [m.model for m in ps.config.models])
+        # and the models committed now (an InferenceModel commits its own, outside ps.config)
+        self.served = ServedTopics(ps.update_filters(level), lambda: {*listed(), *ps.models()})
         self._unserved: set[str] = set()  # topics of models not served here, logged once
         self.backoff = backoff or EqualJitterBackoff(
             cap=MAX_RESTART_BACKOFF_S, base=max(self.failure_backoff_s, 0.05)

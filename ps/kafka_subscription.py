@@ -1,8 +1,8 @@
 """Which topics an update consumer subscribes to, and when that changes.
 
 A consumer reads the topics of the models this server serves (``expects()``: the models of
-its ``ps.json``; the repository loader's set grows when a version is loaded from a
-``ps.json`` that names more models) that its level's ``update_filters`` match, and no
+its ``ps.json``, and those committed in its parameter server; the repository loader's set
+grows when a version is loaded from a ``ps.json`` that names more models) that its level's ``update_filters`` match, and no
 other: a server on brokers shared with other deployments never fetches their updates (a
 new replica reads its own models' topics from their start, HugeCTR's semantics, and would
 otherwise read and skip every other model's backlog first).  :class:`ServedTopics` holds
