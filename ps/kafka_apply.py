@@ -9,11 +9,11 @@ to its level (``volatile`` or ``persistent``):
   retried after the loop's jittered backoff, ``failure_backoff_ms`` first, growing to
   :data:`~tierserve.ps.kafka_consumer.MAX_RESTART_BACKOFF_S` (the message is not skipped,
   and its offset not committed);
-- a partition of a model this server expects (``expects(model)``, default: the models of
-  ``ps.config``; the repository loader passes the models of its ``ps.json``) but has not
-  loaded yet is paused and read once it is; an update of any other model is skipped and
-  counted as rejected (a version of it loaded later re-reads what was published since its
-  files were written); a committed
+- it reads only the topics of the models this server serves (``expects()``, default: the
+  models of ``ps.config``; the repository loader passes the models of its ``ps.json``) that
+  its level's filters match (:mod:`tierserve.ps.kafka_subscription`); a partition of such a
+  model not loaded yet is paused and read once it is; an update of another model (left
+  over from before a re-subscription) is skipped and counted as rejected; a committed
   version is re-read from the first update at or after its creation time
   (:mod:`tierserve.ps.update_replay`), and older updates are skipped as stale;
 - at its start it reads the end offsets of its topics and reports itself caught up
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 from tierserve.core.errors import BackendUnavailableError, InvalidInputError, NotFoundError
 
@@ -43,11 +42,6 @@ class UpdateConsumer(ConsumerLoop):
 
     role = "apply"
 
-    def __init__(self, ps, config, level: str, replica: str | None = None, *,
-                 expects: Callable[[str], bool] | None = None, **kwargs) -> None:  # fmt: skip
-        super().__init__(ps, config, level, replica, **kwargs)
-        self._expects = expects or (lambda model: any(m.model == model for m in ps.config.models))
-
     def _admit(self, message) -> str:
         """Whether to apply ``message`` now, leave it for when its model loads (its partition
         paused), or skip it as older than the served version (:mod:`.update_replay`)."""
@@ -62,8 +56,8 @@ class UpdateConsumer(ConsumerLoop):
             return APPLY  # refused (and counted) by the insert
         served = self._committed(model)
         if served is None:
-            if not self._expects(model):
-                return UNSERVED
+            if model not in self.served.models:
+                return UNSERVED  # left over from before a re-subscription
             self._hold(key, message.offset())
             return WAIT
         if self._synced_to.get(key) is not served:
@@ -142,6 +136,7 @@ class UpdateConsumer(ConsumerLoop):
         """Between batches: resume the partitions whose model loaded, rewind those whose
         model has a new version, measure the lag, and probe the broker during an outage."""
         kafka = confluent_kafka()
+        self._follow_served()
         for key, offset in list(self._held.items()):
             served = self._committed(parse_table_tag(key[0])[0])
             if served is None:
@@ -204,11 +199,25 @@ class UpdateConsumer(ConsumerLoop):
                 catchup.unknown(self.kafka_log.last_error or "no broker answers")
                 return
             try:  # a short wait: the loop's poll serves the client's error callbacks
-                catchup.set_targets(self._topic_admin().end_offsets(self.pattern, timeout=1))
+                catchup.set_targets(self._end_offsets(self.pattern))
             except Exception as exc:  # no broker answers: not ready, asked again next time
                 catchup.unknown(exc)
                 return
         catchup.check(self._catch_up_state, self._group_committed)
+
+    def _end_offsets(self, pattern: str | None) -> dict[tuple[str, int], int]:
+        return {} if pattern is None else self._topic_admin().end_offsets(pattern, timeout=1)
+
+    def _models_added(self, models: frozenset[str]) -> None:
+        """Models served from now on count towards catching up as they would have at start:
+        their partitions must reach the end offsets they have now."""
+        if self.catchup.targets is None:
+            return  # read with the rest
+        try:
+            self.catchup.add_targets(self._end_offsets(self.served.pattern_of(models)))
+        except Exception as exc:  # no broker answers: their replay does not hold readiness
+            log.warning("kafka updates (%s): reading the end offsets of the topics of %s: %s",
+                        self.level, sorted(models), exc)  # fmt: skip
 
     def _group_committed(self, keys) -> dict[tuple[str, int], int]:
         kafka = confluent_kafka()

@@ -60,6 +60,18 @@ class CatchUp:
         log.info("%s: to read %d partitions up to their end offsets before it is ready",
                  self.name, self._count)  # fmt: skip
 
+    def add_targets(self, targets: dict[Key, int]) -> None:
+        """Also read ``targets`` (the partitions of models served from now on), except those
+        already counted."""
+        added = {k: v for k, v in targets.items() if k not in self.targets}
+        if not added:
+            return
+        self.targets.update(added)
+        self._count += len(added)
+        self._logged = False
+        log.info("%s: to read %d more partitions up to their end offsets before it is ready",
+                 self.name, len(added))  # fmt: skip
+
     def unknown(self, exc: BaseException | str) -> None:
         """The end offsets could not be read (no broker answers): tried again later."""
         self.error = f"cannot read the end offsets of its topics yet: {exc}"

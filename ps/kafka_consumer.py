@@ -25,26 +25,28 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
 from tierserve.core.errors import InvalidInputError
 
 from .kafka_catchup import CatchUp
-from .kafka_groups import REPLICA_ENV, group_id, replica_id, subscription
+from .kafka_groups import REPLICA_ENV, group_id, replica_id
 from .kafka_log import KafkaLog
+from .kafka_receive import Update, decode, hex_head, merged, message_id, receive
 from .kafka_source import (
     KafkaUpdateSourceConfig,
     bootstrap_servers,
     confluent_kafka,
     metadata_settings,
 )
+from .kafka_status import FRESHNESS_BUCKETS, ConsumerStats, ConsumerStatus
+from .kafka_subscription import ServedTopics
 from .kafka_topics import TopicAdmin
 from .retry import Backoff, EqualJitterBackoff
 from .stats import LatencyHistogram
-from .update_message import announced_records, decode_update
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +54,6 @@ log = logging.getLogger(__name__)
 MAX_RESTART_BACKOFF_S = 10.0
 #: Failures of the loop on one message after which that message is skipped.
 MAX_FAILURES_PER_MESSAGE = 3
-#: Bytes of a skipped message's value shown (in hex) in the log.
-_LOG_BYTES = 32
-_MAX_CONSUME = 100_000  # messages per consume() call (librdkafka takes at most 1,000,000)
-#: Bounds (seconds) of the update freshness histogram: message timestamp to applied.
-FRESHNESS_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-)  # fmt: skip
 #: The longest a fetch waits for data (``fetch.wait.max.ms``): every other request to that
 #: broker waits behind it, and a new topic's first update waits for several in a row.
 FETCH_WAIT_MAX_MS = 50
@@ -67,78 +62,16 @@ HOUSEKEEPING_S = 1.0  # how often lag is measured and a broker outage probed
 APPLY, WAIT, STALE, UNSERVED = "apply", "wait", "stale", "unserved"
 
 
-@dataclass
-class ConsumerStats:
-    """What a consumer did so far."""
-
-    messages: int = 0  # applied
-    keys: int = 0  # applied
-    malformed: int = 0  # bad value: skipped
-    rejected: int = 0  # unknown table, wrong dim: skipped
-    stale: int = 0  # older than the served version's files (update_replay): skipped
-    retries: int = 0  # tier unreachable: retried after the backoff
-    errors: int = 0  # Kafka errors reported by the client, unexpected failures (skipped)
-
-
-class Update(NamedTuple):
-    """One decoded update message."""
-
-    message: Any
-    topic: str
-    dim: int
-    keys: np.ndarray
-    embeddings: np.ndarray
-
-
-def hex_head(value) -> str:
-    """The first bytes of a message value in hex, for logs (binary is never logged raw)."""
-    if value is None:
-        return "no value"
-    head = bytes(value[:_LOG_BYTES]).hex()
-    return f"{len(value)} bytes: {head}{'...' if len(value) > _LOG_BYTES else ''}"
-
-
-def message_rows(message) -> int:
-    """The embedding rows a message announces (1 for an error): what the receive buffer
-    counts."""
-    return announced_records(message.value() if message.error() is None else None)
-
-
-def message_id(message) -> tuple[str, int, int]:
-    return (message.topic(), message.partition(), message.offset())
-
-
-@dataclass(frozen=True)
-class ConsumerStatus:
-    """Whether a consumer reads updates, for health checks and metrics."""
-
-    level: str
-    role: str  # "apply" (writes the tier) or "invalidate" (tells this process's caches)
-    group: str
-    alive: bool  # its loop runs (false while it waits to restart, and once it stopped)
-    restarts: int  # times its loop failed and was restarted
-    last_error: str | None  # the last failure of its loop, if any
-    #: ``(topic, partition, messages behind the partition's end)`` per assigned partition
-    lag: tuple[tuple[str, int, int], ...] = ()
-    #: message timestamp to applied and visible, in seconds (``LatencyHistogram.cumulative``
-    #: as ``{"count", "sum", "buckets"}``); None for a consumer that applies nothing
-    freshness: dict | None = None
-    #: partitions whose model is not loaded yet: paused, read once it is
-    waiting: int = 0
-    kafka_down: bool = False  # no broker answers (an outage: see tierserve.ps.kafka_log)
-    #: it read what its topics held when it started (tierserve.ps.kafka_catchup): the server
-    #: is not ready until then; ``not_ready`` says why not
-    caught_up: bool = True
-    not_ready: str | None = None
-
-
 class ConsumerLoop:
     """One Kafka consumer of the updates of tier ``level`` of ``ps``, run in a daemon thread
     (see the module docstring).
 
     ``start()`` runs it, ``close()`` stops it and commits what was done.  ``replica`` names
     this server in a group of its own (default :func:`~tierserve.ps.kafka_groups.replica_id`);
-    ``backoff`` spaces the restarts of a failing loop.  Subclasses say what a run of messages
+    ``backoff`` spaces the restarts of a failing loop; ``expects()`` names the models this
+    server serves (default: those of ``ps.config``; the models committed in ``ps`` count
+    too): it reads the topics of those its level's filters match, and subscribes again when they change
+    (:mod:`tierserve.ps.kafka_subscription`).  Subclasses say what a run of messages
     does (:meth:`_apply`), which messages to take now (:meth:`_admit`) and what to do between
     batches (:meth:`_housekeeping`).
     """
@@ -153,6 +86,7 @@ class ConsumerLoop:
         replica: str | None = None,
         *,
         backoff: Backoff | None = None,
+        expects: Callable[[], Iterable[str]] | None = None,
         **options,
     ) -> None:
         if level not in ps.tiers:
@@ -172,7 +106,9 @@ class ConsumerLoop:
         self._stable_replica = replica is not None or REPLICA_ENV in os.environ
         self.replica = replica or replica_id()
         self.group = self._group(ps.tiers[level])
-        self.pattern = subscription(ps.update_filters(level))
+        listed = expects or (lambda: [m.model for m in ps.config.models])
+        # and the models committed now (an InferenceModel commits its own, outside ps.config)
+        self.served = ServedTopics(ps.update_filters(level), lambda: {*listed(), *ps.models()})
         self._unserved: set[str] = set()  # topics of models not served here, logged once
         self.backoff = backoff or EqualJitterBackoff(
             cap=MAX_RESTART_BACKOFF_S, base=max(self.failure_backoff_s, 0.05)
@@ -222,6 +158,12 @@ class ConsumerLoop:
         self._topics: TopicAdmin | None = None  # made on first use
         self._topics_checked = 0.0
         self._recreated: set[str] = set()  # topics to read from their start once assigned
+
+    @property
+    def pattern(self) -> str | None:
+        """The regex of the topics it subscribes to; None while no served model's filter
+        matches (it reads nothing)."""
+        return self.served.pattern
 
     def _group(self, tier) -> str:
         return group_id(self.level, tier.shared, self.replica)
@@ -346,9 +288,31 @@ class ConsumerLoop:
         self._held.clear()
         self._synced_to.clear()
         self.catchup.handled.clear()
-        self._consumer.subscribe(
-            [self.pattern], on_assign=self._on_assign, on_revoke=self._on_revoke
-        )
+        self._listen()
+
+    def _listen(self) -> None:
+        """Subscribe to :attr:`pattern` (replacing any earlier subscription), or to nothing."""
+        if self.pattern is None:
+            self._consumer.unsubscribe()
+        else:
+            self._consumer.subscribe(
+                [self.pattern], on_assign=self._on_assign, on_revoke=self._on_revoke
+            )
+
+    def _follow_served(self) -> None:
+        """Subscribe again when the served models its filters match changed (a model
+        loaded from a ``ps.json`` that names more): the partitions are revoked (what is
+        done committed) and the new subscription's assigned."""
+        changed = self.served.refresh()
+        if changed is None:
+            return
+        added, removed = changed
+        log.info("kafka updates (%s, %s): served models changed (added %s, removed %s); "
+                 "subscribing to %s", self.level, self.role, sorted(added), sorted(removed),
+                 self.pattern)  # fmt: skip
+        self._listen()
+        if added:
+            self._models_added(added)
 
     def _on_assign(self, consumer, partitions) -> None:
         recreated = [tp for tp in partitions if tp.topic in self._recreated]
@@ -432,27 +396,8 @@ class ConsumerLoop:
         return True
 
     def _receive(self, timeout: float) -> list:
-        """The messages that arrive within ``timeout`` seconds, or fewer: as soon as they hold
-        ``receive_buffer_size`` embedding rows (HugeCTR's ``max_receive_buffer_size`` counts
-        rows, not messages), they are handed on without waiting out the timeout."""
-        limit = self.receive_buffer_rows
-        deadline = time.monotonic() + timeout
-        messages: list = []
-        rows = 0
-        while rows < limit:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            first = self._consumer.poll(left)  # waits for one message at most
-            if first is None:
-                break
-            # Then what the client already holds, without waiting (each message holds at
-            # least one row, so at most limit - rows more are needed).
-            wanted = min(max(limit - rows - 1, 1), _MAX_CONSUME)
-            batch = [first, *self._consumer.consume(wanted, 0)]
-            messages.extend(batch)
-            rows += sum(message_rows(m) for m in batch)
-        return messages
+        """:func:`~tierserve.ps.kafka_receive.receive` from this loop's client."""
+        return receive(self._consumer, timeout, self.receive_buffer_rows)
 
     def _take(self, message) -> Update | None:
         """:meth:`_decode`, unless the loop already failed on ``message`` too often."""
@@ -468,37 +413,9 @@ class ConsumerLoop:
         return self._decode(message)
 
     def _decode(self, message) -> Update | None:
-        """The update a message carries, or None (counted) for an error or a malformed value."""
-        error = message.error()
-        if error is not None:
-            codes = confluent_kafka().KafkaError
-            if error.code() == codes.UNKNOWN_TOPIC_OR_PART:
-                # No topic matches the subscription yet (no update was ever published): the
-                # metadata refresh finds the first one when it appears.
-                log.debug("kafka updates (%s): %s", self.level, error)
-            elif error.code() != codes._PARTITION_EOF:
-                self.stats.errors += 1
-                self.kafka_log.error(error)
-            return None
-        value = message.value()
-        try:
-            keys, embeddings = decode_update(value)
-        except Exception as exc:  # any value the decoder refuses, whatever it raises
-            self.stats.malformed += 1
-            log.warning("kafka updates (%s): skipped a malformed message on %s partition %s at "
-                        "offset %s (%s): %s", self.level, message.topic(), message.partition(),
-                        message.offset(), hex_head(value), exc)  # fmt: skip
-            return None
-        return Update(message, message.topic(), embeddings.shape[1], keys, embeddings)
+        return decode(message, self.stats, self.kafka_log, self.level)
 
-    @staticmethod
-    def _merged(run: list[Update]) -> tuple[np.ndarray, np.ndarray]:
-        if len(run) == 1:
-            return run[0].keys, run[0].embeddings
-        return (
-            np.concatenate([u.keys for u in run]),
-            np.concatenate([u.embeddings for u in run]),
-        )
+    _merged = staticmethod(merged)
 
     def _done(self, run: list[Update], keys: np.ndarray) -> None:
         self.stats.messages += len(run)
@@ -609,9 +526,13 @@ class ConsumerLoop:
         """Handle ``run`` (consecutive updates of one topic and dim) and mark them done."""
         raise NotImplementedError
 
+    def _models_added(self, models: frozenset[str]) -> None:
+        """What to do once the topics of ``models`` were added to the subscription."""
+
     def _housekeeping(self) -> None:
-        """Between batches, at most every :data:`HOUSEKEEPING_S`: measure the lag and follow
-        topics that were created again."""
+        """Between batches: follow the served models; at most every :data:`HOUSEKEEPING_S`,
+        measure the lag and follow topics that were created again."""
+        self._follow_served()
         now = time.monotonic()
         if now - self._housekept >= HOUSEKEEPING_S:
             self._housekept = now

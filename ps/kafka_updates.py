@@ -20,7 +20,7 @@ group names, the subscription) is :mod:`tierserve.ps.kafka_groups`; the client s
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .kafka_apply import UpdateConsumer
 from .kafka_consumer import ConsumerLoop
@@ -31,11 +31,13 @@ log = logging.getLogger(__name__)
 
 
 def start_update_consumers(ps, source, replica: str | None = None, *,
-                           expects: Callable[[str], bool] | None = None) -> list[ConsumerLoop]:
+                           expects: Callable[[], Iterable[str]] | None = None,
+                           ) -> list[ConsumerLoop]:
     """The running consumers of a parameter server whose ``ps.json`` ``update_source`` is
     ``source``: one :class:`UpdateConsumer` per tier level that takes updates, plus an
     :class:`InvalidationConsumer` for each of those levels whose tier is shared.  None when
-    ``source`` is not a Kafka one.  ``expects``: see :class:`UpdateConsumer`."""
+    ``source`` is not a Kafka one.  ``expects()``: the models the server serves (default: those of ``ps.config``); the
+    consumers read only their topics (:mod:`tierserve.ps.kafka_subscription`)."""
     if not isinstance(source, KafkaUpdateSourceConfig):
         return []
     consumers: list[ConsumerLoop] = []
@@ -45,7 +47,9 @@ def start_update_consumers(ps, source, replica: str | None = None, *,
                 continue
             consumers.append(UpdateConsumer(ps, source, level, replica, expects=expects).start())
             if tier.shared:
-                consumers.append(InvalidationConsumer(ps, source, level, replica).start())
+                consumers.append(
+                    InvalidationConsumer(ps, source, level, replica, expects=expects).start()
+                )
     except BaseException:
         for consumer in consumers:
             consumer.close()

@@ -127,8 +127,9 @@ class RepositoryLoader(Loader):
         self.update_consumers: list = []  # Kafka online updates (ps.json update_source)
         self.use_gpu_embedding_cache = use_gpu_embedding_cache
         self._lock = threading.Lock()
-        #: the models of the repository's ps.json: updates of other models are skipped
-        self._expected: set[str] = set()
+        #: the models of the repository's ps.json: the consumers read their topics only
+        #: (replaced, never changed in place: the consumers' threads read it)
+        self._expected: frozenset[str] = frozenset()
 
     def _ps(self, ps_config: PSConfig):
         with self._lock:
@@ -140,7 +141,7 @@ class RepositoryLoader(Loader):
                 self.parameter_server = HierarchicalParameterServer(tiers)
                 self.update_consumers = start_update_consumers(
                     self.parameter_server, ps_config.update_source,
-                    expects=self._expected.__contains__,
+                    expects=lambda: self._expected,
                 )
             return self.parameter_server
 
@@ -150,7 +151,7 @@ class RepositoryLoader(Loader):
         """Stage version ``version`` of ``name``; the repository commits or discards it."""
         entry = ps_config.model(name)
         config = version_files(entry, folder) if folder is not None else entry
-        self._expected.update(m.model for m in ps_config.models)
+        self._expected = self._expected | {m.model for m in ps_config.models}
         ps = self._ps(ps_config)
         servable = self._servable(name, version, config, ps, ps_config)
         try:

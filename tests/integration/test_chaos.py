@@ -8,7 +8,8 @@ message and updates, and restarts the broker.  Afterwards:
 
 - no request got a 5xx (none is documented for these faults: a frozen or dead node falls
   through to RocksDB), and none failed in the client;
-- health answered with p99 under 100 ms;
+- health answered with p99 under 250 ms (under the 300 ms a probe stuck behind a fault
+  would wait; CPU scheduling on a loaded machine alone reaches ~125 ms);
 - every answer equals ``InferenceModel.predict`` of the version it names, on the same rows
   (updates only touch keys the requests never use, so the answers have one right value);
 - the final tables, in both tiers, equal the new version's files plus every published update.
@@ -72,6 +73,7 @@ TABLE = "sparse_embedding1"
 DIM = 16
 POOL = 64  # request rows are drawn from these
 UPDATE_KEYS = np.arange(5000, 5200, dtype=np.int64)  # never in a request (keys < 300)
+HEALTH_P99_S = 0.25  # see the assertion in test_chaos
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +365,12 @@ def test_chaos(versions, redis_cluster, kafka_broker, tmp_path):
     assert len(traffic.answers) > 100
     for version, rows, out in traffic.answers:
         np.testing.assert_allclose(out, expected[version][rows], atol=1e-5, err_msg=version)
-    assert np.percentile(health, 99) < 0.1, (np.percentile(health, [50, 99]), health.max())
+    # Health must not wait behind the faults: a probe queued behind calls to the frozen node
+    # waits out their 300 ms socket timeout, again each time the breaker tries the node
+    # (every 0.5-2 s, for 15% of the run): several percent of the probes over 300 ms.  From
+    # CPU scheduling alone p99 reached 124 ms (p50 6 ms) beside two busy loops on 2 cores,
+    # so the bound is 250 ms, still under what one wait behind the node costs.
+    assert np.percentile(health, 99) < HEALTH_P99_S, (np.percentile(health, [50, 99]), health.max())
 
 
 
