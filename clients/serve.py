@@ -86,7 +86,7 @@ def limit_blas_threads(threads: int | None) -> None:
     if "numpy" in sys.modules:
         # Another command's module loaded numpy as the command line was built, so its BLAS
         # already read the environment: set the count at run time.
-        from tierserve.trainer.blas_threads import get_blas_threads, set_blas_threads
+        from tierserve.model.blas_threads import get_blas_threads, set_blas_threads
 
         if (not set_blas_threads(threads) or get_blas_threads() != threads) and asked:
             raise ConfigError(

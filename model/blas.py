@@ -7,7 +7,7 @@ At one BLAS thread MKL's ``sgemm`` runs the DLRM layers' products (batch 2048, w
 otherwise.  ``TIERSERVE_BLAS`` selects:
 
 - ``auto`` (default): MKL while numpy's BLAS runs one thread
-  (:func:`tierserve.trainer.blas_threads.set_blas_threads`, ``OPENBLAS_NUM_THREADS=1``),
+  (:func:`tierserve.model.blas_threads.set_blas_threads`, ``OPENBLAS_NUM_THREADS=1``),
   where MKL is installed; numpy's threaded BLAS otherwise;
 - ``mkl``: MKL (one thread) whatever numpy's thread count; an error where MKL is missing;
 - ``numpy``: numpy's BLAS only.
@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from tierserve.core.errors import ConfigError
+
+from .blas_threads import get_blas_threads, on_blas_threads_changed
 
 _CHOICES = ("auto", "mkl", "numpy")
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -104,8 +106,6 @@ def uses_mkl() -> bool:
                     "installed: pip install 'tierserve[mkl]'")
             _use_mkl = True
         else:
-            from tierserve.trainer.blas_threads import get_blas_threads
-
             _use_mkl = mkl_available() and get_blas_threads() == 1
     return _use_mkl
 
@@ -115,6 +115,9 @@ def blas_threads_changed() -> None:
     count changed)."""
     global _use_mkl
     _use_mkl = None
+
+
+on_blas_threads_changed(blas_threads_changed)
 
 
 def _operand(a: np.ndarray) -> tuple[int, int] | None:

@@ -42,9 +42,9 @@ os.environ.setdefault("TIERSERVE_NO_PROGRESS", "1")
 
 import tierserve.trainer as hugectr  # noqa: E402
 from tierserve.model.batch import Batch, SparseInput  # noqa: E402
+from tierserve.model.blas_threads import set_blas_threads  # noqa: E402
 from tierserve.trainer import estimator  # noqa: E402
 from tierserve.trainer import feature_column as fc  # noqa: E402
-from tierserve.trainer.blas_threads import set_blas_threads  # noqa: E402
 
 DIM = 16
 HIDDEN = [256, 128]

@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
             "seeds": [int(s) for s in args.seeds.split(",") if s != ""], "steps": args.steps,
             "batch": args.batch, "parity_steps": args.parity_steps, "train_rows": TRAIN_ROWS,
             "parity_seed": 0, "threads": args.threads}
-    from tierserve.trainer.blas_threads import set_blas_threads
+    from tierserve.model.blas_threads import set_blas_threads
 
     set_blas_threads(args.threads)
     tf_results = run_tensorflow(args.tf_python, spec, workdir)

@@ -138,7 +138,7 @@ def _torch(device_wanted: str):
 
 def throughput(be: Backend, dry_run: bool) -> dict:
     from bench.trainer.run import build_tierserve, fill_table, read_batches, torch_batches
-    from tierserve.trainer.blas_threads import set_blas_threads
+    from tierserve.model.blas_threads import set_blas_threads
 
     keys, batch, steps, rounds = (26 * 400, 256, 4, 2) if dry_run else (1_000_000, 2048, 24, 3)
     slot_sizes = [keys // 26] * 26

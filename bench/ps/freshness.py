@@ -225,7 +225,7 @@ def _cpu_s(pid: int | None) -> float | None:
 
 def training(brokers: str, tmp: Path, iterations: int, rounds: int,
              broker_pid: int | None = None, threads: int | None = None) -> dict:  # fmt: skip
-    from tierserve.trainer.blas_threads import get_blas_threads, set_blas_threads
+    from tierserve.model.blas_threads import get_blas_threads, set_blas_threads
 
     os.environ["TIERSERVE_NO_PROGRESS"] = "1"
     if threads:

@@ -143,7 +143,7 @@ def match_server_blas_threads(server_args: str) -> int:
     ``server_args`` gives ``--blas-threads``, read by ``tierserve serve``'s own parser, else
     1: its default), so that ``predict`` and the server compute alike; returns it."""
     from tierserve.clients.cli import build_parser
-    from tierserve.trainer.blas_threads import set_blas_threads
+    from tierserve.model.blas_threads import set_blas_threads
 
     serve = ["serve", "--model-repository", ".", *server_args.split()]
     threads = build_parser().parse_known_args(serve)[0].blas_threads or 1

@@ -42,7 +42,7 @@ os.environ.setdefault("TIERSERVE_NO_PROGRESS", "1")
 
 import tierserve.trainer as hugectr  # noqa: E402
 from tierserve.model.blas import uses_mkl  # noqa: E402
-from tierserve.trainer.blas_threads import get_blas_threads, set_blas_threads  # noqa: E402
+from tierserve.model.blas_threads import get_blas_threads, set_blas_threads  # noqa: E402
 from tierserve.trainer.metrics import auc_score  # noqa: E402
 
 CRITEO = Path(__file__).resolve().parents[2].parent / "shared/data/criteo/criteo_kaggle_head8k.csv"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.server.run import match_server_blas_threads
-from tierserve.trainer.blas_threads import get_blas_threads, set_blas_threads
+from tierserve.model.blas_threads import get_blas_threads, set_blas_threads
 
 
 @pytest.fixture

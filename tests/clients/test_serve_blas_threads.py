@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tierserve.trainer.blas_threads import get_blas_threads
+from tierserve.model.blas_threads import get_blas_threads
 
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -19,7 +19,7 @@ PROBE = """
 import os, sys
 from tierserve.clients.cli import main
 code = main(["serve", "--config", sys.argv[1], *sys.argv[2:]])
-from tierserve.trainer.blas_threads import get_blas_threads
+from tierserve.model.blas_threads import get_blas_threads
 print(code, get_blas_threads(), os.environ.get("OPENBLAS_NUM_THREADS"))
 """
 

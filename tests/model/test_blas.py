@@ -7,7 +7,7 @@ import pytest
 
 from tierserve.core.errors import ConfigError
 from tierserve.model import blas
-from tierserve.trainer.blas_threads import get_blas_threads, set_blas_threads
+from tierserve.model.blas_threads import get_blas_threads, set_blas_threads
 
 from .test_layer_gradients import _check_layer
 

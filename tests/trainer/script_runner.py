@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tierserve.model.blas_threads import blas_threads
 from tierserve.model.device import to_numpy
-from tierserve.trainer.blas_threads import blas_threads
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

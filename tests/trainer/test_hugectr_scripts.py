@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from model32 import SLOTS, train_model32
 
-from tierserve.trainer.blas_threads import blas_threads
+from tierserve.model.blas_threads import blas_threads
 
 SCRIPTS = Path(__file__).resolve().parent / "hugectr_scripts"
 

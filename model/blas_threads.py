@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from tierserve.model.blas import blas_threads_changed
-
 _PREFIXES = ("scipy_openblas_", "openblas_")
 _SUFFIXES = ("64_", "")
+_listeners: list[Callable[[], None]] = []
+
+
+def on_blas_threads_changed(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` after each :func:`set_blas_threads` (model.blas re-decides its
+    library then)."""
+    _listeners.append(listener)
 
 
 def _openblas() -> tuple[ctypes.CDLL, str, str] | None:
@@ -56,7 +61,8 @@ def set_blas_threads(n: int) -> bool:
         return False
     lib, prefix, suffix = found
     getattr(lib, f"{prefix}set_num_threads{suffix}")(ctypes.c_int(int(n)))
-    blas_threads_changed()
+    for listener in _listeners:
+        listener()
     return True
 
 
