@@ -72,7 +72,10 @@ class Pool:
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
         pids = []
         for pid in map(int, children.split()):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except (FileNotFoundError, ProcessLookupError):  # exited since the listing
+                continue
             if b"spawn_main" in cmdline:
                 pids.append(pid)
         return pids
