@@ -342,16 +342,34 @@ impl Head {
 
 /// Serve one request (see the module documentation); Err: the connection is dropped
 /// without an answer (its body did not come within the body timeout, or the transport
-/// closes).
-async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request<Incoming>) -> Result<Response<ReplyBody>, Dropped> {
-    let guards = Guards { in_flight: InFlight::new(&server), call: state.call() };
+/// closes).  The head is read before the future is made, so that an infer request whose
+/// future hyper drops is counted (as a 499) even when it is dropped before its first poll.
+fn handle(
+    server: Arc<HttpServer>,
+    state: Arc<ConnState>,
+    request: Request<Incoming>,
+) -> impl std::future::Future<Output = Result<Response<ReplyBody>, Dropped>> {
     let arrived = Instant::now();
-    let limits = server.limits;
-    let (parts, mut body) = request.into_parts();
+    let (parts, body) = request.into_parts();
     let head = Head::of(&parts);
+    let infer = infer_path(&head.method, &head.target);
+    let unanswered = Unanswered { server: server.clone(), model: infer.as_ref().map(|(model, _)| model.clone()), arrived };
+    serve(server, state, head, body, infer, unanswered)
+}
+
+async fn serve(
+    server: Arc<HttpServer>,
+    state: Arc<ConnState>,
+    head: Head,
+    mut body: Incoming,
+    infer: Option<(String, String)>,
+    mut unanswered: Unanswered,
+) -> Result<Response<ReplyBody>, Dropped> {
+    let guards = Guards { in_flight: InFlight::new(&server), call: state.call() };
+    let arrived = unanswered.arrived;
+    let limits = server.limits;
     // hyper framed the body: a Content-Length is its exact size, a chunked body has none
     let declared = body.size_hint().exact().map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    let infer = infer_path(&head.method, &head.target);
     let over_limit = declared.is_some_and(|n| n > limits.max_request_bytes);
     let new_id = || server.next_id.fetch_add(1, Ordering::Relaxed);
     // refused before its body is read: a model not served (Python has the last word), a
@@ -365,13 +383,14 @@ async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request
         _ => None,
     };
     if let Some(item) = refused {
-        let reply = ask(&server, item).await.ok_or(Dropped("closing"))?;
+        let reply = unanswered.hand_off(item).await.ok_or(Dropped("closing"))?;
         if reply.status != 0 {
             // answered at once; its body skipped (a client waiting to be asked for it is not
             // asked: the connection closes after the answer)
             let keep = !head.expect && !head.http10_close && skip(&mut body, Instant::now() + limits.body_timeout).await;
             return Ok(respond(reply, !keep, guards, None));
         }
+        unanswered.rearm(&infer); // Python let it go on to its body
     }
     // room in the budget before the body is read: its declared length, or the most allowed
     let mut held = None;
@@ -380,41 +399,52 @@ async fn handle(server: Arc<HttpServer>, state: Arc<ConnState>, request: Request
         held = Held::request(&server.budget, need, arrived + limits.admission_timeout).await;
         if held.is_none() {
             let reply = match &infer {
-                Some((model, version)) => {
-                    ask(&server, head.unread(new_id(), model, version, "busy", arrived)).await.ok_or(Dropped("closing"))?
-                }
+                Some((model, version)) => unanswered
+                    .hand_off(head.unread(new_id(), model, version, "busy", arrived))
+                    .await
+                    .ok_or(Dropped("closing"))?,
                 None => error_reply(&busy(&server)),
             };
             return Ok(respond(reply, true, guards, None)); // its body unread
         }
     }
-    // an infer request whose body never comes is counted as a 499: its body timed out, or
-    // its client left (hyper then drops this future while it waits for the body)
-    let mut unread = Unread { server: &server, model: infer.as_ref().map(|(model, _)| model.clone()), arrived };
     let read = read_body(&mut body, declared, limits.max_request_bytes, Instant::now() + limits.body_timeout).await;
     let Some((data, exceeded)) = read else {
         return Err(Dropped("the request body did not arrive within body_timeout_s"));
     };
-    unread.model = None;
     let close = head.http10_close;
     let item = match infer {
         Some((model, version)) if exceeded => head.unread(new_id(), &model, &version, "exceeded", arrived),
         Some((model, version)) => infer_item(new_id(), model, version, head.fields(), data, arrived, limits.max_request_bytes),
         None => head.raw(&server, data),
     };
-    let reply = ask(&server, item).await.ok_or(Dropped("closing"))?;
+    let reply = unanswered.hand_off(item).await.ok_or(Dropped("closing"))?;
     Ok(respond(reply, close, guards, held)) // room given back once hyper is done with it
 }
 
-/// Counts an infer request whose body was not read (`model` still set when dropped) with
-/// the requests whose clients left.
-struct Unread<'a> {
-    server: &'a HttpServer,
+/// Counts an infer request that was not handed to Python (`model` still set when it is
+/// dropped) with the requests whose clients left, as a 499: its client left first (hyper
+/// drops the request's future, perhaps before its first poll), or its body did not come
+/// within the body timeout.  Once handed over, Python counts it.
+struct Unanswered {
+    server: Arc<HttpServer>,
     model: Option<String>,
     arrived: Instant,
 }
 
-impl Drop for Unread<'_> {
+impl Unanswered {
+    /// Queue `item` for Python (see `ask`); from here on Python counts the request.
+    async fn hand_off(&mut self, item: Item) -> Option<Reply> {
+        self.model = None; // `ask` queues it on its first poll: nothing is dropped between
+        ask(&self.server, item).await
+    }
+
+    fn rearm(&mut self, infer: &Option<(String, String)>) {
+        self.model = infer.as_ref().map(|(model, _)| model.clone());
+    }
+}
+
+impl Drop for Unanswered {
     fn drop(&mut self) {
         if let Some(model) = self.model.take() {
             self.server.gone.lock().unwrap().push((model, self.arrived));
@@ -507,8 +537,6 @@ fn inflate(encoding: &str, body: &[u8], limit: usize) -> Option<Bytes> {
     };
     (read.is_ok() && out.len() <= limit).then(|| Bytes::from(out))
 }
-
-/// Wait for Python's answer, reading what the client sends meanwhile (a pipelined request,
 
 // --- one connection -------------------------------------------------------------------------
 
@@ -638,6 +666,11 @@ mod tests {
     /// A transport on a free port whose "Python" answers every request with its body
     /// (infer requests: their rows), until the test ends.
     fn serve(limits: Limits) -> (std::net::SocketAddr, Serving) {
+        serve_after(limits, |_| ())
+    }
+
+    /// `serve`, with `first` run on the bound address before connections are accepted.
+    fn serve_after(limits: Limits, first: impl FnOnce(std::net::SocketAddr)) -> (std::net::SocketAddr, Serving) {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let listener = crate::conn::bind("127.0.0.1", 0, false).unwrap();
         let address = listener.local_addr().unwrap();
@@ -663,6 +696,7 @@ mod tests {
             let _entered = runtime.enter();
             TcpListener::from_std(listener).unwrap()
         };
+        first(address);
         runtime.spawn(accept_loop(server.clone(), listener, shutdown, kill));
         let python = server.clone();
         runtime.spawn(async move {
@@ -795,5 +829,27 @@ mod tests {
         let (status, body) = refused(address, b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi");
         assert_eq!((status.as_str(), body.as_str()), ("HTTP/1.1 200 OK", "hi"));
         assert_eq!((serving.0.budget.calls.used(), serving.0.budget.bytes.used()), (0, 0)); // given back
+    }
+
+    #[test]
+    fn an_infer_request_whose_client_left_while_it_waited_for_room_is_counted_as_gone() {
+        // its future is dropped before it is handed to Python (as hyper may drop it even
+        // before its first poll): the request is counted with those whose clients left
+        let (address, serving) = serve(Limits { admission_timeout: Duration::from_secs(30), ..limits() });
+        let server = &serving.0;
+        assert!(server.budget.try_take(10, 0)); // every call of the budget taken
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        stream.write_all(b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.in_flight.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2)); // until it waits for room
+        }
+        drop(stream);
+        while server.gone.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let gone: Vec<String> = server.gone.lock().unwrap().iter().map(|(model, _)| model.clone()).collect();
+        assert_eq!(gone, vec!["m".to_string()]);
+        assert_eq!(server.in_flight.load(Ordering::SeqCst), 0);
     }
 }
