@@ -102,9 +102,10 @@ def test_serve_subprocess_with_config(demo, tmp_path):
 def test_demo_prints_one_prediction_made_over_http(tmp_path):
     """On the embedded default install (no httpx: it is a dev dependency), with RocksDB kept
     outside the model repository, where every folder is a model."""
-    port = free_port()
-    args = ["demo", "--workdir", str(tmp_path), "--iterations", "20", "--port", str(port),
-            "--exit-after-check"]  # fmt: skip
+    # port 0: the server picks free ports when it starts (a port found free here could be
+    # taken by another process during the training, and so could the gRPC port beside it)
+    args = ["demo", "--workdir", str(tmp_path), "--iterations", "20", "--port", "0",
+            "--grpc-port", "0", "--exit-after-check"]  # fmt: skip
     program = (
         "import sys; sys.modules['httpx'] = None\n"
         "from tierserve.clients.cli import main\n"
@@ -114,7 +115,10 @@ def test_demo_prints_one_prediction_made_over_http(tmp_path):
                             timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "click probability:" in result.stdout
-    assert f"127.0.0.1:{port}/v2/models/dlrm/infer" in result.stdout
+    served = re.search(r"serving on http://127\.0\.0\.1:(\d+) \(HTTP\) and 127\.0\.0\.1:(\d+)",
+                       result.stdout)  # fmt: skip
+    assert served and "0" not in served.groups(), result.stdout
+    assert f"127.0.0.1:{served[1]}/v2/models/dlrm/infer" in result.stdout
     assert sorted(p.name for p in (tmp_path / "repository").iterdir()) == ["dlrm", "ps.json"]
     assert (tmp_path / "repository.rocksdb").is_dir()
     assert "ERROR" not in result.stderr
