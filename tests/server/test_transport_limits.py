@@ -413,7 +413,9 @@ def test_a_burst_of_large_grpc_calls_is_admitted_in_bounds(tiny_repository):
         # 1,024 calls of 119 KB at most, a few copies of each while it runs (4,000 took 1.7 GB)
         assert probe.peak - before < 700, (before, probe.peak)
         assert np.percentile(health, 99) < 500 and max(health) < 2000, sorted(health)[-5:]
-        assert until(lambda: server.rss() < before * 1.2 + 8, timeout=15), (before, server.rss())
+        # what stays is the allocators' arenas and fragmentation (up to ~30 MB on a loaded
+        # machine); a leak of the calls that were in flight (1,024 x 119 KB) still fails
+        assert until(lambda: server.rss() < before * 1.2 + 32, timeout=15), (before, server.rss())
 
 
 def test_http_bodies_that_stop_short_are_admitted_in_bounds_and_given_back(tiny_repository):
