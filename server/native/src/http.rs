@@ -666,11 +666,6 @@ mod tests {
     /// A transport on a free port whose "Python" answers every request with its body
     /// (infer requests: their rows), until the test ends.
     fn serve(limits: Limits) -> (std::net::SocketAddr, Serving) {
-        serve_after(limits, |_| ())
-    }
-
-    /// `serve`, with `first` run on the bound address before connections are accepted.
-    fn serve_after(limits: Limits, first: impl FnOnce(std::net::SocketAddr)) -> (std::net::SocketAddr, Serving) {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let listener = crate::conn::bind("127.0.0.1", 0, false).unwrap();
         let address = listener.local_addr().unwrap();
@@ -696,7 +691,6 @@ mod tests {
             let _entered = runtime.enter();
             TcpListener::from_std(listener).unwrap()
         };
-        first(address);
         runtime.spawn(accept_loop(server.clone(), listener, shutdown, kill));
         let python = server.clone();
         runtime.spawn(async move {
