@@ -333,6 +333,7 @@ def serve(
         from .runtime.allocator import tune_malloc
 
         tune_malloc()
+    hugepages_setting(settings)
     check_sources(settings)
     if pool is None:
         check_ports(settings)
@@ -387,15 +388,26 @@ def with_free_ports(settings: Settings) -> Settings:
     return settings.model_copy(update=updates)
 
 
+def hugepages_setting(settings: Settings) -> None:
+    """Opt the process out of transparent huge pages, or in with ``transparent_hugepages``
+    (see :func:`~.runtime.allocator.disable_transparent_hugepages`)."""
+    from .runtime.allocator import disable_transparent_hugepages
+
+    if not disable_transparent_hugepages(not settings.transparent_hugepages):
+        log.info("transparent huge pages: prctl is not available; the kernel's default holds")
+
+
 class BackgroundServer:
     """The server running in a daemon thread, for tests, benchmarks and the demo.
 
     ``with BackgroundServer(settings) as server: ...`` waits until it answers, and exposes
     ``http_url`` (``host:port``), ``grpc_url`` and ``plane``.  Port 0 picks free ports.
+    Process-wide settings apply to the hosting process: ``transparent_hugepages``.
     """
 
     def __init__(self, settings: Settings, loader: Loader | LoadFunction | None = None) -> None:
         self.settings = with_free_ports(settings)
+        hugepages_setting(self.settings)  # the hosting process is the server's, as in serve()
         self.app = create_app(self.settings, loader)
         self.plane: DataPlane = self.app.state.plane
         if uses_native_http(self.settings):

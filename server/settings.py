@@ -219,6 +219,13 @@ class Settings(BaseModel):
         "server/runtime/allocator.py): large batches stop page-faulting their buffers in again, "
         "and freed memory stays with the process",
     )
+    transparent_hugepages: bool = Field(
+        False,
+        description="leave transparent huge pages on for the server's process; off by "
+        "default (PR_SET_THP_DISABLE, see server/runtime/allocator.py): the kernel's "
+        "khugepaged, scanning the process at the lowest priority on a busy machine, froze it "
+        "for seconds",
+    )
     log_level: LogLevel = Field(
         "info", description="the least severe log lines shown, of tierserve and uvicorn alike"
     )

@@ -69,6 +69,38 @@ def tune_malloc(threshold: int = ONE_GIB) -> bool:
     return ok
 
 
+#: prctl(2) options: a process's opt-out of transparent huge pages (Linux 3.15 and later).
+PR_SET_THP_DISABLE = 41
+PR_GET_THP_DISABLE = 42
+_prctl = _libc_function("prctl", [ctypes.c_int] + [ctypes.c_ulong] * 4, ctypes.c_int)
+
+
+def disable_transparent_hugepages(disabled: bool = True) -> bool:
+    """Opt this process out of transparent huge pages (``PR_SET_THP_DISABLE``), or back in
+    (``disabled`` false: the opt-out is inherited from a parent process); False where the C
+    library has no ``prctl`` or the kernel refuses.
+
+    Once a region of a process is advised for huge pages (numpy advises every array of 4 MiB
+    or more), the kernel's khugepaged scans the whole address space now and then, holding its
+    lock for reading, at the lowest CPU priority.  On a busy machine a scan held it for
+    seconds: a thread that grew a malloc arena or made a thread stack (``mprotect``,
+    ``mmap``) waited in the kernel, a thread holding the GIL waited for that one, and the
+    server froze for 10-23 s (its health probes timed out).  Opted out, khugepaged leaves the
+    process alone; memory is mapped in 4 KiB pages.
+    """
+    if _prctl is None:
+        return False
+    return _prctl(PR_SET_THP_DISABLE, int(disabled), 0, 0, 0) == 0
+
+
+def transparent_hugepages_disabled() -> bool | None:
+    """Whether this process opted out of transparent huge pages (None: cannot tell)."""
+    if _prctl is None:
+        return None
+    state = _prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0)
+    return None if state < 0 else bool(state)
+
+
 _malloc = _libc_function("malloc", [ctypes.c_size_t], ctypes.c_void_p)
 _free = _libc_function("free", [ctypes.c_void_p], None)
 _release_lock = threading.Lock()

@@ -134,3 +134,56 @@ print(json.dumps(out))
     rss = json.loads(out.stdout)
     assert rss["trims"] >= 1, rss
     assert rss["after"] < rss["peak"] - 30, rss
+
+
+_THP_STATE = (
+    "import json, re; from tierserve.server.runtime.allocator import "
+    "transparent_hugepages_disabled; "
+    "status = open('/proc/self/status').read(); m = re.search(r'THP_enabled:\\s*(\\d)', status); "
+    "print(json.dumps([transparent_hugepages_disabled(), m and int(m.group(1))]))"
+)
+
+
+def _hosting_process_thp(transparent_hugepages: bool | None) -> list:
+    """[opted out, the kernel's THP_enabled] of a fresh process that applied the server's
+    process settings (``server.app.hugepages_setting``, which ``serve()`` and
+    ``BackgroundServer`` call) with ``transparent_hugepages`` (None: the default)."""
+    setting = "" if transparent_hugepages is None else f"transparent_hugepages={transparent_hugepages}"
+    code = (
+        "from tierserve.server.app import hugepages_setting; "
+        "from tierserve.server.settings import Settings; "
+        f"hugepages_setting(Settings.build({setting})); " + _THP_STATE
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="PR_SET_THP_DISABLE is Linux's")
+def test_the_server_process_opts_out_of_transparent_hugepages_unless_asked():
+    # khugepaged scanning the process at the lowest priority froze it on a busy machine (see
+    # disable_transparent_hugepages); the kernel's own view (THP_enabled) must say it is off.
+    disabled, kernel = _hosting_process_thp(None)
+    assert disabled is True
+    if kernel is not None:  # /proc/self/status has THP_enabled since Linux 6.x
+        assert kernel == 0
+    assert _hosting_process_thp(True)[0] is False  # even when the parent had opted out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _an_opted_out_parent():
+    """The test process opted out (as after a BackgroundServer): the children inherit it."""
+    from tierserve.server.runtime.allocator import disable_transparent_hugepages
+
+    disable_transparent_hugepages(True)
+
+
+def test_the_flag_keeps_transparent_hugepages():
+    from tierserve.clients.cli import build_parser
+    from tierserve.clients.serve import settings_from_args
+
+    parser = build_parser()
+    default = settings_from_args(parser.parse_args(["serve", "--model-repository", "r"]))
+    kept = settings_from_args(
+        parser.parse_args(["serve", "--model-repository", "r", "--transparent-hugepages"])
+    )
+    assert not default.transparent_hugepages and kept.transparent_hugepages
