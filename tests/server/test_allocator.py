@@ -136,6 +136,14 @@ print(json.dumps(out))
     assert rss["after"] < rss["peak"] - 30, rss
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _an_opted_out_parent():
+    """The test process opted out (as after a BackgroundServer): the children inherit it."""
+    from tierserve.server.runtime.allocator import disable_transparent_hugepages
+
+    disable_transparent_hugepages(True)
+
+
 _THP_STATE = (
     "import json, re; from tierserve.server.runtime.allocator import "
     "transparent_hugepages_disabled; "
@@ -167,14 +175,6 @@ def test_the_server_process_opts_out_of_transparent_hugepages_unless_asked():
     if kernel is not None:  # /proc/self/status has THP_enabled since Linux 6.x
         assert kernel == 0
     assert _hosting_process_thp(True)[0] is False  # even when the parent had opted out
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _an_opted_out_parent():
-    """The test process opted out (as after a BackgroundServer): the children inherit it."""
-    from tierserve.server.runtime.allocator import disable_transparent_hugepages
-
-    disable_transparent_hugepages(True)
 
 
 def test_the_flag_keeps_transparent_hugepages():
